@@ -1,0 +1,469 @@
+//! The one CloudVision client: HTTPS with verified TLS, bearer token, JSON bodies, deadlines.
+//!
+//! Every request of cvslurm goes through [`Client`]. Errors are classified ([`SendError`]) so
+//! callers can tell what to retry (unreachable, timeout, 5xx, 429), what needs the admin (token
+//! refused) and what CloudVision will never take (other 4xx).
+
+use crate::config::{Config, Token};
+use crate::payload::{JobConfig, NodeConfig};
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
+
+/// Path of JobConfig on the server.
+pub const JOB_CONFIG_PATH: &str = "/api/resources/computejob/v1/JobConfig";
+/// Path of NodeConfig on the server.
+pub const NODE_CONFIG_PATH: &str = "/api/resources/computejob/v1/NodeConfig";
+/// The most of a response body that is read (CloudVision's error messages are short).
+pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024;
+
+/// Where system CA bundles live on Debian/Ubuntu, RHEL-family and SUSE.
+const SYSTEM_CA_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// Why a request did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// No server is configured (`ApiServer` / `CV_API_SERVER`).
+    NotConfigured(String),
+    /// DNS, connect, TLS or I/O failure.
+    Unreachable(String),
+    /// No complete answer within the deadline.
+    Timeout(String),
+    /// 401 or 403: the token is expired or lacks permission.
+    TokenRefused {
+        /// HTTP status.
+        status: u16,
+        /// CloudVision's message.
+        message: String,
+    },
+    /// 429: CloudVision asks to slow down.
+    RateLimited {
+        /// The `Retry-After` the server gave, if any.
+        retry_after: Option<Duration>,
+    },
+    /// 5xx: a server-side failure, worth retrying.
+    Server {
+        /// HTTP status.
+        status: u16,
+        /// CloudVision's message.
+        message: String,
+    },
+    /// Any other 4xx: CloudVision will not take this payload as it is.
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// CloudVision's message.
+        message: String,
+    },
+}
+
+impl SendError {
+    /// True when sending the same request later may succeed without anyone changing anything.
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            SendError::Unreachable(_)
+                | SendError::Timeout(_)
+                | SendError::RateLimited { .. }
+                | SendError::Server { .. }
+        )
+    }
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::NotConfigured(m) => f.write_str(m),
+            SendError::Unreachable(m) | SendError::Timeout(m) => f.write_str(m),
+            SendError::TokenRefused { status, message } => write!(
+                f,
+                "CloudVision refused the token (expired or lacking JobConfig/NodeConfig permission): HTTP {status}{}",
+                suffix(message)
+            ),
+            SendError::RateLimited { retry_after } => match retry_after {
+                Some(d) => write!(f, "CloudVision is rate limiting (HTTP 429, retry after {} s)", d.as_secs()),
+                None => f.write_str("CloudVision is rate limiting (HTTP 429)"),
+            },
+            SendError::Server { status, message } => {
+                write!(f, "CloudVision failed: HTTP {status}{}", suffix(message))
+            }
+            SendError::Rejected { status, message } => {
+                write!(f, "CloudVision rejected the request: HTTP {status}{}", suffix(message))
+            }
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+fn suffix(message: &str) -> String {
+    if message.is_empty() {
+        String::new()
+    } else {
+        format!(": {message}")
+    }
+}
+
+/// How to reach CloudVision.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// `host` or `host:port`.
+    pub server: String,
+    /// The bearer token; `None` only for dry runs.
+    pub token: Option<Token>,
+    /// Extra CA certificates (PEM), added to the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// Turn TLS verification off.
+    pub insecure: bool,
+    /// Budget of one request when the caller gives no deadline.
+    pub timeout: Duration,
+}
+
+impl ClientOptions {
+    /// Takes the server, CA and TLS settings from the configuration, and the given token.
+    pub fn from_config(
+        cfg: &Config,
+        token: Option<Token>,
+        timeout: Duration,
+    ) -> Result<Self, SendError> {
+        let server = cfg.api_server.clone().ok_or_else(|| {
+            SendError::NotConfigured(
+                "no CloudVision server configured: set ApiServer in cloudvision.conf or CV_API_SERVER".into(),
+            )
+        })?;
+        Ok(ClientOptions {
+            server,
+            token,
+            ca_file: cfg.ca_file.clone(),
+            insecure: cfg.insecure,
+            timeout,
+        })
+    }
+}
+
+/// A CloudVision client; cheap to clone and share between threads (connections are pooled).
+#[derive(Clone)]
+pub struct Client {
+    agent: ureq::Agent,
+    base: String,
+    token: Option<Token>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a successful request returned.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// HTTP status (2xx).
+    pub status: u16,
+    /// How long the request took.
+    pub elapsed: Duration,
+    /// The response body (at most [`MAX_RESPONSE_BYTES`]).
+    pub body: String,
+}
+
+impl Client {
+    /// Builds a client. Fails when the CA file cannot be read or holds no certificate.
+    pub fn new(opts: ClientOptions) -> Result<Client, SendError> {
+        let roots = if opts.insecure {
+            RootCerts::WebPki
+        } else {
+            root_certs(opts.ca_file.as_deref()).map_err(SendError::NotConfigured)?
+        };
+        let tls = TlsConfig::builder()
+            .root_certs(roots)
+            .disable_verification(opts.insecure)
+            .build();
+        let agent = ureq::Agent::config_builder()
+            .tls_config(tls)
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .user_agent(concat!("cvslurm/", env!("CARGO_PKG_VERSION")))
+            .timeout_global(Some(opts.timeout))
+            .max_idle_connections(64)
+            .max_idle_connections_per_host(64)
+            .build()
+            .new_agent();
+        Ok(Client {
+            agent,
+            base: format!("https://{}", opts.server),
+            token: opts.token,
+            timeout: opts.timeout,
+        })
+    }
+
+    /// The server's base URL, `https://host[:port]`.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// The URL of JobConfig.
+    pub fn job_url(&self) -> String {
+        format!("{}{JOB_CONFIG_PATH}", self.base)
+    }
+
+    /// The URL of NodeConfig.
+    pub fn node_url(&self) -> String {
+        format!("{}{NODE_CONFIG_PATH}", self.base)
+    }
+
+    /// The URL that deletes one NodeConfig.
+    pub fn node_delete_url(&self, node: &str) -> String {
+        format!(
+            "{}{NODE_CONFIG_PATH}?key.id={}",
+            self.base,
+            url_encode(node)
+        )
+    }
+
+    /// Sends one JobConfig, within `deadline` if given.
+    pub fn post_job(
+        &self,
+        job: &JobConfig,
+        deadline: Option<Instant>,
+    ) -> Result<Answer, SendError> {
+        let body = serde_json::to_vec(job).expect("JobConfig serializes");
+        self.call("POST", &self.job_url(), Some(&body), deadline)
+    }
+
+    /// Sends one NodeConfig.
+    pub fn post_node(
+        &self,
+        node: &NodeConfig,
+        deadline: Option<Instant>,
+    ) -> Result<Answer, SendError> {
+        let body = serde_json::to_vec(node).expect("NodeConfig serializes");
+        self.call("POST", &self.node_url(), Some(&body), deadline)
+    }
+
+    /// Deletes one NodeConfig. A 404 (already gone) counts as success.
+    pub fn delete_node(&self, node: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        match self.call("DELETE", &self.node_delete_url(node), None, deadline) {
+            Err(SendError::Rejected {
+                status: 404,
+                message,
+            }) => Ok(Answer {
+                status: 404,
+                elapsed: Duration::ZERO,
+                body: message,
+            }),
+            other => other,
+        }
+    }
+
+    /// Asks CloudVision for JobConfig with the token: proves reachability, TLS and the token.
+    pub fn probe(&self, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        self.call("GET", &self.job_url(), None, deadline)
+    }
+
+    /// Sends one request and classifies the outcome.
+    pub fn call(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<&[u8]>,
+        deadline: Option<Instant>,
+    ) -> Result<Answer, SendError> {
+        let start = Instant::now();
+        let budget = match deadline {
+            Some(d) => d.saturating_duration_since(start),
+            None => self.timeout,
+        };
+        let host = self.base.trim_start_matches("https://");
+        if budget.is_zero() {
+            return Err(SendError::Timeout(format!(
+                "no time left to reach CloudVision at {host}"
+            )));
+        }
+        let auth = self
+            .token
+            .as_ref()
+            .map(|t| format!("Bearer {}", t.expose()))
+            .unwrap_or_default();
+        let result = match method {
+            "POST" => self
+                .agent
+                .post(url)
+                .config()
+                .timeout_global(Some(budget))
+                .build()
+                .header("Authorization", &auth)
+                .header("Content-Type", "application/json")
+                .header("Accept", "application/json")
+                .send(body.unwrap_or(b"{}")),
+            "DELETE" => self
+                .agent
+                .delete(url)
+                .config()
+                .timeout_global(Some(budget))
+                .build()
+                .header("Authorization", &auth)
+                .header("Accept", "application/json")
+                .call(),
+            _ => self
+                .agent
+                .get(url)
+                .config()
+                .timeout_global(Some(budget))
+                .build()
+                .header("Authorization", &auth)
+                .header("Accept", "application/json")
+                .call(),
+        };
+        let mut resp = result.map_err(|e| match e {
+            ureq::Error::Timeout(_) => SendError::Timeout(format!(
+                "CloudVision at {host} did not answer within {:.1} s",
+                budget.as_secs_f64()
+            )),
+            other => SendError::Unreachable(format!("cannot reach CloudVision at {host}: {other}")),
+        })?;
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let mut text = String::new();
+        let _ = resp
+            .body_mut()
+            .as_reader()
+            .take(MAX_RESPONSE_BYTES)
+            .read_to_string(&mut text);
+        let elapsed = start.elapsed();
+        if (200..300).contains(&status) {
+            return Ok(Answer {
+                status,
+                elapsed,
+                body: text,
+            });
+        }
+        let message = error_message(&text);
+        Err(match status {
+            401 | 403 => SendError::TokenRefused { status, message },
+            429 => SendError::RateLimited { retry_after },
+            500..=599 => SendError::Server { status, message },
+            _ => SendError::Rejected { status, message },
+        })
+    }
+}
+
+/// Picks CloudVision's `message` out of a JSON error body, else a short excerpt of the text.
+fn error_message(body: &str) -> String {
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(body) {
+        if let Some(m) = v.get("message").and_then(|m| m.as_str()) {
+            return m.to_string();
+        }
+        if let Some(m) = v.get("error").and_then(|m| m.as_str()) {
+            return m.to_string();
+        }
+    }
+    let one_line: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
+    one_line.chars().take(200).collect()
+}
+
+/// The system CA bundle plus `ca_file`.
+fn root_certs(ca_file: Option<&Path>) -> Result<RootCerts, String> {
+    let mut certs: Vec<Certificate<'static>> = Vec::new();
+    let env_bundle = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
+    let system = env_bundle
+        .into_iter()
+        .chain(SYSTEM_CA_BUNDLES.iter().map(PathBuf::from))
+        .find(|p| p.is_file());
+    if let Some(p) = system {
+        if let Ok(pem) = std::fs::read(&p) {
+            certs.extend(pem_certs(&pem));
+        }
+    }
+    if let Some(p) = ca_file {
+        let pem =
+            std::fs::read(p).map_err(|e| format!("cannot read CaFile {}: {e}", p.display()))?;
+        let extra: Vec<_> = pem_certs(&pem).collect();
+        if extra.is_empty() {
+            return Err(format!("CaFile {} holds no PEM certificate", p.display()));
+        }
+        certs.extend(extra);
+    }
+    if certs.is_empty() {
+        return Ok(RootCerts::WebPki);
+    }
+    Ok(RootCerts::Specific(Arc::new(certs)))
+}
+
+fn pem_certs(pem: &[u8]) -> impl Iterator<Item = Certificate<'static>> + '_ {
+    ureq::tls::parse_pem(pem).filter_map(|item| match item {
+        Ok(PemItem::Certificate(c)) => Some(c),
+        _ => None,
+    })
+}
+
+/// Percent-encodes a query value (everything but unreserved characters).
+pub fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_query_values() {
+        assert_eq!(url_encode("gpu-node-1"), "gpu-node-1");
+        assert_eq!(url_encode("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+    }
+
+    #[test]
+    fn error_messages() {
+        assert_eq!(
+            error_message(r#"{"code":16,"message":"bad token"}"#),
+            "bad token"
+        );
+        assert_eq!(
+            error_message("<html>\n oops </html>"),
+            "<html> oops </html>"
+        );
+        let e = SendError::TokenRefused {
+            status: 401,
+            message: "bad token".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "CloudVision refused the token (expired or lacking JobConfig/NodeConfig permission): HTTP 401: bad token"
+        );
+        assert!(!e.retryable());
+        assert!(SendError::Server {
+            status: 503,
+            message: String::new()
+        }
+        .retryable());
+        assert!(!SendError::Rejected {
+            status: 400,
+            message: String::new()
+        }
+        .retryable());
+    }
+}

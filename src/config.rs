@@ -1,0 +1,594 @@
+//! `cloudvision.conf`: slurm.conf-style `Key=Value` lines, `#` comments, case-insensitive keys.
+//!
+//! The file is found at `--config PATH`, else `$CVSLURM_CONF`, else
+//! `/etc/slurm/cloudvision.conf`. A missing default file means "all defaults" (the environment
+//! may still name the server); a missing file that was asked for by name is an error. The
+//! environment variables `CV_API_SERVER`, `CV_API_TOKEN` and `CV_LOG_FILE` override the file.
+
+use regex_lite::Regex;
+use std::fmt;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where the configuration is read from when nothing else is said.
+pub const DEFAULT_PATH: &str = "/etc/slurm/cloudvision.conf";
+
+/// A configuration problem, naming the file, line and key where there is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The CloudVision API token. Its `Debug` and `Display` never show the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    /// Wraps a token, trimming surrounding white space; `None` when it is empty.
+    pub fn new(s: &str) -> Option<Token> {
+        let t = s.trim();
+        (!t.is_empty()).then(|| Token(t.to_string()))
+    }
+
+    /// The secret itself, for the `Authorization` header only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Everything cvslurm can be told by `cloudvision.conf` and the environment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this came from, if any.
+    pub source: Option<PathBuf>,
+    /// `ApiServer`: CloudVision host, optionally `host:port` (no scheme needed).
+    pub api_server: Option<String>,
+    /// `ApiTokenFile`: file holding the token; must not be readable by group or others.
+    pub api_token_file: Option<PathBuf>,
+    /// The token from `CV_API_TOKEN` (or the command line), which wins over the file.
+    pub api_token: Option<Token>,
+    /// `CaFile`: PEM file of extra CA certificates (an on-prem CA), added to the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// `Insecure`: turn TLS verification off (logged as a warning every run).
+    pub insecure: bool,
+    /// `LogFile`: where the hook and the service append their log lines.
+    pub log_file: PathBuf,
+    /// `LogLevel`: error, warn, info, debug or trace.
+    pub log_level: log::LevelFilter,
+    /// `JobNameInclude`: only jobs whose name matches this regex are sent.
+    pub job_name_include: Option<Regex>,
+    /// `JobNameExclude`: jobs whose name matches this regex are not sent.
+    pub job_name_exclude: Option<Regex>,
+    /// `Partitions`: only jobs in these partitions are sent (empty: all).
+    pub partitions: Vec<String>,
+    /// `PollInterval`: seconds between inventory polls in `--monitor`.
+    pub poll_interval: Duration,
+    /// `InterfaceRegex`: interface names that `discover` reports.
+    pub interface_regex: Regex,
+    /// `InterfacePhysicalOnly`: report only NICs with a `device` link in sysfs.
+    pub interface_physical_only: bool,
+    /// `InterfaceRequireIp`: skip NICs without an IPv4 address.
+    pub interface_require_ip: bool,
+    /// `DiscoveryJobName`: the srun job name of inventory discovery.
+    pub discovery_job_name: String,
+    /// `DiscoveryTimeout`: how long one discovery srun may take.
+    pub discovery_timeout: Duration,
+    /// `DiscoveryBcast`: let srun copy the binary to the workers (`srun --bcast`).
+    pub discovery_bcast: bool,
+    /// `HookTimeout`: the hook's whole time budget, CloudVision included.
+    pub hook_timeout: Duration,
+    /// `RequestTimeout`: one CloudVision request's budget outside the hook.
+    pub request_timeout: Duration,
+    /// `StateDir`: per-job records and the outbox; owned by SlurmUser.
+    pub state_dir: PathBuf,
+    /// `SlurmBinDir`: where scontrol, sinfo, sacct and srun are (else `PATH`, else the usual places).
+    pub slurm_bin_dir: Option<PathBuf>,
+    /// `MaxConcurrentRequests`: parallel CloudVision requests of inventory and the outbox drain.
+    pub max_concurrent_requests: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            source: None,
+            api_server: None,
+            api_token_file: None,
+            api_token: None,
+            ca_file: None,
+            insecure: false,
+            log_file: PathBuf::from("/var/log/slurm/cvjob.log"),
+            log_level: log::LevelFilter::Info,
+            job_name_include: None,
+            job_name_exclude: Some(Regex::new("^cv-").expect("valid default regex")),
+            partitions: Vec::new(),
+            poll_interval: Duration::from_secs(60),
+            interface_regex: Regex::new("^(eth|eno|ens|enp|em)").expect("valid default regex"),
+            interface_physical_only: true,
+            interface_require_ip: true,
+            discovery_job_name: "cv-interface-discovery".into(),
+            discovery_timeout: Duration::from_secs(120),
+            discovery_bcast: false,
+            hook_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+            state_dir: PathBuf::from("/var/spool/cvslurm"),
+            slurm_bin_dir: None,
+            max_concurrent_requests: 16,
+        }
+    }
+}
+
+/// Every key the file may hold, in the spelling the documentation uses.
+pub const KEYS: &[&str] = &[
+    "ApiServer",
+    "ApiTokenFile",
+    "CaFile",
+    "Insecure",
+    "LogFile",
+    "LogLevel",
+    "JobNameInclude",
+    "JobNameExclude",
+    "Partitions",
+    "PollInterval",
+    "InterfaceRegex",
+    "InterfacePhysicalOnly",
+    "InterfaceRequireIp",
+    "DiscoveryJobName",
+    "DiscoveryTimeout",
+    "DiscoveryBcast",
+    "HookTimeout",
+    "RequestTimeout",
+    "StateDir",
+    "SlurmBinDir",
+    "MaxConcurrentRequests",
+];
+
+impl Config {
+    /// Loads the configuration: `explicit` path, else `$CVSLURM_CONF`, else the default path
+    /// (which may be absent), then applies the environment overrides.
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        let env_path = std::env::var_os("CVSLURM_CONF").filter(|p| !p.is_empty());
+        let (path, required) = match (explicit, env_path) {
+            (Some(p), _) => (p.to_path_buf(), true),
+            (None, Some(p)) => (PathBuf::from(p), true),
+            (None, None) => (PathBuf::from(DEFAULT_PATH), false),
+        };
+        let mut cfg = match fs::read_to_string(&path) {
+            Ok(text) => Config::parse(&text, &path)?,
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Config::default(),
+            Err(e) => {
+                return Err(ConfigError(format!(
+                    "cannot read config file {}: {e}",
+                    path.display()
+                )))
+            }
+        };
+        cfg.apply_env();
+        Ok(cfg)
+    }
+
+    /// Parses the text of a config file; `origin` names it in error messages.
+    pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let mut cfg = Config {
+            source: Some(origin.to_path_buf()),
+            ..Config::default()
+        };
+        for (n, raw) in text.lines().enumerate() {
+            let line = strip_comment(raw).trim();
+            if line.is_empty() {
+                continue;
+            }
+            let at = |msg: String| ConfigError(format!("{}:{}: {msg}", origin.display(), n + 1));
+            let (key, value) = line
+                .split_once('=')
+                .ok_or_else(|| at(format!("expected Key=Value, found {line:?}")))?;
+            let (key, value) = (key.trim(), unquote(value.trim()));
+            cfg.set(key, value)
+                .map_err(|msg| at(format!("{}: {msg}", canonical_key(key).unwrap_or(key))))?;
+        }
+        Ok(cfg)
+    }
+
+    /// Sets one key from its text value (key case-insensitive).
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let Some(k) = canonical_key(key) else {
+            return Err(format!("unknown key (known keys: {})", KEYS.join(", ")));
+        };
+        let path = |v: &str| -> Result<PathBuf, String> {
+            if v.is_empty() {
+                Err("needs a path".into())
+            } else {
+                Ok(PathBuf::from(v))
+            }
+        };
+        let opt_regex = |v: &str| -> Result<Option<Regex>, String> {
+            if v.is_empty() {
+                Ok(None)
+            } else {
+                Regex::new(v)
+                    .map(Some)
+                    .map_err(|e| format!("bad regex {v:?}: {e}"))
+            }
+        };
+        match k {
+            "ApiServer" => {
+                let v = value
+                    .trim_start_matches("https://")
+                    .trim_end_matches('/')
+                    .to_string();
+                if value.starts_with("http://") {
+                    return Err("CloudVision is reached over HTTPS only; drop \"http://\"".into());
+                }
+                self.api_server = (!v.is_empty()).then_some(v);
+            }
+            "ApiTokenFile" => self.api_token_file = Some(path(value)?),
+            "CaFile" => self.ca_file = Some(path(value)?),
+            "Insecure" => self.insecure = parse_bool(value)?,
+            "LogFile" => self.log_file = path(value)?,
+            "LogLevel" => self.log_level = parse_level(value)?,
+            "JobNameInclude" => self.job_name_include = opt_regex(value)?,
+            "JobNameExclude" => self.job_name_exclude = opt_regex(value)?,
+            "Partitions" => {
+                self.partitions = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(String::from)
+                    .collect()
+            }
+            "PollInterval" => self.poll_interval = parse_duration(value, 1.0)?,
+            "InterfaceRegex" => {
+                self.interface_regex =
+                    Regex::new(value).map_err(|e| format!("bad regex {value:?}: {e}"))?
+            }
+            "InterfacePhysicalOnly" => self.interface_physical_only = parse_bool(value)?,
+            "InterfaceRequireIp" => self.interface_require_ip = parse_bool(value)?,
+            "DiscoveryJobName" => {
+                if value.is_empty() {
+                    return Err("needs a job name".into());
+                }
+                self.discovery_job_name = value.to_string()
+            }
+            "DiscoveryTimeout" => self.discovery_timeout = parse_duration(value, 1.0)?,
+            "DiscoveryBcast" => self.discovery_bcast = parse_bool(value)?,
+            "HookTimeout" => self.hook_timeout = parse_duration(value, 0.1)?,
+            "RequestTimeout" => self.request_timeout = parse_duration(value, 0.1)?,
+            "StateDir" => self.state_dir = path(value)?,
+            "SlurmBinDir" => self.slurm_bin_dir = Some(path(value)?),
+            "MaxConcurrentRequests" => {
+                self.max_concurrent_requests = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=256).contains(n))
+                    .ok_or_else(|| format!("{value:?} is not a whole number from 1 to 256"))?
+            }
+            _ => unreachable!("every canonical key is handled"),
+        }
+        Ok(())
+    }
+
+    /// Applies `CV_API_SERVER`, `CV_API_TOKEN` and `CV_LOG_FILE`.
+    pub fn apply_env(&mut self) {
+        if let Some(v) = env_nonempty("CV_API_SERVER") {
+            // A bad value here is reported when the client is built.
+            let _ = self.set("ApiServer", &v);
+        }
+        if let Some(v) = env_nonempty("CV_API_TOKEN") {
+            self.api_token = Token::new(&v);
+        }
+        if let Some(v) = env_nonempty("CV_LOG_FILE") {
+            self.log_file = PathBuf::from(v);
+        }
+    }
+
+    /// The API token: the one given directly (environment or command line), else the one in
+    /// `ApiTokenFile`. `Ok(None)` when neither is configured.
+    pub fn token(&self) -> Result<Option<Token>, ConfigError> {
+        if let Some(t) = &self.api_token {
+            return Ok(Some(t.clone()));
+        }
+        match &self.api_token_file {
+            Some(p) => read_token_file(p).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// True when a job with this name and partition should be sent.
+    pub fn job_wanted(&self, name: &str, partition: Option<&str>) -> Result<(), String> {
+        if let Some(re) = &self.job_name_include {
+            if !re.is_match(name) {
+                return Err(format!("name {name:?} does not match JobNameInclude"));
+            }
+        }
+        if let Some(re) = &self.job_name_exclude {
+            if re.is_match(name) {
+                return Err(format!("name {name:?} matches JobNameExclude"));
+            }
+        }
+        if !self.partitions.is_empty() {
+            // A job submitted to several partitions runs in one; Slurm names that one.
+            let p = partition.unwrap_or("");
+            if !self.partitions.iter().any(|x| x == p) {
+                return Err(format!("partition {p:?} is not in Partitions"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a token file, refusing one that group or others can read.
+pub fn read_token_file(path: &Path) -> Result<Token, ConfigError> {
+    let meta = fs::metadata(path).map_err(|e| {
+        ConfigError(format!(
+            "cannot read API token file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(ConfigError(format!(
+            "API token file {} is readable by group or others (mode {mode:04o}); run: chmod 600 {}",
+            path.display(),
+            path.display()
+        )));
+    }
+    let text = fs::read_to_string(path).map_err(|e| {
+        ConfigError(format!(
+            "cannot read API token file {}: {e}",
+            path.display()
+        ))
+    })?;
+    Token::new(&text)
+        .ok_or_else(|| ConfigError(format!("API token file {} is empty", path.display())))
+}
+
+fn env_nonempty(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn canonical_key(key: &str) -> Option<&'static str> {
+    KEYS.iter().copied().find(|k| k.eq_ignore_ascii_case(key))
+}
+
+fn strip_comment(line: &str) -> &str {
+    match line.find('#') {
+        Some(i) => &line[..i],
+        None => line,
+    }
+}
+
+fn unquote(v: &str) -> &str {
+    v.strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or(v)
+}
+
+/// Parses yes/no, true/false, on/off, 1/0.
+pub fn parse_bool(v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "yes" | "true" | "on" | "1" => Ok(true),
+        "no" | "false" | "off" | "0" => Ok(false),
+        _ => Err(format!("{v:?} is not yes or no")),
+    }
+}
+
+fn parse_level(v: &str) -> Result<log::LevelFilter, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "error" => Ok(log::LevelFilter::Error),
+        "warn" | "warning" => Ok(log::LevelFilter::Warn),
+        "info" => Ok(log::LevelFilter::Info),
+        "debug" => Ok(log::LevelFilter::Debug),
+        "trace" => Ok(log::LevelFilter::Trace),
+        _ => Err(format!(
+            "{v:?} is not one of error, warn, info, debug, trace"
+        )),
+    }
+}
+
+/// Parses a duration: seconds (`2`, `1.5`), or with a unit (`500ms`, `30s`, `5m`), at least `min_secs`.
+pub fn parse_duration(v: &str, min_secs: f64) -> Result<Duration, String> {
+    let v = v.trim();
+    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (v, 1.0)
+    };
+    let secs = num
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .map(|x| x * scale)
+        .ok_or_else(|| format!("{v:?} is not a duration (seconds, or 500ms, 30s, 5m)"))?;
+    if secs < min_secs || secs > 86_400.0 * 7.0 {
+        return Err(format!("{v:?} is out of range ({min_secs} s to 7 days)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/slurm/cloudvision.conf"))
+    }
+
+    #[test]
+    fn defaults_match_reference() {
+        let c = Config::default();
+        assert!(c
+            .job_name_exclude
+            .as_ref()
+            .unwrap()
+            .is_match("cv-interface-discovery"));
+        assert!(c.job_name_include.is_none());
+        assert!(c.partitions.is_empty());
+        assert_eq!(c.poll_interval, Duration::from_secs(60));
+        for n in ["eth0", "eno1", "ens1f0", "enp3s0", "em1"] {
+            assert!(c.interface_regex.is_match(n), "{n}");
+        }
+        for n in ["lo", "docker0", "ib0", "virbr0"] {
+            assert!(!c.interface_regex.is_match(n), "{n}");
+        }
+        assert!(c.interface_physical_only && c.interface_require_ip);
+        assert_eq!(c.discovery_job_name, "cv-interface-discovery");
+        assert_eq!(c.log_file, Path::new("/var/log/slurm/cvjob.log"));
+        assert_eq!(c.log_level, log::LevelFilter::Info);
+        assert_eq!(c.hook_timeout, Duration::from_secs(2));
+        assert_eq!(c.state_dir, Path::new("/var/spool/cvslurm"));
+    }
+
+    #[test]
+    fn parses_every_key() {
+        let c = parse(
+            "# CloudVision\napiserver = https://cv.example.com:8443/\nApiTokenFile=/etc/slurm/cv.token\n\
+             CaFile=/etc/ssl/onprem.pem\nInsecure=yes # lab only\nLogFile=/tmp/x.log\nLogLevel=debug\n\
+             JobNameInclude=^train\nJobNameExclude=\nPartitions=gpu, cpu\nPollInterval=30\n\
+             InterfaceRegex=^(eth|ib)\nInterfacePhysicalOnly=no\nInterfaceRequireIp=false\n\
+             DiscoveryJobName=\"cv-disc\"\nDiscoveryTimeout=45s\nDiscoveryBcast=yes\nHookTimeout=1.5\n\
+             RequestTimeout=500ms\nStateDir=/var/spool/x\nSlurmBinDir=/opt/slurm/bin\nMaxConcurrentRequests=32\n",
+        )
+        .unwrap();
+        assert_eq!(c.api_server.as_deref(), Some("cv.example.com:8443"));
+        assert_eq!(
+            c.api_token_file.as_deref(),
+            Some(Path::new("/etc/slurm/cv.token"))
+        );
+        assert!(c.insecure);
+        assert_eq!(c.log_level, log::LevelFilter::Debug);
+        assert!(c.job_name_include.unwrap().is_match("train-1"));
+        assert!(c.job_name_exclude.is_none());
+        assert_eq!(c.partitions, ["gpu", "cpu"]);
+        assert_eq!(c.poll_interval, Duration::from_secs(30));
+        assert!(c.interface_regex.is_match("ib0"));
+        assert!(!c.interface_physical_only && !c.interface_require_ip);
+        assert_eq!(c.discovery_job_name, "cv-disc");
+        assert_eq!(c.discovery_timeout, Duration::from_secs(45));
+        assert!(c.discovery_bcast);
+        assert_eq!(c.hook_timeout, Duration::from_millis(1500));
+        assert_eq!(c.request_timeout, Duration::from_millis(500));
+        assert_eq!(
+            c.slurm_bin_dir.as_deref(),
+            Some(Path::new("/opt/slurm/bin"))
+        );
+        assert_eq!(c.max_concurrent_requests, 32);
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let cases = [
+            (
+                "Bogus=1",
+                "/etc/slurm/cloudvision.conf:1: Bogus: unknown key",
+            ),
+            (
+                "\nInsecure=maybe",
+                "/etc/slurm/cloudvision.conf:2: Insecure: \"maybe\" is not yes or no",
+            ),
+            (
+                "PollInterval=soon",
+                "/etc/slurm/cloudvision.conf:1: PollInterval: \"soon\" is not a duration",
+            ),
+            (
+                "HookTimeout=0",
+                "/etc/slurm/cloudvision.conf:1: HookTimeout: \"0\" is out of range",
+            ),
+            (
+                "InterfaceRegex=(",
+                "/etc/slurm/cloudvision.conf:1: InterfaceRegex: bad regex",
+            ),
+            (
+                "LogLevel=loud",
+                "/etc/slurm/cloudvision.conf:1: LogLevel: \"loud\" is not one of",
+            ),
+            (
+                "just words",
+                "/etc/slurm/cloudvision.conf:1: expected Key=Value",
+            ),
+            (
+                "ApiServer=http://cv",
+                "/etc/slurm/cloudvision.conf:1: ApiServer: CloudVision is reached over HTTPS only",
+            ),
+            (
+                "MaxConcurrentRequests=0",
+                "/etc/slurm/cloudvision.conf:1: MaxConcurrentRequests: \"0\" is not a whole number",
+            ),
+            (
+                "StateDir=",
+                "/etc/slurm/cloudvision.conf:1: StateDir: needs a path",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{text:?} gave {e:?}");
+        }
+    }
+
+    #[test]
+    fn token_file_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("cvslurm-token-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("token");
+        fs::write(&f, "  s3cret-token\n").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_token_file(&f).unwrap_err().to_string();
+        assert!(e.contains("readable by group or others (mode 0644)"), "{e}");
+        assert!(e.contains(&format!("chmod 600 {}", f.display())), "{e}");
+        assert!(!e.contains("s3cret"));
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+        let t = read_token_file(&f).unwrap();
+        assert_eq!(t.expose(), "s3cret-token");
+        assert_eq!(format!("{t:?} {t}"), "Token(<redacted>) <redacted>");
+        fs::write(&f, "\n").unwrap();
+        assert!(read_token_file(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("is empty"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn job_filters() {
+        let c = parse("Partitions=gpu\nJobNameInclude=^train").unwrap();
+        assert!(c.job_wanted("train-a", Some("gpu")).is_ok());
+        assert!(c.job_wanted("eval", Some("gpu")).is_err());
+        assert!(c.job_wanted("train-a", Some("cpu")).is_err());
+        assert!(Config::default()
+            .job_wanted("cv-interface-discovery", None)
+            .is_err());
+        assert!(Config::default().job_wanted("x", None).is_ok());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("2", 0.1).unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("5m", 1.0).unwrap(), Duration::from_secs(300));
+        assert!(parse_duration("-1", 0.0).is_err());
+        assert!(parse_duration("NaN", 0.0).is_err());
+    }
+}

@@ -1,0 +1,296 @@
+//! `cvslurm discover`: run on a worker (through srun), print its network interfaces as one
+//! JSON line. Also the record type and its validation, used by `inventory` to read the lines.
+
+use crate::payload::{DataInterface, Key, NodeConfig};
+use regex_lite::Regex;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+/// One interface in a discovery record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Interface {
+    /// Interface name (`eth0`).
+    pub name: String,
+    /// Lower-case MAC address.
+    pub mac_address: String,
+    /// IPv4 addresses, primary first.
+    pub ip_addresses: Vec<String>,
+}
+
+/// What `discover` prints: one node's identity and data interfaces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoverRecord {
+    /// The Slurm node name (`SLURMD_NODENAME`).
+    pub node_name: String,
+    /// The host name, up to the first dot.
+    pub hostname: String,
+    /// The cluster name (`SLURM_CLUSTER_NAME`), if known.
+    pub location: Option<String>,
+    /// The interfaces, sorted by name.
+    pub interfaces: Vec<Interface>,
+}
+
+impl DiscoverRecord {
+    /// Parses and validates one line of discover output. The error says what is wrong.
+    pub fn parse_line(line: &str) -> Result<DiscoverRecord, String> {
+        let rec: DiscoverRecord =
+            serde_json::from_str(line).map_err(|e| format!("not a discover record: {e}"))?;
+        rec.validate()?;
+        Ok(rec)
+    }
+
+    /// Checks names, MAC and IPv4 syntax.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_name.is_empty() || self.node_name.len() > 255 {
+            return Err("empty or overlong node_name".into());
+        }
+        if self.interfaces.len() > 4096 {
+            return Err("more than 4096 interfaces".into());
+        }
+        for i in &self.interfaces {
+            if i.name.is_empty() || i.name.len() > 64 {
+                return Err(format!("bad interface name {:?}", i.name));
+            }
+            if !is_mac(&i.mac_address) {
+                return Err(format!("interface {}: bad MAC {:?}", i.name, i.mac_address));
+            }
+            for ip in &i.ip_addresses {
+                if ip.parse::<Ipv4Addr>().is_err() {
+                    return Err(format!("interface {}: bad IPv4 address {ip:?}", i.name));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The NodeConfig for CloudVision.
+    pub fn to_node_config(&self, cluster: &str) -> NodeConfig {
+        NodeConfig {
+            key: Key {
+                id: self.node_name.clone(),
+            },
+            location: Some(cluster.to_string()),
+            hostname: Some(self.hostname.clone()),
+            data_interfaces: self
+                .interfaces
+                .iter()
+                .map(|i| DataInterface {
+                    name: i.name.clone(),
+                    mac_address: i.mac_address.clone(),
+                    ip_addresses: i.ip_addresses.clone().into(),
+                })
+                .collect::<Vec<_>>()
+                .into(),
+        }
+    }
+}
+
+/// True for a lower-case `aa:bb:cc:dd:ee:ff`.
+pub fn is_mac(s: &str) -> bool {
+    s.len() == 17
+        && s.split(':').count() == 6
+        && s.split(':').all(|p| {
+            p.len() == 2
+                && p.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
+/// Which interfaces to report.
+#[derive(Debug, Clone)]
+pub struct Filter {
+    /// Names must match.
+    pub name_regex: Regex,
+    /// Only NICs with a `device` link (physical).
+    pub physical_only: bool,
+    /// Skip NICs without an IPv4 address.
+    pub require_ip: bool,
+}
+
+/// The interfaces under a `/sys/class/net`-like directory, filtered and sorted by name.
+/// `ipv4` maps interface names to their addresses (from getifaddrs).
+pub fn interfaces(
+    sys_class_net: &Path,
+    ipv4: &BTreeMap<String, Vec<Ipv4Addr>>,
+    filter: &Filter,
+) -> Result<Vec<Interface>, String> {
+    let rd = fs::read_dir(sys_class_net)
+        .map_err(|e| format!("cannot list {}: {e}", sys_class_net.display()))?;
+    let mut out = Vec::new();
+    for entry in rd.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let dir = entry.path();
+        if name == "lo" || !filter.name_regex.is_match(&name) {
+            continue;
+        }
+        if filter.physical_only && !dir.join("device").exists() {
+            continue;
+        }
+        let mac = fs::read_to_string(dir.join("address"))
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        if !is_mac(&mac) || mac == "00:00:00:00:00:00" {
+            continue;
+        }
+        let ips: Vec<String> = ipv4
+            .get(&name)
+            .map(|v| v.iter().map(|a| a.to_string()).collect())
+            .unwrap_or_default();
+        if filter.require_ip && ips.is_empty() {
+            continue;
+        }
+        out.push(Interface {
+            name,
+            mac_address: mac,
+            ip_addresses: ips,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Every IPv4 address of every interface (secondaries too), in the kernel's order.
+pub fn ipv4_addresses() -> Result<BTreeMap<String, Vec<Ipv4Addr>>, String> {
+    let mut map: BTreeMap<String, Vec<Ipv4Addr>> = BTreeMap::new();
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("getifaddrs failed: {e}"))?;
+    for ifa in addrs {
+        if let Some(sin) = ifa.address.as_ref().and_then(|a| a.as_sockaddr_in()) {
+            let ip = sin.ip();
+            let v = map.entry(ifa.interface_name.clone()).or_default();
+            if !v.contains(&ip) {
+                v.push(ip);
+            }
+        }
+    }
+    Ok(map)
+}
+
+/// The host name up to the first dot.
+pub fn short_hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| {
+            h.to_string_lossy()
+                .split('.')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+/// Builds this node's record. `node_name` overrides `SLURMD_NODENAME`.
+pub fn discover(
+    node_name: Option<&str>,
+    sys_class_net: &Path,
+    filter: &Filter,
+) -> Result<DiscoverRecord, String> {
+    let node_name = match node_name {
+        Some(n) => n.to_string(),
+        None => std::env::var("SLURMD_NODENAME")
+            .ok()
+            .filter(|n| !n.is_empty())
+            .ok_or("SLURMD_NODENAME is not set: run discover through srun, or give --node-name")?,
+    };
+    let ipv4 = ipv4_addresses()?;
+    let rec = DiscoverRecord {
+        node_name,
+        hostname: short_hostname(),
+        location: std::env::var("SLURM_CLUSTER_NAME")
+            .ok()
+            .filter(|c| !c.is_empty()),
+        interfaces: interfaces(sys_class_net, &ipv4, filter)?,
+    };
+    rec.validate()?;
+    Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn fake_sys(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cvslurm-sys-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        for (name, mac, physical) in [
+            ("eth0", "AA:BB:CC:DD:EE:01\n", true),
+            ("ens1f0", "aa:bb:cc:dd:ee:02\n", true),
+            ("ens2", "aa:bb:cc:dd:ee:03\n", true),
+            ("veth9", "aa:bb:cc:dd:ee:04\n", false),
+            ("eth1", "aa:bb:cc:dd:ee:05\n", false),
+            ("lo", "00:00:00:00:00:00\n", false),
+            ("eno1", "00:00:00:00:00:00\n", true),
+        ] {
+            let p = d.join(name);
+            fs::create_dir_all(&p).unwrap();
+            fs::write(p.join("address"), mac).unwrap();
+            if physical {
+                fs::create_dir_all(p.join("device")).unwrap();
+            }
+        }
+        d
+    }
+
+    #[test]
+    fn filters_and_sorts() {
+        let d = fake_sys("filter");
+        let mut ips = BTreeMap::new();
+        ips.insert(
+            "eth0".to_string(),
+            vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)],
+        );
+        ips.insert("ens1f0".to_string(), vec![Ipv4Addr::new(10, 1, 0, 1)]);
+        ips.insert("eth1".to_string(), vec![Ipv4Addr::new(10, 2, 0, 1)]);
+        ips.insert("eno1".to_string(), vec![Ipv4Addr::new(10, 3, 0, 1)]);
+        let f = Filter {
+            name_regex: Regex::new("^(eth|eno|ens|enp|em)").unwrap(),
+            physical_only: true,
+            require_ip: true,
+        };
+        let got = interfaces(&d, &ips, &f).unwrap();
+        let names: Vec<_> = got.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["ens1f0", "eth0"]);
+        assert_eq!(got[1].mac_address, "aa:bb:cc:dd:ee:01");
+        assert_eq!(got[1].ip_addresses, ["10.0.0.1", "10.0.0.2"]);
+        let all = Filter {
+            physical_only: false,
+            require_ip: false,
+            ..f
+        };
+        let names: Vec<_> = interfaces(&d, &ips, &all)
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        assert_eq!(names, ["ens1f0", "ens2", "eth0", "eth1"]);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn record_validation() {
+        let ok = r#"{"node_name":"n1","hostname":"n1","location":"c","interfaces":[{"name":"eth0","mac_address":"02:99:00:00:01:01","ip_addresses":["10.99.0.11"]}]}"#;
+        let r = DiscoverRecord::parse_line(ok).unwrap();
+        assert_eq!(
+            r.to_node_config("c").data_interfaces.values[0]
+                .ip_addresses
+                .values,
+            ["10.99.0.11"]
+        );
+        for bad in [
+            "garbage",
+            "",
+            r#"{"node_name":"","hostname":"x","location":null,"interfaces":[]}"#,
+            r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[{"name":"eth0","mac_address":"ZZ","ip_addresses":[]}]}"#,
+            r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[{"name":"eth0","mac_address":"02:99:00:00:01:01","ip_addresses":["300.1.1.1"]}]}"#,
+            r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[],"extra":1}"#,
+        ] {
+            assert!(DiscoverRecord::parse_line(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,524 @@
+//! `cvslurm hook`: PrologSlurmctld / EpilogSlurmctld.
+//!
+//! From slurmctld's `SLURM_*` environment it builds the job's JobConfig (RUNNING in the prolog,
+//! COMPLETED / FAILED / CANCELLED in the epilog), writes it to the outbox, and sends it within
+//! `HookTimeout`. It exits 0 in every case — a failing PrologSlurmctld would requeue or kill the
+//! job — and a watchdog ends it at the budget whatever CloudVision, DNS or slurmctld do. What it
+//! could not send stays in the outbox for `cvslurm flush` or the service.
+
+use crate::cloudvision::{Client, ClientOptions};
+use crate::config::Config;
+use crate::hostlist;
+use crate::logging;
+use crate::outbox::{Enqueued, Event, Item, Outbox};
+use crate::payload::{JobConfig, JobState, Key};
+use crate::runner::Slurm;
+use crate::slurm::{self, JobInfo};
+use crate::timefmt::{format_epoch, now_epoch};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Which of the two hooks is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// PrologSlurmctld: the job was allocated its nodes.
+    Prolog,
+    /// EpilogSlurmctld: the job ended.
+    Epilog,
+}
+
+/// What slurmctld told the hook about the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookEnv {
+    /// Prolog or epilog.
+    pub phase: Phase,
+    /// `SLURM_JOB_ID`.
+    pub job_id: String,
+    /// `SLURM_CLUSTER_NAME`.
+    pub cluster: String,
+    /// `SLURM_JOB_NAME`.
+    pub name: String,
+    /// `SLURM_JOB_PARTITION`.
+    pub partition: Option<String>,
+    /// `SLURM_JOB_NODELIST`, expanded.
+    pub nodes: Vec<String>,
+    /// `SLURM_JOB_START_TIME` (Slurm 23.02+).
+    pub start: Option<i64>,
+    /// `SLURM_JOB_END_TIME` (Slurm 23.02+; in the prolog it is the time limit, not an end).
+    pub end: Option<i64>,
+    /// `SLURM_JOB_EXIT_CODE2` as (exit code, signal).
+    pub exit: Option<(i32, i32)>,
+    /// `SLURM_JOB_RESTART_COUNT` (a requeued job runs its hooks again under the same id).
+    pub restart_count: u32,
+}
+
+impl HookEnv {
+    /// Reads the hook environment. The error names every missing or malformed variable.
+    pub fn from_vars(vars: &HashMap<String, String>) -> Result<HookEnv, String> {
+        let get = |k: &str| vars.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let mut missing = Vec::new();
+        let mut bad = Vec::new();
+        let phase = match get("SLURM_SCRIPT_CONTEXT") {
+            Some("prolog_slurmctld") => Some(Phase::Prolog),
+            Some("epilog_slurmctld") => Some(Phase::Epilog),
+            Some(other) => {
+                bad.push(format!(
+                    "SLURM_SCRIPT_CONTEXT={other:?} (cvslurm hook runs as PrologSlurmctld or EpilogSlurmctld only)"
+                ));
+                None
+            }
+            None => {
+                missing.push("SLURM_SCRIPT_CONTEXT");
+                None
+            }
+        };
+        let mut need = |k: &'static str| match get(k) {
+            Some(v) => v.to_string(),
+            None => {
+                missing.push(k);
+                String::new()
+            }
+        };
+        let job_id = need("SLURM_JOB_ID");
+        let cluster = need("SLURM_CLUSTER_NAME");
+        let nodelist = need("SLURM_JOB_NODELIST");
+        // A job name may legitimately be empty only in theory; Slurm always sets one.
+        let name = vars.get("SLURM_JOB_NAME").map(|s| s.to_string());
+        if name.is_none() {
+            missing.push("SLURM_JOB_NAME");
+        }
+        if !job_id.is_empty() && !job_id.bytes().all(|b| b.is_ascii_digit()) {
+            bad.push(format!("SLURM_JOB_ID={job_id:?} is not a job number"));
+        }
+        let nodes = if nodelist.is_empty() {
+            Vec::new()
+        } else {
+            match hostlist::expand(&nodelist) {
+                Ok(n) if !n.is_empty() => n,
+                Ok(_) => {
+                    bad.push("SLURM_JOB_NODELIST is empty".to_string());
+                    Vec::new()
+                }
+                Err(e) => {
+                    bad.push(format!("SLURM_JOB_NODELIST: {e}"));
+                    Vec::new()
+                }
+            }
+        };
+        let epoch = |k: &str, bad: &mut Vec<String>| match get(k) {
+            None => None,
+            Some(v) => match v.parse::<i64>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => {
+                    bad.push(format!("{k}={v:?} is not epoch seconds"));
+                    None
+                }
+            },
+        };
+        let start = epoch("SLURM_JOB_START_TIME", &mut bad);
+        let end = epoch("SLURM_JOB_END_TIME", &mut bad);
+        let exit = match get("SLURM_JOB_EXIT_CODE2") {
+            None => None,
+            Some(v) => match parse_exit_code(v) {
+                Some(x) => Some(x),
+                None => {
+                    bad.push(format!("SLURM_JOB_EXIT_CODE2={v:?} is not exit:signal"));
+                    None
+                }
+            },
+        };
+        let restart_count = get("SLURM_JOB_RESTART_COUNT")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if !missing.is_empty() || !bad.is_empty() {
+            let mut parts = Vec::new();
+            if !missing.is_empty() {
+                parts.push(format!("missing {}", missing.join(", ")));
+            }
+            parts.extend(bad);
+            return Err(parts.join("; "));
+        }
+        Ok(HookEnv {
+            phase: phase.expect("checked above"),
+            job_id,
+            cluster,
+            name: name.unwrap_or_default(),
+            partition: get("SLURM_JOB_PARTITION").map(String::from),
+            nodes,
+            start,
+            end,
+            exit,
+            restart_count,
+        })
+    }
+
+    /// `<jobid>@<cluster>`.
+    pub fn key(&self) -> String {
+        format!("{}@{}", self.job_id, self.cluster)
+    }
+}
+
+/// Parses `exit:signal` (`0:0`, `3:0`, `0:9`).
+pub fn parse_exit_code(s: &str) -> Option<(i32, i32)> {
+    let (e, sig) = s.trim().split_once(':')?;
+    Some((e.parse().ok()?, sig.parse().ok()?))
+}
+
+/// The end state of a job in the epilog.
+///
+/// The exit codes alone cannot tell a success from a cancel or a time limit on Slurm 22.05 (all
+/// read `0:0`), so slurmctld's view of the job (`scontrol show job`) decides when there is one:
+/// a final JobState maps directly; while the job is still COMPLETING, `Reason=TimeLimit` means
+/// it hit its limit and a signal in `ExitCode` with exit 0 that the job's own exit code did not
+/// show means it was cancelled. Without slurmctld's view, the exit codes decide as the reference
+/// does: 0:0 completed, non-zero exit failed, signal with exit 0 cancelled.
+pub fn epilog_state(exit: Option<(i32, i32)>, ctl: Option<&JobInfo>) -> JobState {
+    let (code, sig) = exit.unwrap_or((0, 0));
+    if let Some(j) = ctl {
+        let word = j.state.split_whitespace().next().unwrap_or("");
+        if !matches!(word, "COMPLETING" | "RUNNING" | "CONFIGURING" | "") {
+            if let Some(s) = JobState::from_slurm(&j.state) {
+                return s;
+            }
+        }
+        if j.reason.as_deref() == Some("TimeLimit") {
+            return JobState::Failed;
+        }
+        if code == 0 && sig == 0 {
+            if let Some((0, csig)) = j.exit_code.as_deref().and_then(parse_exit_code) {
+                if csig != 0 {
+                    return JobState::Cancelled;
+                }
+            }
+        }
+    }
+    match (code, sig) {
+        (0, 0) => JobState::Completed,
+        (0, _) => JobState::Cancelled,
+        _ => JobState::Failed,
+    }
+}
+
+/// Entry point of the hook mode. Always returns 0.
+pub fn main(config_path: Option<&Path>) -> i32 {
+    let t0 = Instant::now();
+    let (cfg, cfg_error) = match Config::load(config_path) {
+        Ok(c) => (c, None),
+        Err(e) => {
+            let mut c = Config::default();
+            c.apply_env();
+            (c, Some(e.to_string()))
+        }
+    };
+    let problem = logging::init(logging::Sink::File, &cfg.log_file, cfg.log_level);
+    // The watchdog: whatever happens below, the hook ends within its budget, with status 0.
+    let budget = cfg.hook_timeout;
+    std::thread::spawn(move || {
+        std::thread::sleep(budget.saturating_sub(t0.elapsed()));
+        log::warn!(
+            "hook time budget of {:.1} s used up; leaving (the event stays in the outbox)",
+            budget.as_secs_f64()
+        );
+        std::process::exit(0);
+    });
+    std::panic::set_hook(Box::new(|info| {
+        log::error!("internal error (bug in cvslurm, please report): {info}");
+    }));
+    if let Some(p) = problem {
+        log::error!("{p}");
+    }
+    let vars: HashMap<String, String> = std::env::vars().collect();
+    let _ = std::panic::catch_unwind(|| run(&cfg, cfg_error.as_deref(), &vars, t0));
+    0
+}
+
+fn run(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>, t0: Instant) {
+    let deadline = t0 + cfg.hook_timeout;
+    if let Some(e) = cfg_error {
+        log::error!("config error: {e}; using defaults for this event, fix the file");
+    }
+    let env = match HookEnv::from_vars(vars) {
+        Ok(e) => e,
+        Err(e) => {
+            let id = vars.get("SLURM_JOB_ID").map_or("?", |s| s.as_str());
+            log::error!("job {id}: not sent: {e}");
+            return;
+        }
+    };
+    let key = env.key();
+    if let Err(why) = cfg.job_wanted(&env.name, env.partition.as_deref()) {
+        log::info!("job {key}: filtered out ({why}); nothing sent");
+        return;
+    }
+    let outbox = Outbox::new(&cfg.state_dir);
+    let now = now_epoch();
+    let (state, start, end) = match env.phase {
+        Phase::Prolog => {
+            let start = env.start.unwrap_or(now);
+            if let Err(e) = outbox.save_start(&key, start) {
+                log::error!("job {key}: cannot record its start time: {e}");
+            }
+            (JobState::Running, start, None)
+        }
+        Phase::Epilog => {
+            let ctl = lookup_end_state(cfg, &env, deadline);
+            let state = epilog_state(env.exit, ctl.as_ref());
+            let start = env
+                .start
+                .or_else(|| outbox.load_start(&key))
+                .or_else(|| ctl.as_ref().and_then(|j| j.start))
+                .unwrap_or(now);
+            (state, start, Some(env.end.unwrap_or(now)))
+        }
+    };
+    let job = JobConfig {
+        key: Key { id: key.clone() },
+        name: Some(match &env.partition {
+            Some(p) => format!("{}@{p}", env.name),
+            None => env.name.clone(),
+        }),
+        state,
+        start_time: format_epoch(start),
+        end_time: end.and_then(format_epoch),
+        location: Some(env.cluster.clone()),
+        job_type: None,
+        nodes: Some(env.nodes.clone().into()),
+        interfaces: None,
+    };
+    let phase_rank = u8::from(env.phase == Phase::Epilog);
+    let event = Event::new(
+        Item::Job { job: job.clone() },
+        (env.restart_count, phase_rank),
+    );
+    let queued = match outbox.enqueue(&event) {
+        Ok(Enqueued::Superseded) => {
+            log::info!("job {key}: {state} superseded by a later event already queued; not sent");
+            return;
+        }
+        Ok(Enqueued::Queued { busy: true }) => {
+            log::info!("job {key}: {state} queued behind an event being sent now");
+            return;
+        }
+        Ok(Enqueued::Queued { busy: false }) => true,
+        Err(e) => {
+            log::error!(
+                "job {key}: cannot queue the event in StateDir {}: {e}; sending directly",
+                cfg.state_dir.display()
+            );
+            false
+        }
+    };
+    if env.phase == Phase::Epilog {
+        outbox.forget_start(&key);
+    }
+    let token = match cfg.token() {
+        Ok(t) => t,
+        Err(e) => {
+            log::error!("job {key}: {state} kept in outbox: {e}");
+            return;
+        }
+    };
+    if cfg.api_server.is_none() {
+        log::warn!("job {key}: {state} kept in outbox: no CloudVision server configured (ApiServer in cloudvision.conf)");
+        return;
+    }
+    if token.is_none() {
+        log::warn!("job {key}: {state} kept in outbox: no API token configured (ApiTokenFile in cloudvision.conf)");
+        return;
+    }
+    if cfg.insecure {
+        log::warn!("TLS verification is off (Insecure=yes)");
+    }
+    // Keep a little of the budget to log and remove the outbox file.
+    let send_deadline = deadline
+        .checked_sub(Duration::from_millis(50))
+        .unwrap_or(deadline);
+    let result = ClientOptions::from_config(cfg, token, cfg.hook_timeout)
+        .and_then(Client::new)
+        .and_then(|c| c.post_job(&job, Some(send_deadline)));
+    match result {
+        Ok(a) => {
+            if queued {
+                if let Err(e) = outbox.remove_if_same(&event) {
+                    log::warn!("job {key}: sent, but cannot remove it from the outbox: {e}");
+                }
+            }
+            log::info!(
+                "job {key}: sent {state} on {} (HTTP {}, {} ms)",
+                nodes_summary(&env.nodes),
+                a.status,
+                a.elapsed.as_millis()
+            );
+        }
+        Err(e) => {
+            let kept = if queued {
+                "kept in outbox"
+            } else {
+                "LOST (StateDir not writable)"
+            };
+            log::error!("job {key}: {state} {kept}: {e}");
+        }
+    }
+}
+
+/// Asks slurmctld how the job ended, within what is left of the budget (keeping half of it for
+/// CloudVision). `None` when it cannot tell in time.
+fn lookup_end_state(cfg: &Config, env: &HookEnv, deadline: Instant) -> Option<JobInfo> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let budget = (left / 2).min(Duration::from_secs(1));
+    if budget < Duration::from_millis(50) {
+        return None;
+    }
+    let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+    match slurm::scontrol_job(&slurm, &env.job_id, budget) {
+        Ok(j) => {
+            if let Some(j) = &j {
+                log::debug!(
+                    "job {}: slurmctld says JobState={} Reason={} ExitCode={}",
+                    env.key(),
+                    j.state,
+                    j.reason.as_deref().unwrap_or("-"),
+                    j.exit_code.as_deref().unwrap_or("-")
+                );
+            }
+            j
+        }
+        Err(e) => {
+            log::warn!(
+                "job {}: cannot ask slurmctld for the end state ({e}); using the exit codes",
+                env.key()
+            );
+            None
+        }
+    }
+}
+
+fn nodes_summary(nodes: &[String]) -> String {
+    match nodes.len() {
+        0 => "no nodes".into(),
+        1..=4 => nodes.join(","),
+        n => format!("{},… ({n} nodes)", nodes[..3].join(",")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn reads_prolog_env() {
+        let e = HookEnv::from_vars(&vars(&[
+            ("SLURM_SCRIPT_CONTEXT", "prolog_slurmctld"),
+            ("SLURM_JOB_ID", "12345"),
+            ("SLURM_CLUSTER_NAME", "hpc-cluster-west"),
+            ("SLURM_JOB_NAME", "gpt-training"),
+            ("SLURM_JOB_PARTITION", "gpu"),
+            ("SLURM_JOB_NODELIST", "gpu-node-[1-4]"),
+        ]))
+        .unwrap();
+        assert_eq!(e.phase, Phase::Prolog);
+        assert_eq!(e.key(), "12345@hpc-cluster-west");
+        assert_eq!(e.nodes.len(), 4);
+        assert_eq!(e.restart_count, 0);
+    }
+
+    #[test]
+    fn names_every_missing_or_bad_variable() {
+        let e =
+            HookEnv::from_vars(&vars(&[("SLURM_SCRIPT_CONTEXT", "epilog_slurmctld")])).unwrap_err();
+        assert_eq!(
+            e,
+            "missing SLURM_JOB_ID, SLURM_CLUSTER_NAME, SLURM_JOB_NODELIST, SLURM_JOB_NAME"
+        );
+        let e = HookEnv::from_vars(&vars(&[
+            ("SLURM_SCRIPT_CONTEXT", "prolog"),
+            ("SLURM_JOB_ID", "12x"),
+            ("SLURM_CLUSTER_NAME", "c"),
+            ("SLURM_JOB_NAME", "j"),
+            ("SLURM_JOB_NODELIST", "n[3-1]"),
+            ("SLURM_JOB_EXIT_CODE2", "zero"),
+            ("SLURM_JOB_START_TIME", "-5"),
+        ]))
+        .unwrap_err();
+        assert!(e.contains("SLURM_SCRIPT_CONTEXT=\"prolog\""), "{e}");
+        assert!(
+            e.contains("SLURM_JOB_ID=\"12x\" is not a job number"),
+            "{e}"
+        );
+        assert!(e.contains("SLURM_JOB_NODELIST: bad hostlist"), "{e}");
+        assert!(e.contains("SLURM_JOB_EXIT_CODE2=\"zero\""), "{e}");
+        assert!(e.contains("SLURM_JOB_START_TIME=\"-5\""), "{e}");
+    }
+
+    fn ctl(state: &str, reason: &str, exit: &str) -> JobInfo {
+        JobInfo {
+            job_id: "1".into(),
+            name: "j".into(),
+            partition: None,
+            state: state.into(),
+            reason: Some(reason.into()),
+            exit_code: Some(exit.into()),
+            start: None,
+            end: None,
+            nodelist: None,
+        }
+    }
+
+    #[test]
+    fn epilog_state_without_slurmctld_follows_exit_codes() {
+        assert_eq!(epilog_state(Some((0, 0)), None), JobState::Completed);
+        assert_eq!(epilog_state(Some((3, 0)), None), JobState::Failed);
+        assert_eq!(epilog_state(Some((0, 9)), None), JobState::Cancelled);
+        assert_eq!(epilog_state(None, None), JobState::Completed);
+    }
+
+    #[test]
+    fn epilog_state_asks_slurmctld_when_exit_codes_say_nothing() {
+        use JobState::*;
+        // At epilog time slurmctld still says COMPLETING; ExitCode and Reason tell the rest.
+        assert_eq!(
+            epilog_state(Some((0, 0)), Some(&ctl("COMPLETING", "None", "0:0"))),
+            Completed
+        );
+        assert_eq!(
+            epilog_state(Some((0, 0)), Some(&ctl("COMPLETING", "None", "0:15"))),
+            Cancelled
+        );
+        assert_eq!(
+            epilog_state(Some((0, 0)), Some(&ctl("COMPLETING", "TimeLimit", "0:15"))),
+            Failed
+        );
+        assert_eq!(
+            epilog_state(
+                Some((3, 0)),
+                Some(&ctl("COMPLETING", "NonZeroExitCode", "3:0"))
+            ),
+            Failed
+        );
+        // A final state maps directly.
+        assert_eq!(
+            epilog_state(Some((0, 0)), Some(&ctl("CANCELLED", "None", "0:15"))),
+            Cancelled
+        );
+        assert_eq!(
+            epilog_state(Some((0, 0)), Some(&ctl("TIMEOUT", "TimeLimit", "0:0"))),
+            Failed
+        );
+        assert_eq!(
+            epilog_state(Some((0, 0)), Some(&ctl("NODE_FAIL", "None", "0:0"))),
+            Failed
+        );
+        assert_eq!(
+            epilog_state(Some((0, 0)), Some(&ctl("COMPLETED", "None", "0:0"))),
+            Completed
+        );
+    }
+}

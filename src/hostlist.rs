@@ -1,0 +1,220 @@
+//! Slurm hostlist expansion: `n[01-03],gpu[1-2]-ib` → `n01 n02 n03 gpu1-ib gpu2-ib`.
+//!
+//! One expander for the whole program, following Slurm's rules: top-level separators are
+//! commas and white space, commas inside brackets do not split, a bracket holds `N` and `N-M`
+//! ranges whose zero padding is the width of the low bound, several bracket groups in one name
+//! expand as a Cartesian product (leftmost group outermost), and text after `]` is a suffix.
+//! Malformed input is an error, never a guess.
+
+use std::fmt;
+
+/// The most host names one expression may expand to; more is treated as malformed input
+/// (a typo such as `n[0-99999999]` must not exhaust memory).
+pub const MAX_HOSTS: usize = 1_000_000;
+
+/// Why a hostlist could not be expanded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostlistError {
+    /// The whole expression that was being expanded.
+    pub input: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl fmt::Display for HostlistError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bad hostlist {:?}: {}", self.input, self.reason)
+    }
+}
+
+impl std::error::Error for HostlistError {}
+
+/// Expands a Slurm hostlist expression into host names, in Slurm's order.
+///
+/// ```
+/// let hosts = cvslurm::hostlist::expand("rack[1-2]-n[01-02],login").unwrap();
+/// assert_eq!(hosts, ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02", "login"]);
+/// ```
+pub fn expand(list: &str) -> Result<Vec<String>, HostlistError> {
+    let err = |reason: String| HostlistError {
+        input: list.to_string(),
+        reason,
+    };
+    let mut out = Vec::new();
+    for token in split_top_level(list).map_err(err)? {
+        expand_name(token, &mut out).map_err(err)?;
+    }
+    Ok(out)
+}
+
+/// Splits at commas and white space outside brackets.
+fn split_top_level(list: &str) -> Result<Vec<&str>, String> {
+    let mut tokens = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0usize;
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => {
+                if depth > 0 {
+                    return Err("nested '[' is not allowed".into());
+                }
+                depth = 1;
+            }
+            ']' => {
+                if depth == 0 {
+                    return Err("']' without '['".into());
+                }
+                depth = 0;
+            }
+            ',' | ' ' | '\t' | '\n' | '\r' if depth == 0 => {
+                if i > start {
+                    tokens.push(&list[start..i]);
+                }
+                start = i + c.len_utf8();
+            }
+            _ => {}
+        }
+    }
+    if depth > 0 {
+        return Err("'[' without closing ']'".into());
+    }
+    if start < list.len() {
+        tokens.push(&list[start..]);
+    }
+    Ok(tokens)
+}
+
+/// Expands one name that may hold several bracket groups, appending to `out`.
+fn expand_name(name: &str, out: &mut Vec<String>) -> Result<(), String> {
+    // Split into literal pieces and bracket groups: prefix [g1] mid [g2] suffix.
+    let mut parts: Vec<Vec<String>> = Vec::new();
+    let mut rest = name;
+    while let Some(open) = rest.find('[') {
+        let close = rest[open..]
+            .find(']')
+            .map(|c| open + c)
+            .ok_or_else(|| "'[' without closing ']'".to_string())?;
+        parts.push(vec![rest[..open].to_string()]);
+        parts.push(expand_group(&rest[open + 1..close])?);
+        rest = &rest[close + 1..];
+    }
+    if rest.contains(']') {
+        return Err("']' without '['".into());
+    }
+    parts.push(vec![rest.to_string()]);
+
+    let total = parts
+        .iter()
+        .try_fold(1usize, |acc, p| acc.checked_mul(p.len()))
+        .filter(|n| out.len().saturating_add(*n) <= MAX_HOSTS)
+        .ok_or_else(|| format!("expands to more than {MAX_HOSTS} names"))?;
+    out.reserve(total);
+    // Cartesian product, leftmost group outermost.
+    let mut idx = vec![0usize; parts.len()];
+    for _ in 0..total {
+        let mut s = String::new();
+        for (p, &i) in parts.iter().zip(&idx) {
+            s.push_str(&p[i]);
+        }
+        out.push(s);
+        for k in (0..parts.len()).rev() {
+            idx[k] += 1;
+            if idx[k] < parts[k].len() {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+    Ok(())
+}
+
+/// Expands the inside of one bracket group: `1,3,5-7` or `01-10`.
+fn expand_group(inner: &str) -> Result<Vec<String>, String> {
+    if inner.is_empty() {
+        return Err("empty brackets".into());
+    }
+    let mut out = Vec::new();
+    for range in inner.split(',') {
+        let (lo, hi) = match range.split_once('-') {
+            Some((lo, hi)) => (lo, hi),
+            None => (range, range),
+        };
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(lo) || !digits(hi) {
+            return Err(format!(
+                "range {range:?} is not N or N-M with decimal numbers"
+            ));
+        }
+        if lo.len() > 18 || hi.len() > 18 {
+            return Err(format!("range {range:?} has numbers that are too long"));
+        }
+        let (l, h): (u64, u64) = (lo.parse().unwrap_or(0), hi.parse().unwrap_or(0));
+        if h < l {
+            return Err(format!("range {range:?} runs backwards"));
+        }
+        if (h - l) as usize >= MAX_HOSTS || out.len() + (h - l) as usize >= MAX_HOSTS {
+            return Err(format!("expands to more than {MAX_HOSTS} names"));
+        }
+        let width = lo.len();
+        for n in l..=h {
+            out.push(format!("{n:0width$}"));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(s: &str) -> String {
+        expand(s).unwrap().join(" ")
+    }
+
+    #[test]
+    fn simple_and_padded() {
+        assert_eq!(ok("n1"), "n1");
+        assert_eq!(ok("n[1-3]"), "n1 n2 n3");
+        assert_eq!(ok("n[01-03]"), "n01 n02 n03");
+        assert_eq!(ok("n[8-11]"), "n8 n9 n10 n11");
+        assert_eq!(ok("n[098-101]"), "n098 n099 n100 n101");
+        assert_eq!(ok("n[1,3,5-7]"), "n1 n3 n5 n6 n7");
+    }
+
+    #[test]
+    fn separators_products_suffixes() {
+        assert_eq!(ok("a,b c\td"), "a b c d");
+        assert_eq!(ok("n[1-2],m[3-4]"), "n1 n2 m3 m4");
+        assert_eq!(
+            ok("rack[1-2]-n[01-02]"),
+            "rack1-n01 rack1-n02 rack2-n01 rack2-n02"
+        );
+        assert_eq!(ok("gpu[01-02]-ib"), "gpu01-ib gpu02-ib");
+        assert_eq!(ok("node.a[1-2].x"), "node.a1.x node.a2.x");
+        assert_eq!(ok(""), "");
+        assert_eq!(ok(" , "), "");
+    }
+
+    #[test]
+    fn malformed_is_an_error() {
+        for bad in [
+            "n[3-1]",
+            "n[1-2",
+            "n[1-9:2]",
+            "n1-2]",
+            "n[]",
+            "n[a-b]",
+            "n[[1]]",
+            "n[1-]",
+            "n[-1]",
+            "n[0-99999999]",
+        ] {
+            assert!(expand(bad).is_err(), "{bad} should be an error");
+        }
+        let e = expand("n[3-1]").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "bad hostlist \"n[3-1]\": range \"3-1\" runs backwards"
+        );
+    }
+}

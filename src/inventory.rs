@@ -1,0 +1,481 @@
+//! `cvslurm inventory`: nodes from sinfo, interfaces from `srun … cvslurm discover` on them,
+//! one NodeConfig per node. `--monitor` keeps doing it under systemd: nodes that appear or come
+//! back are sent, nodes that leave are deleted, and the outbox is drained.
+
+use crate::cloudvision::Client;
+use crate::config::Config;
+use crate::delivery::{self, backoff, parallel_map};
+use crate::discover::DiscoverRecord;
+use crate::outbox::{Event, Item, Outbox};
+use crate::runner::{Slurm, MAX_OUTPUT};
+use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
+use crate::systemd;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The longest discover line accepted from a worker.
+pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
+
+/// What inventory needs to run.
+pub struct Inventory<'a> {
+    /// The configuration.
+    pub cfg: &'a Config,
+    /// The Slurm command runner.
+    pub slurm: Slurm,
+    /// The cluster name.
+    pub cluster: String,
+    /// The client; `None` for a dry run.
+    pub client: Option<Client>,
+    /// Set by SIGTERM/SIGINT.
+    pub stop: &'a AtomicBool,
+}
+
+/// Per-node outcome of a discovery pass.
+pub type Discovered = BTreeMap<String, Result<DiscoverRecord, String>>;
+
+impl Inventory<'_> {
+    /// Runs discovery on `nodes` (grouped by partition, one srun per group).
+    pub fn discover(&self, nodes: &[&SinfoNode]) -> Discovered {
+        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for n in nodes {
+            let part = n.partitions.first().cloned().unwrap_or_default();
+            groups.entry(part).or_default().push(n.name.clone());
+        }
+        let mut out = Discovered::new();
+        for (part, names) in groups {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            out.extend(self.discover_group(&part, &names));
+        }
+        out
+    }
+
+    fn discover_group(&self, partition: &str, names: &[String]) -> Discovered {
+        let cfg = self.cfg;
+        let exe = match std::env::current_exe() {
+            Ok(p) => p,
+            Err(e) => return fail_all(names, &format!("cannot find my own executable: {e}")),
+        };
+        let minutes = cfg.discovery_timeout.as_secs().div_ceil(60) + 1;
+        let mut cmd = self.slurm.command("srun");
+        let n = names.len().to_string();
+        cmd.arg(format!("--job-name={}", cfg.discovery_job_name))
+            .arg(format!("--nodelist={}", names.join(",")))
+            .args(["--nodes", &n, "--ntasks", &n, "--ntasks-per-node=1"])
+            .arg(format!("--time={minutes}"))
+            .args(["--quiet", "--no-kill", "--kill-on-bad-exit=0"]);
+        if !partition.is_empty() {
+            cmd.arg(format!("--partition={partition}"));
+        }
+        if cfg.discovery_bcast {
+            cmd.arg(format!(
+                "--bcast=/tmp/cvslurm-discover.{}",
+                std::process::id()
+            ));
+        }
+        cmd.arg(&exe).arg("discover");
+        cmd.arg(format!(
+            "--interface-regex={}",
+            cfg.interface_regex.as_str()
+        ))
+        .arg(format!(
+            "--physical-only={}",
+            yes_no(cfg.interface_physical_only)
+        ))
+        .arg(format!("--require-ip={}", yes_no(cfg.interface_require_ip)));
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        log::debug!("discovery: {cmd:?}");
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return fail_all(names, &format!("cannot run srun: {e}")),
+        };
+        let wanted: BTreeSet<String> = names.iter().cloned().collect();
+        let (tx, rx) = mpsc::channel::<Result<DiscoverRecord, String>>();
+        let stdout = child.stdout.take().expect("piped");
+        let reader = std::thread::spawn(move || {
+            read_lines_capped(stdout, MAX_RECORD_BYTES, |line| {
+                let _ = tx.send(DiscoverRecord::parse_line(line));
+            });
+        });
+        let stderr = child.stderr.take().expect("piped");
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.take(64 * 1024).read_to_string(&mut s);
+            s
+        });
+        let deadline = Instant::now() + cfg.discovery_timeout;
+        let mut got = Discovered::new();
+        let mut garbage = 0usize;
+        let mut last_garbage = String::new();
+        let mut timed_out = false;
+        loop {
+            if self.stop.load(Ordering::Relaxed) || Instant::now() >= deadline {
+                timed_out = !self.stop.load(Ordering::Relaxed);
+                terminate(&mut child);
+                break;
+            }
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ok(rec)) => {
+                    if wanted.contains(&rec.node_name) && !got.contains_key(&rec.node_name) {
+                        got.insert(rec.node_name.clone(), Ok(rec));
+                    } else {
+                        garbage += 1;
+                        last_garbage = format!("unexpected record for node {:?}", rec.node_name);
+                    }
+                }
+                Ok(Err(e)) => {
+                    garbage += 1;
+                    last_garbage = e;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let _ = child.wait();
+        let _ = reader.join();
+        let srun_err = err_reader.join().unwrap_or_default();
+        let srun_err: String = srun_err
+            .lines()
+            .rfind(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .to_string();
+        if garbage > 0 {
+            log::warn!("discovery: {garbage} line(s) from workers were not discover records (last: {last_garbage})");
+        }
+        for name in names {
+            if !got.contains_key(name) {
+                let why = if timed_out {
+                    format!(
+                        "no discover record within {} s (DiscoveryTimeout)",
+                        cfg.discovery_timeout.as_secs()
+                    )
+                } else if garbage > 0 {
+                    format!("no valid discover record (workers printed {garbage} bad line(s), last: {last_garbage})")
+                } else if !srun_err.is_empty() {
+                    format!("no discover record; srun said: {srun_err}")
+                } else {
+                    "no discover record (the worker printed nothing)".to_string()
+                };
+                got.insert(name.clone(), Err(why));
+            }
+        }
+        got
+    }
+
+    /// One full inventory: prints a summary; returns the exit code (1 if anything failed).
+    pub fn run_once(&self) -> i32 {
+        let nodes = match slurm::sinfo_nodes(&self.slurm, COMMAND_TIMEOUT) {
+            Ok(n) => n,
+            Err(e) => {
+                log::error!("cannot list nodes: {e}");
+                return 1;
+            }
+        };
+        let (avail, unavail): (Vec<&SinfoNode>, Vec<&SinfoNode>) =
+            nodes.iter().partition(|n| n.available());
+        let found = self.discover(&avail);
+        let mut ok_nodes = Vec::new();
+        let mut failed: Vec<String> = Vec::new();
+        for (name, r) in &found {
+            match r {
+                Ok(rec) => ok_nodes.push(rec.to_node_config(&self.cluster)),
+                Err(e) => {
+                    log::error!("node {name}: discovery failed: {e}");
+                    failed.push(name.clone());
+                }
+            }
+        }
+        let mut sent = 0;
+        match &self.client {
+            None => {
+                for n in &ok_nodes {
+                    println!("POST {}", crate::cloudvision::NODE_CONFIG_PATH);
+                    println!("{}", serde_json::to_string_pretty(n).expect("serializes"));
+                }
+            }
+            Some(c) => {
+                let results = parallel_map(&ok_nodes, self.cfg.max_concurrent_requests, |n| {
+                    c.post_node(n, None)
+                });
+                for (n, r) in ok_nodes.iter().zip(results) {
+                    match r {
+                        Ok(_) => sent += 1,
+                        Err(e) => {
+                            log::error!("node {}: not sent: {e}", n.key.id);
+                            failed.push(n.key.id.clone());
+                        }
+                    }
+                }
+            }
+        }
+        let unavailable: Vec<String> = unavail
+            .iter()
+            .map(|n| format!("{} ({})", n.name, n.state))
+            .collect();
+        let verb = if self.client.is_some() {
+            "sent"
+        } else {
+            "would send"
+        };
+        println!(
+            "inventory of cluster {}: {} {verb}, {} failed{}, {} unavailable{}",
+            self.cluster,
+            if self.client.is_some() {
+                sent
+            } else {
+                ok_nodes.len()
+            },
+            failed.len(),
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", failed.join(", "))
+            },
+            unavailable.len(),
+            if unavailable.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", unavailable.join(", "))
+            },
+        );
+        i32::from(!failed.is_empty())
+    }
+
+    /// The service loop. Returns the exit code when stopped.
+    pub fn monitor(&self, outbox: &Outbox) -> i32 {
+        let Some(client) = &self.client else {
+            log::error!("--monitor cannot be a dry run");
+            return 2;
+        };
+        match outbox.recover() {
+            Ok(n) if n > 0 => log::info!(
+                "outbox: {n} event(s) were in flight when the last run stopped; requeued"
+            ),
+            Ok(_) => {}
+            Err(e) => log::error!("outbox: {e}"),
+        }
+        log::info!(
+            "monitoring cluster {} every {} s, CloudVision at {}",
+            self.cluster,
+            self.cfg.poll_interval.as_secs(),
+            client.base_url()
+        );
+        systemd::notify("READY=1");
+        let mut known: BTreeMap<String, bool> = BTreeMap::new(); // node → available when last seen
+        let mut next_poll = Instant::now();
+        let mut next_drain = Instant::now();
+        let mut drain_failures = 0u32;
+        let mut token_warned_at: Option<Instant> = None;
+        while !self.stop.load(Ordering::Relaxed) {
+            systemd::notify("WATCHDOG=1");
+            let now = Instant::now();
+            if now >= next_poll {
+                self.poll(&mut known, outbox);
+                next_poll = Instant::now() + self.cfg.poll_interval;
+                next_drain = next_drain.min(Instant::now());
+            }
+            if Instant::now() >= next_drain {
+                let r =
+                    delivery::drain(outbox, client, self.cfg.max_concurrent_requests, self.stop);
+                if r.kept == 0 {
+                    drain_failures = 0;
+                    next_drain = Instant::now() + Duration::from_secs(5);
+                } else {
+                    drain_failures += 1;
+                    let mut wait = backoff(drain_failures, Duration::from_secs(300));
+                    if let Some(ra) = r.retry_after {
+                        wait = wait.max(ra);
+                    }
+                    next_drain = Instant::now() + wait;
+                    if r.token_refused {
+                        if token_warned_at.is_none_or(|t| t.elapsed() >= self.cfg.poll_interval) {
+                            log::error!(
+                                "outbox: {} event(s) kept: {}",
+                                r.kept,
+                                r.last_error.as_deref().unwrap_or("token refused")
+                            );
+                            token_warned_at = Some(Instant::now());
+                        }
+                    } else if let Some(e) = &r.last_error {
+                        log::warn!(
+                            "outbox: {} event(s) kept, next try in {} s: {e}",
+                            r.kept,
+                            wait.as_secs()
+                        );
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        log::info!("stopping");
+        systemd::notify("STOPPING=1");
+        0
+    }
+
+    /// One monitor poll: discover nodes that appeared or came back, delete nodes that left.
+    fn poll(&self, known: &mut BTreeMap<String, bool>, outbox: &Outbox) {
+        let nodes = match slurm::sinfo_nodes(&self.slurm, COMMAND_TIMEOUT) {
+            Ok(n) => n,
+            Err(e) => {
+                log::error!("cannot list nodes: {e}");
+                return;
+            }
+        };
+        let present: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        let gone: Vec<String> = known
+            .keys()
+            .filter(|k| !present.contains(k.as_str()))
+            .cloned()
+            .collect();
+        for name in gone {
+            known.remove(&name);
+            log::info!("node {name}: left the cluster; deleting its NodeConfig");
+            self.queue(outbox, Item::NodeDelete { name });
+        }
+        let mut to_discover = Vec::new();
+        for n in &nodes {
+            let was = known.get(&n.name).copied();
+            let avail = n.available();
+            if avail && was != Some(true) {
+                to_discover.push(n);
+            }
+            if !avail {
+                if was == Some(true) {
+                    log::info!(
+                        "node {}: now {}; it will be sent again when it comes back",
+                        n.name,
+                        n.state
+                    );
+                } else if was.is_none() {
+                    log::info!("node {}: {} (not available for discovery)", n.name, n.state);
+                }
+                known.insert(n.name.clone(), false);
+            }
+        }
+        if to_discover.is_empty() {
+            return;
+        }
+        for (name, r) in self.discover(&to_discover) {
+            match r {
+                Ok(rec) => {
+                    let verb = if known.contains_key(&name) {
+                        "came back"
+                    } else {
+                        "appeared"
+                    };
+                    log::info!(
+                        "node {name}: {verb}; sending NodeConfig ({} interface(s))",
+                        rec.interfaces.len()
+                    );
+                    known.insert(name, true);
+                    self.queue(
+                        outbox,
+                        Item::Node {
+                            node: rec.to_node_config(&self.cluster),
+                        },
+                    );
+                }
+                Err(e) => {
+                    log::warn!("node {name}: discovery failed, will retry next poll: {e}");
+                    known.entry(name).or_insert(false);
+                }
+            }
+        }
+    }
+
+    fn queue(&self, outbox: &Outbox, item: Item) {
+        if let Err(e) = outbox.enqueue(&Event::new(item, (0, 0))) {
+            log::error!("outbox: {e}");
+        }
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn fail_all(names: &[String], why: &str) -> Discovered {
+    names
+        .iter()
+        .map(|n| (n.clone(), Err(why.to_string())))
+        .collect()
+}
+
+/// Asks srun to stop (it cancels the step), then kills it if it lingers.
+fn terminate(child: &mut std::process::Child) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let pid = Pid::from_raw(child.id() as i32);
+    let _ = kill(pid, Signal::SIGTERM);
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+}
+
+/// Calls `f` on each line (without the newline) of `r`; lines longer than `max` are passed as
+/// a marker that fails to parse, and reading stops after [`MAX_OUTPUT`] bytes in all.
+pub fn read_lines_capped(r: impl Read, max: usize, mut f: impl FnMut(&str)) {
+    let mut reader = BufReader::with_capacity(64 * 1024, r.take(MAX_OUTPUT));
+    let mut line: Vec<u8> = Vec::new();
+    let mut overlong = false;
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok([]) => break,
+            Ok(b) => b,
+            Err(_) => break,
+        };
+        let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        if !overlong {
+            if line.len() + chunk.len() > max {
+                overlong = true;
+                line.clear();
+            } else {
+                line.extend_from_slice(chunk);
+            }
+        }
+        let used = done.unwrap_or(chunk.len());
+        reader.consume(used);
+        if done.is_some() {
+            if overlong {
+                f("<line longer than the limit>");
+            } else {
+                f(&String::from_utf8_lossy(&line));
+            }
+            line.clear();
+            overlong = false;
+        }
+    }
+    if !line.is_empty() && !overlong {
+        f(&String::from_utf8_lossy(&line));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_lines() {
+        let mut got = Vec::new();
+        let input = format!("a\n{}\nb\nlast", "x".repeat(100));
+        read_lines_capped(input.as_bytes(), 10, |l| got.push(l.to_string()));
+        assert_eq!(got, ["a", "<line longer than the limit>", "b", "last"]);
+    }
+}

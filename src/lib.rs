@@ -1,0 +1,23 @@
+//! cvslurm: tell Arista CloudVision which Slurm job runs on which nodes.
+//!
+//! The library carries all the logic; the `cvslurm` binary only dispatches to [`cli::main`].
+//! Other Rust tools can reuse the CloudVision client ([`cloudvision::Client`]) and the payload
+//! types ([`payload::JobConfig`], [`payload::NodeConfig`]).
+
+pub mod cli;
+pub mod cloudvision;
+pub mod config;
+pub mod delivery;
+pub mod discover;
+pub mod hook;
+pub mod hostlist;
+pub mod inventory;
+pub mod logging;
+pub mod outbox;
+pub mod payload;
+pub mod runner;
+pub mod send;
+pub mod slurm;
+pub mod status;
+pub mod systemd;
+pub mod timefmt;

@@ -1,0 +1,503 @@
+//! The durable outbox in `StateDir`: what could not be sent now is kept on disk and sent later.
+//!
+//! Layout (all files 0600, owned by whoever wrote them: SlurmUser for the hook):
+//! - `outbox/<kind>.<key>.json` — at most one pending event per job or node: a newer event for
+//!   the same key replaces the older one, so a job's later state always wins and a stale
+//!   RUNNING can never be delivered after the job's end.
+//! - `inflight/<same name>` — an event a drainer is sending right now; moved back on failure,
+//!   on start-up after a crash, or deleted once CloudVision took it.
+//! - `rejected/<same name>` — events CloudVision refused as malformed (4xx), with its answer.
+//! - `jobs/<jobid>@<cluster>` — the start time the prolog saw (Slurm before 23.02 gives the
+//!   epilog no start time).
+//! - `outbox.lock` — `flock`ed for the few microseconds of each read-compare-write.
+//!
+//! Every write is: temp file, `fsync`, `rename`, `fsync` of the directory.
+
+use crate::payload::{JobConfig, NodeConfig};
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// What one event asks CloudVision to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Item {
+    /// POST a JobConfig.
+    Job {
+        /// The record.
+        job: JobConfig,
+    },
+    /// POST a NodeConfig.
+    Node {
+        /// The record.
+        node: NodeConfig,
+    },
+    /// DELETE a NodeConfig.
+    NodeDelete {
+        /// The node name.
+        name: String,
+    },
+}
+
+impl Item {
+    /// The outbox file name of this item's key (`job.<id>.json`, `node.<name>.json`).
+    pub fn file_name(&self) -> String {
+        let (kind, key) = match self {
+            Item::Job { job } => ("job", job.key.id.as_str()),
+            Item::Node { node } => ("node", node.key.id.as_str()),
+            Item::NodeDelete { name } => ("node", name.as_str()),
+        };
+        format!("{kind}.{}.json", safe_name(key))
+    }
+
+    /// A short description for log lines: `job 12345@c COMPLETED`, `node n1`, `delete node n1`.
+    pub fn describe(&self) -> String {
+        match self {
+            Item::Job { job } => format!("job {} {}", job.key.id, job.state),
+            Item::Node { node } => format!("node {}", node.key.id),
+            Item::NodeDelete { name } => format!("delete node {name}"),
+        }
+    }
+}
+
+/// One queued event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Queue order: nanoseconds since the epoch when it was made.
+    pub seq: u128,
+    /// Supersession order within one key: `(restart count, phase)`, phase 0 running, 1 ended.
+    /// An event never replaces a pending one of higher rank.
+    pub rank: (u32, u8),
+    /// Unix seconds when it was queued.
+    pub queued_at: i64,
+    /// Failed delivery attempts so far.
+    #[serde(default)]
+    pub attempts: u32,
+    /// What to send.
+    #[serde(flatten)]
+    pub item: Item,
+}
+
+impl Event {
+    /// A new event for `item` with the given rank.
+    pub fn new(item: Item, rank: (u32, u8)) -> Event {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Event {
+            seq: now.as_nanos(),
+            rank,
+            queued_at: now.as_secs() as i64,
+            attempts: 0,
+            item,
+        }
+    }
+}
+
+/// What `enqueue` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// Written; `busy` when a drainer is sending an older event of the same key right now
+    /// (then the caller must not send directly: the drainer sends this one next, in order).
+    Queued {
+        /// A drainer holds this key in flight.
+        busy: bool,
+    },
+    /// A pending event of higher rank is already queued; this one was dropped.
+    Superseded,
+}
+
+/// The outbox in one state directory.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    root: PathBuf,
+    /// An in-flight file older than this is from a drainer that died: ignore it.
+    pub inflight_stale: Duration,
+}
+
+impl Outbox {
+    /// The outbox under `state_dir` (nothing is created until something is written).
+    pub fn new(state_dir: &Path) -> Outbox {
+        Outbox {
+            root: state_dir.to_path_buf(),
+            inflight_stale: Duration::from_secs(60),
+        }
+    }
+
+    /// The state directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// Creates the directories (mode 0700) if missing.
+    pub fn ensure_dirs(&self) -> Result<(), String> {
+        for d in ["outbox", "inflight", "rejected", "jobs"] {
+            let p = self.dir(d);
+            if !p.is_dir() {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&p)
+                    .map_err(|e| format!("cannot create {}: {e}", p.display()))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> Result<Flock<File>, String> {
+        let p = self.root.join("outbox.lock");
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&p)
+            .map_err(|e| format!("cannot open {}: {e}", p.display()))?;
+        Flock::lock(f, FlockArg::LockExclusive)
+            .map_err(|(_, e)| format!("cannot lock {}: {e}", p.display()))
+    }
+
+    /// Writes `ev` durably unless a pending event of higher rank for the same key exists.
+    pub fn enqueue(&self, ev: &Event) -> Result<Enqueued, String> {
+        self.ensure_dirs()?;
+        let _lock = self.lock()?;
+        let name = ev.item.file_name();
+        let path = self.dir("outbox").join(&name);
+        if let Some(old) = read_event(&path) {
+            if old.rank > ev.rank {
+                return Ok(Enqueued::Superseded);
+            }
+        }
+        let inflight = self.dir("inflight").join(&name);
+        let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
+            Ok(t) => t
+                .elapsed()
+                .map(|age| age < self.inflight_stale)
+                .unwrap_or(true),
+            Err(_) => false,
+        };
+        write_durably(&path, &serde_json::to_vec(ev).map_err(|e| e.to_string())?)?;
+        Ok(Enqueued::Queued { busy })
+    }
+
+    /// Removes the pending event of `ev`'s key if it is still `ev` (not replaced meanwhile).
+    pub fn remove_if_same(&self, ev: &Event) -> Result<bool, String> {
+        let _lock = self.lock()?;
+        let path = self.dir("outbox").join(ev.item.file_name());
+        match read_event(&path) {
+            Some(cur) if cur.seq == ev.seq => {
+                fs::remove_file(&path)
+                    .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Every pending event, oldest first. Unreadable files are moved to `rejected/` and logged.
+    pub fn pending(&self) -> Vec<Event> {
+        let mut evs: Vec<Event> = list_dir(&self.dir("outbox"))
+            .into_iter()
+            .filter_map(|p| match read_event(&p) {
+                Some(e) => Some(e),
+                None => {
+                    log::error!(
+                        "outbox file {} is unreadable; moved to rejected/",
+                        p.display()
+                    );
+                    let _ = fs::rename(
+                        &p,
+                        self.dir("rejected").join(p.file_name().unwrap_or_default()),
+                    );
+                    None
+                }
+            })
+            .collect();
+        evs.sort_by_key(|e| e.seq);
+        evs
+    }
+
+    /// Number of pending events and the age in seconds of the oldest.
+    pub fn depth(&self) -> (usize, Option<i64>) {
+        let evs = self.pending();
+        let oldest = evs.iter().map(|e| e.queued_at).min();
+        (evs.len(), oldest.map(|t| crate::timefmt::now_epoch() - t))
+    }
+
+    /// Number of events in `rejected/`.
+    pub fn rejected_count(&self) -> usize {
+        list_dir(&self.dir("rejected")).len()
+    }
+
+    /// Takes a pending event for sending: moves it to `inflight/` if it is still the pending
+    /// one. `None` when it was replaced or taken meanwhile.
+    pub fn take(&self, ev: &Event) -> Result<Option<Event>, String> {
+        let _lock = self.lock()?;
+        let name = ev.item.file_name();
+        let from = self.dir("outbox").join(&name);
+        match read_event(&from) {
+            Some(cur) if cur.seq == ev.seq => {
+                let to = self.dir("inflight").join(&name);
+                fs::rename(&from, &to)
+                    .map_err(|e| format!("cannot move {}: {e}", from.display()))?;
+                if let Ok(f) = File::open(&to) {
+                    let _ = f.set_modified(SystemTime::now());
+                }
+                sync_dir(&self.dir("inflight"));
+                Ok(Some(cur))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Ends an in-flight event: `Delivered` deletes it, `Retry` puts it back (unless a newer
+    /// event for the key arrived meanwhile), `Reject` moves it to `rejected/` with the answer.
+    pub fn finish(&self, ev: &Event, outcome: Finish) -> Result<(), String> {
+        let _lock = self.lock()?;
+        let name = ev.item.file_name();
+        let inflight = self.dir("inflight").join(&name);
+        match outcome {
+            Finish::Delivered => {
+                let _ = fs::remove_file(&inflight);
+            }
+            Finish::Retry => {
+                let pending = self.dir("outbox").join(&name);
+                if pending.exists() {
+                    let _ = fs::remove_file(&inflight);
+                } else {
+                    let mut back = ev.clone();
+                    back.attempts += 1;
+                    write_durably(
+                        &pending,
+                        &serde_json::to_vec(&back).map_err(|e| e.to_string())?,
+                    )?;
+                    let _ = fs::remove_file(&inflight);
+                }
+            }
+            Finish::Reject(answer) => {
+                let to = self.dir("rejected").join(&name);
+                let mut v = serde_json::to_value(ev).map_err(|e| e.to_string())?;
+                v["rejected_because"] = serde_json::Value::String(answer);
+                write_durably(
+                    &to,
+                    &serde_json::to_vec_pretty(&v).map_err(|e| e.to_string())?,
+                )?;
+                let _ = fs::remove_file(&inflight);
+            }
+        }
+        sync_dir(&self.dir("inflight"));
+        Ok(())
+    }
+
+    /// After a crash: puts every in-flight event back in the outbox (unless superseded).
+    pub fn recover(&self) -> Result<usize, String> {
+        self.ensure_dirs()?;
+        let _lock = self.lock()?;
+        let mut n = 0;
+        for p in list_dir(&self.dir("inflight")) {
+            let name = p.file_name().unwrap_or_default().to_owned();
+            let pending = self.dir("outbox").join(&name);
+            if pending.exists() || read_event(&p).is_none() {
+                let _ = fs::remove_file(&p);
+            } else {
+                fs::rename(&p, &pending)
+                    .map_err(|e| format!("cannot move {}: {e}", p.display()))?;
+                n += 1;
+            }
+        }
+        sync_dir(&self.dir("outbox"));
+        Ok(n)
+    }
+
+    /// Records the start time the prolog saw for a job.
+    pub fn save_start(&self, key: &str, start: i64) -> Result<(), String> {
+        self.ensure_dirs()?;
+        write_durably(
+            &self.dir("jobs").join(safe_name(key)),
+            start.to_string().as_bytes(),
+        )
+    }
+
+    /// The start time the prolog recorded for a job.
+    pub fn load_start(&self, key: &str) -> Option<i64> {
+        fs::read_to_string(self.dir("jobs").join(safe_name(key)))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+
+    /// Forgets a job's start record.
+    pub fn forget_start(&self, key: &str) {
+        let _ = fs::remove_file(self.dir("jobs").join(safe_name(key)));
+    }
+}
+
+/// How an in-flight event ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// CloudVision took it.
+    Delivered,
+    /// Try again later.
+    Retry,
+    /// CloudVision will never take it; keep it in `rejected/` with this answer.
+    Reject(String),
+}
+
+fn read_event(path: &Path) -> Option<Event> {
+    let bytes = fs::read(path).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn list_dir(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.extension().is_some_and(|x| x == "json")
+                        && !p
+                            .file_name()
+                            .unwrap_or_default()
+                            .to_string_lossy()
+                            .starts_with('.')
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Writes a file atomically and durably: temp file, fsync, rename, fsync of the directory.
+pub fn write_durably(path: &Path, data: &[u8]) -> Result<(), String> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".tmp.{}.{}",
+        std::process::id(),
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        Ok(())
+    })();
+    if let Err(e) = res {
+        let _ = fs::remove_file(&tmp);
+        return Err(format!("cannot write {}: {e}", path.display()));
+    }
+    sync_dir(dir);
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Makes a key safe as a file name: `/`, `%` and a leading `.` are percent-encoded.
+fn safe_name(key: &str) -> String {
+    let mut s = String::with_capacity(key.len());
+    for (i, c) in key.chars().enumerate() {
+        match c {
+            '/' | '%' | '\0' => s.push_str(&format!("%{:02X}", c as u32)),
+            '.' if i == 0 => s.push_str("%2E"),
+            _ => s.push(c),
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::{JobState, Key};
+
+    fn job(id: &str, state: JobState) -> Item {
+        Item::Job {
+            job: JobConfig {
+                key: Key { id: id.into() },
+                name: None,
+                state,
+                start_time: None,
+                end_time: None,
+                location: None,
+                job_type: None,
+                nodes: Some(vec!["n1".to_string()].into()),
+                interfaces: None,
+            },
+        }
+    }
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cvslurm-outbox-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn later_state_wins_and_stale_running_is_dropped() {
+        let d = tmpdir("wins");
+        let ob = Outbox::new(&d);
+        let run = Event::new(job("1@c", JobState::Running), (0, 0));
+        let done = Event::new(job("1@c", JobState::Completed), (0, 1));
+        assert_eq!(ob.enqueue(&done).unwrap(), Enqueued::Queued { busy: false });
+        // A RUNNING that arrives late (stuck hook) never replaces the end.
+        assert_eq!(ob.enqueue(&run).unwrap(), Enqueued::Superseded);
+        let p = ob.pending();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0], done);
+        // A requeued job's new run (restart count 1) replaces the earlier end.
+        let rerun = Event::new(job("1@c", JobState::Running), (1, 0));
+        assert_eq!(
+            ob.enqueue(&rerun).unwrap(),
+            Enqueued::Queued { busy: false }
+        );
+        assert_eq!(ob.pending()[0].rank, (1, 0));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn take_finish_recover() {
+        let d = tmpdir("flow");
+        let ob = Outbox::new(&d);
+        let a = Event::new(job("1@c", JobState::Running), (0, 0));
+        ob.enqueue(&a).unwrap();
+        let taken = ob.take(&a).unwrap().unwrap();
+        // While in flight, a new event for the key is queued and marked busy.
+        let b = Event::new(job("1@c", JobState::Failed), (0, 1));
+        assert_eq!(ob.enqueue(&b).unwrap(), Enqueued::Queued { busy: true });
+        ob.finish(&taken, Finish::Retry).unwrap();
+        // The retry does not overwrite the newer pending event.
+        assert_eq!(ob.pending(), vec![b.clone()]);
+        let t = ob.take(&b).unwrap().unwrap();
+        // Crash while in flight: recover puts it back.
+        assert_eq!(ob.recover().unwrap(), 1);
+        assert_eq!(ob.pending(), vec![t.clone()]);
+        let t = ob.take(&t).unwrap().unwrap();
+        ob.finish(&t, Finish::Reject("HTTP 400: bad".into()))
+            .unwrap();
+        assert!(ob.pending().is_empty());
+        assert_eq!(ob.rejected_count(), 1);
+        assert!(ob.remove_if_same(&a).is_ok());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn names_are_safe() {
+        assert_eq!(safe_name("1@c"), "1@c");
+        assert_eq!(safe_name("../x/y"), "%2E.%2Fx%2Fy");
+    }
+}

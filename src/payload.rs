@@ -1,0 +1,274 @@
+//! CloudVision compute-job resource payloads: `JobConfig` and `NodeConfig`.
+//!
+//! These serialize to exactly the JSON CloudVision's resource API takes at
+//! `/api/resources/computejob/v1/JobConfig` and `/api/resources/computejob/v1/NodeConfig`.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A resource key: `{"id": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Key {
+    /// The resource id: `<jobid>@<cluster>` for jobs, the node name for nodes.
+    pub id: String,
+}
+
+/// A repeated field: `{"values": [...]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Values<T> {
+    /// The items.
+    pub values: Vec<T>,
+}
+
+impl<T> From<Vec<T>> for Values<T> {
+    fn from(values: Vec<T>) -> Self {
+        Values { values }
+    }
+}
+
+/// A job's state as CloudVision knows it (there is no pending state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub enum JobState {
+    /// The job holds its nodes.
+    #[serde(rename = "JOB_STATE_RUNNING")]
+    Running,
+    /// The job ended successfully.
+    #[serde(rename = "JOB_STATE_COMPLETED")]
+    Completed,
+    /// The job ended in failure (non-zero exit, time limit, node failure, out of memory, …).
+    #[serde(rename = "JOB_STATE_FAILED")]
+    Failed,
+    /// The job was cancelled.
+    #[serde(rename = "JOB_STATE_CANCELLED")]
+    Cancelled,
+}
+
+impl JobState {
+    /// True for the states that end a job (they carry an `end_time`).
+    pub fn is_terminal(self) -> bool {
+        self != JobState::Running
+    }
+
+    /// Parses `running`, `completed`, `failed`, `cancelled` (any case, `JOB_STATE_` prefix allowed).
+    pub fn from_word(s: &str) -> Option<JobState> {
+        let s = s.trim().to_ascii_uppercase();
+        match s.strip_prefix("JOB_STATE_").unwrap_or(&s) {
+            "RUNNING" => Some(JobState::Running),
+            "COMPLETED" => Some(JobState::Completed),
+            "FAILED" => Some(JobState::Failed),
+            "CANCELLED" | "CANCELED" => Some(JobState::Cancelled),
+            _ => None,
+        }
+    }
+
+    /// Maps a Slurm job state (`JobState=` of scontrol, `State` of sacct/squeue) to CloudVision's.
+    ///
+    /// `CANCELLED by 1000` and `+` suffixes are accepted. Returns `None` for states CloudVision
+    /// cannot show (PENDING, REQUEUED, …).
+    pub fn from_slurm(state: &str) -> Option<JobState> {
+        let word = state
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .trim_end_matches('+')
+            .to_ascii_uppercase();
+        match word.as_str() {
+            "RUNNING" | "COMPLETING" | "SUSPENDED" | "CONFIGURING" | "STAGE_OUT" | "SIGNALING"
+            | "RESIZING" => Some(JobState::Running),
+            "COMPLETED" => Some(JobState::Completed),
+            "FAILED" | "NODE_FAIL" | "BOOT_FAIL" | "OUT_OF_MEMORY" | "DEADLINE" | "TIMEOUT"
+            | "PREEMPTED" | "LAUNCH_FAILED" => Some(JobState::Failed),
+            "CANCELLED" | "REVOKED" => Some(JobState::Cancelled),
+            _ => None,
+        }
+    }
+
+    /// The lower-case word used in logs and on the command line.
+    pub fn word(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.word().to_ascii_uppercase())
+    }
+}
+
+/// Who configured a job record: omitted for hook records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobType {
+    /// A job of a tenant scheduler, sent with `send --tenant`.
+    #[serde(rename = "JOB_TYPE_TENANT")]
+    Tenant,
+    /// A job sent by hand or backfilled with `send`.
+    #[serde(rename = "JOB_TYPE_CONFIGURED")]
+    Configured,
+}
+
+/// CloudVision `JobConfig`: which job runs (or ran) on which nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobConfig {
+    /// `<jobid>@<cluster>`.
+    pub key: Key,
+    /// `<jobname>@<partition>`, or the bare job name without a partition.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub name: Option<String>,
+    /// The job's state.
+    pub state: JobState,
+    /// UTC `YYYY-MM-DDTHH:MM:SSZ`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub start_time: Option<String>,
+    /// UTC `YYYY-MM-DDTHH:MM:SSZ`, terminal states only.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub end_time: Option<String>,
+    /// The cluster name.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub location: Option<String>,
+    /// Who configured the record; absent for hook records.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none", default)]
+    pub job_type: Option<JobType>,
+    /// The node names (exactly one of `nodes` and `interfaces` is set).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub nodes: Option<Values<String>>,
+    /// The interface MAC addresses, for tenant jobs placed by interface.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub interfaces: Option<Values<String>>,
+}
+
+impl JobConfig {
+    /// The job id part of `key.id` (before the last `@`).
+    pub fn job_id(&self) -> &str {
+        self.key
+            .id
+            .rsplit_once('@')
+            .map_or(&self.key.id, |(j, _)| j)
+    }
+}
+
+/// One data interface of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataInterface {
+    /// Interface name, e.g. `eth0`.
+    pub name: String,
+    /// Lower-case MAC address `aa:bb:cc:dd:ee:ff`.
+    pub mac_address: String,
+    /// IPv4 addresses.
+    pub ip_addresses: Values<String>,
+}
+
+/// CloudVision `NodeConfig`: a compute node and its data interfaces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeConfig {
+    /// The Slurm node name.
+    pub key: Key,
+    /// The cluster name.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub location: Option<String>,
+    /// The host name (up to the first dot).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub hostname: Option<String>,
+    /// The node's data interfaces.
+    pub data_interfaces: Values<DataInterface>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn job_config_matches_seed_example() {
+        let job = JobConfig {
+            key: Key {
+                id: "12345@hpc-cluster-west".into(),
+            },
+            name: Some("gpt-training@gpu".into()),
+            state: JobState::Running,
+            start_time: Some("2025-12-05T10:30:00Z".into()),
+            end_time: None,
+            location: Some("hpc-cluster-west".into()),
+            job_type: None,
+            nodes: Some(
+                vec!["gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-4"]
+                    .into_iter()
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+                    .into(),
+            ),
+            interfaces: None,
+        };
+        let seed = json!({"key":{"id":"12345@hpc-cluster-west"},"name":"gpt-training@gpu",
+            "state":"JOB_STATE_RUNNING","start_time":"2025-12-05T10:30:00Z",
+            "location":"hpc-cluster-west",
+            "nodes":{"values":["gpu-node-1","gpu-node-2","gpu-node-3","gpu-node-4"]}});
+        assert_eq!(serde_json::to_value(&job).unwrap(), seed);
+        assert_eq!(job.job_id(), "12345");
+        let mut done = job.clone();
+        done.state = JobState::Completed;
+        done.end_time = Some("2025-12-05T11:00:00Z".into());
+        done.job_type = Some(JobType::Configured);
+        let v = serde_json::to_value(&done).unwrap();
+        assert_eq!(v["state"], "JOB_STATE_COMPLETED");
+        assert_eq!(v["end_time"], "2025-12-05T11:00:00Z");
+        assert_eq!(v["type"], "JOB_TYPE_CONFIGURED");
+    }
+
+    #[test]
+    fn node_config_matches_seed_example() {
+        let node = NodeConfig {
+            key: Key {
+                id: "gpu-node-1".into(),
+            },
+            location: Some("hpc-cluster-west".into()),
+            hostname: Some("gpu-node-1".into()),
+            data_interfaces: vec![DataInterface {
+                name: "eth0".into(),
+                mac_address: "aa:bb:cc:dd:ee:01".into(),
+                ip_addresses: vec!["192.168.1.11".to_string()].into(),
+            }]
+            .into(),
+        };
+        let seed = json!({"key":{"id":"gpu-node-1"},"location":"hpc-cluster-west",
+            "hostname":"gpu-node-1","data_interfaces":{"values":[{"name":"eth0",
+            "mac_address":"aa:bb:cc:dd:ee:01","ip_addresses":{"values":["192.168.1.11"]}}]}});
+        assert_eq!(serde_json::to_value(&node).unwrap(), seed);
+    }
+
+    #[test]
+    fn slurm_state_map() {
+        use JobState::*;
+        let table = [
+            ("RUNNING", Some(Running)),
+            ("COMPLETING", Some(Running)),
+            ("SUSPENDED", Some(Running)),
+            ("COMPLETED", Some(Completed)),
+            ("FAILED", Some(Failed)),
+            ("NODE_FAIL", Some(Failed)),
+            ("BOOT_FAIL", Some(Failed)),
+            ("OUT_OF_MEMORY", Some(Failed)),
+            ("DEADLINE", Some(Failed)),
+            ("TIMEOUT", Some(Failed)),
+            ("PREEMPTED", Some(Failed)),
+            ("LAUNCH_FAILED", Some(Failed)),
+            ("CANCELLED", Some(Cancelled)),
+            ("CANCELLED by 1000", Some(Cancelled)),
+            ("CANCELLED+", Some(Cancelled)),
+            ("REVOKED", Some(Cancelled)),
+            ("PENDING", None),
+            ("REQUEUED", None),
+            ("", None),
+        ];
+        for (s, want) in table {
+            assert_eq!(JobState::from_slurm(s), want, "{s}");
+        }
+        assert_eq!(JobState::from_word("Cancelled"), Some(Cancelled));
+        assert_eq!(JobState::from_word("JOB_STATE_FAILED"), Some(Failed));
+        assert_eq!(JobState::from_word("pending"), None);
+    }
+}

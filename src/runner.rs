@@ -1,0 +1,219 @@
+//! The one runner for Slurm commands (scontrol, sinfo, sacct, squeue, srun).
+//!
+//! It finds the command (`SlurmBinDir`, else `PATH`, else the usual places: the hook runs
+//! with no `PATH` at all), asks Slurm for epoch-second times (`SLURM_TIME_FORMAT=%s`), bounds
+//! the run time and the output size, and turns every failure into a one-line message.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The most output read from one command; more is an error.
+pub const MAX_OUTPUT: u64 = 64 * 1024 * 1024;
+
+/// Where Slurm's commands are looked for when `PATH` is not set (as in PrologSlurmctld).
+const FALLBACK_DIRS: &[&str] = &[
+    "/usr/bin",
+    "/usr/local/bin",
+    "/opt/slurm/bin",
+    "/usr/sbin",
+    "/bin",
+];
+
+/// Runs Slurm commands.
+#[derive(Debug, Clone, Default)]
+pub struct Slurm {
+    bin_dir: Option<PathBuf>,
+}
+
+impl Slurm {
+    /// A runner that looks in `bin_dir` first (the `SlurmBinDir` key).
+    pub fn new(bin_dir: Option<&Path>) -> Slurm {
+        Slurm {
+            bin_dir: bin_dir.map(Path::to_path_buf),
+        }
+    }
+
+    /// The full path of a Slurm command, or its bare name when it is nowhere to be found.
+    pub fn path_of(&self, name: &str) -> PathBuf {
+        if let Some(d) = &self.bin_dir {
+            return d.join(name);
+        }
+        let path_var = std::env::var_os("PATH").filter(|p| !p.is_empty());
+        let dirs: Vec<PathBuf> = match &path_var {
+            Some(p) => std::env::split_paths(p)
+                .chain(FALLBACK_DIRS.iter().map(PathBuf::from))
+                .collect(),
+            None => FALLBACK_DIRS.iter().map(PathBuf::from).collect(),
+        };
+        dirs.into_iter()
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from(name))
+    }
+
+    /// A `Command` for a Slurm tool with `SLURM_TIME_FORMAT=%s` set.
+    pub fn command(&self, name: &str) -> Command {
+        let mut c = Command::new(self.path_of(name));
+        c.env("SLURM_TIME_FORMAT", "%s");
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// Runs a Slurm command to completion within `timeout` and returns its stdout.
+    ///
+    /// A non-zero exit, a time-out, a missing command or too much output is an error that
+    /// names the command and shows the first line Slurm printed on stderr.
+    pub fn run(&self, name: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
+        let mut cmd = self.command(name);
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let shown = format!("{name} {}", args.join(" "));
+        let child = cmd.spawn().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                format!("{name} not found (looked in SlurmBinDir, PATH and /usr/bin, /usr/local/bin, /opt/slurm/bin); set SlurmBinDir in cloudvision.conf")
+            } else {
+                format!("cannot run {shown}: {e}")
+            }
+        })?;
+        let out = wait_with_output(child, timeout).map_err(|e| format!("{shown}: {e}"))?;
+        if !out.success {
+            let first = out
+                .stderr
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            return Err(format!(
+                "{shown} failed ({}){}",
+                out.status,
+                if first.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", first.trim())
+                }
+            ));
+        }
+        Ok(out.stdout)
+    }
+}
+
+/// What a finished command left.
+#[derive(Debug)]
+pub struct Output {
+    /// True for exit code 0.
+    pub success: bool,
+    /// `exit code N` or `killed by signal N`.
+    pub status: String,
+    /// Standard output (lossy UTF-8).
+    pub stdout: String,
+    /// Standard error (lossy UTF-8, at most 64 KiB).
+    pub stderr: String,
+}
+
+/// Waits for a child with piped stdout/stderr for at most `timeout`, killing it after that.
+pub fn wait_with_output(mut child: Child, timeout: Duration) -> Result<Output, String> {
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let (tx, rx) = mpsc::channel();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let res = match stdout {
+            Some(s) => s.take(MAX_OUTPUT + 1).read_to_end(&mut buf).map(|_| buf),
+            None => Ok(buf),
+        };
+        let _ = tx.send((0, res));
+    });
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let res = match stderr {
+            Some(s) => s.take(64 * 1024).read_to_end(&mut buf).map(|_| buf),
+            None => Ok(buf),
+        };
+        let _ = tx2.send((1, res));
+    });
+    let deadline = std::time::Instant::now() + timeout;
+    let mut outs: [Option<Vec<u8>>; 2] = [None, None];
+    for _ in 0..2 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((i, Ok(b))) => outs[i] = Some(b),
+            Ok((_, Err(e))) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("reading its output failed: {e}"));
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {:.1} s", timeout.as_secs_f64()));
+            }
+        }
+    }
+    let [out, err] = outs;
+    let out = out.unwrap_or_default();
+    if out.len() as u64 > MAX_OUTPUT {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("printed more than {} MiB", MAX_OUTPUT >> 20));
+    }
+    let status = child.wait().map_err(|e| format!("wait failed: {e}"))?;
+    use std::os::unix::process::ExitStatusExt;
+    let status_text = match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => "unknown status".into(),
+    };
+    Ok(Output {
+        success: status.success(),
+        status: status_text,
+        stdout: String::from_utf8_lossy(&out).into_owned(),
+        stderr: String::from_utf8_lossy(&err.unwrap_or_default()).into_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_bounds_and_reports() {
+        let s = Slurm::new(Some(Path::new("/bin")));
+        assert_eq!(
+            s.run("echo", &["hi"], Duration::from_secs(5)).unwrap(),
+            "hi\n"
+        );
+        let e = s.run("false", &[], Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e, "false  failed (exit code 1)");
+        let e = s
+            .run("sleep", &["5"], Duration::from_millis(100))
+            .unwrap_err();
+        assert_eq!(e, "sleep 5: no answer within 0.1 s");
+        let e = s
+            .run(
+                "sh",
+                &["-c", "echo oops >&2; exit 3"],
+                Duration::from_secs(5),
+            )
+            .unwrap_err();
+        assert_eq!(e, "sh -c echo oops >&2; exit 3 failed (exit code 3): oops");
+        let e = Slurm::new(Some(Path::new("/nonexistent")))
+            .run("scontrol", &[], Duration::from_secs(1))
+            .unwrap_err();
+        assert!(e.starts_with("scontrol not found"), "{e}");
+    }
+
+    #[test]
+    fn sets_epoch_time_format() {
+        let s = Slurm::new(Some(Path::new("/bin")));
+        let out = s
+            .run(
+                "sh",
+                &["-c", "echo $SLURM_TIME_FORMAT"],
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        assert_eq!(out, "%s\n");
+    }
+}

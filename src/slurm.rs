@@ -1,0 +1,311 @@
+//! Parsers for what Slurm's commands print, and the lookups built on them.
+//!
+//! Every parser here is fed real 22.05 output in its tests (`tests/fixtures/slurm-22.05/`).
+//! Times are read as epoch seconds: the runner sets `SLURM_TIME_FORMAT=%s`, so the
+//! controller's time zone never enters.
+
+use crate::hostlist;
+use crate::runner::Slurm;
+use crate::timefmt::parse_slurm_epoch;
+use std::time::Duration;
+
+/// Budget of one scontrol/sacct/sinfo call outside the hook.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One `Key=Value …` record of `scontrol show job -o` / `scontrol show node -o`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvRecord {
+    fields: Vec<(String, String)>,
+}
+
+impl KvRecord {
+    /// Parses one line. A token that does not start with `Key=` continues the previous value
+    /// (job names, commands and reasons may hold spaces).
+    pub fn parse(line: &str) -> KvRecord {
+        let mut fields: Vec<(String, String)> = Vec::new();
+        for tok in line.split(' ').filter(|t| !t.is_empty()) {
+            match split_key(tok) {
+                Some((k, v)) => fields.push((k.to_string(), v.to_string())),
+                None => {
+                    if let Some((_, v)) = fields.last_mut() {
+                        v.push(' ');
+                        v.push_str(tok);
+                    }
+                }
+            }
+        }
+        KvRecord { fields }
+    }
+
+    /// The first value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn split_key(tok: &str) -> Option<(&str, &str)> {
+    let (k, v) = tok.split_once('=')?;
+    let mut chars = k.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "_:/".contains(c));
+    ok.then_some((k, v))
+}
+
+/// What cvslurm needs of one job, from scontrol or sacct.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    /// The job id (for array tasks, the task's own id).
+    pub job_id: String,
+    /// The job name.
+    pub name: String,
+    /// The partition it runs in, if known.
+    pub partition: Option<String>,
+    /// Slurm's state word (`RUNNING`, `CANCELLED by 0`, …).
+    pub state: String,
+    /// Why, if Slurm says (`TimeLimit`, `None`, …).
+    pub reason: Option<String>,
+    /// `exit:signal`.
+    pub exit_code: Option<String>,
+    /// Start, epoch seconds.
+    pub start: Option<i64>,
+    /// End, epoch seconds.
+    pub end: Option<i64>,
+    /// The compressed node list.
+    pub nodelist: Option<String>,
+}
+
+impl JobInfo {
+    /// The expanded node names.
+    pub fn nodes(&self) -> Result<Vec<String>, hostlist::HostlistError> {
+        match self.nodelist.as_deref() {
+            None | Some("") | Some("(null)") | Some("None assigned") => Ok(Vec::new()),
+            Some(l) => hostlist::expand(l),
+        }
+    }
+}
+
+/// Picks the job `job_id` out of `scontrol show job -o <id>` output (an array id lists every task).
+pub fn parse_scontrol_job(output: &str, job_id: &str) -> Option<JobInfo> {
+    output
+        .lines()
+        .map(KvRecord::parse)
+        .find(|r| r.get("JobId") == Some(job_id))
+        .map(|r| {
+            let opt = |k: &str| {
+                r.get(k)
+                    .filter(|v| !v.is_empty() && *v != "(null)")
+                    .map(String::from)
+            };
+            JobInfo {
+                job_id: job_id.to_string(),
+                name: r.get("JobName").unwrap_or("").to_string(),
+                partition: opt("Partition"),
+                state: r.get("JobState").unwrap_or("").to_string(),
+                reason: opt("Reason"),
+                exit_code: opt("ExitCode"),
+                start: r.get("StartTime").and_then(parse_slurm_epoch),
+                end: r.get("EndTime").and_then(parse_slurm_epoch),
+                nodelist: opt("NodeList"),
+            }
+        })
+}
+
+/// The sacct columns cvslurm asks for, in order.
+pub const SACCT_FORMAT: &str = "JobIDRaw,JobName,Partition,State,Start,End,NodeList,ExitCode";
+
+/// Picks the job `job_id` out of `sacct -j <id> -X -P -n --format=SACCT_FORMAT` output
+/// (the last allocation row of that id: a requeued job's latest run).
+pub fn parse_sacct(output: &str, job_id: &str) -> Option<JobInfo> {
+    output.lines().rev().find_map(|line| {
+        let (id, rest) = line.split_once('|')?;
+        if id != job_id {
+            return None;
+        }
+        // JobName may hold '|': take the six fixed columns from the right.
+        let mut right: Vec<&str> = rest.rsplitn(7, '|').collect();
+        if right.len() != 7 {
+            return None;
+        }
+        right.reverse();
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        Some(JobInfo {
+            job_id: id.to_string(),
+            name: right[0].to_string(),
+            partition: non_empty(right[1]),
+            state: right[2].to_string(),
+            reason: None,
+            exit_code: non_empty(right[6]),
+            start: parse_slurm_epoch(right[3]),
+            end: parse_slurm_epoch(right[4]),
+            nodelist: non_empty(right[5]).filter(|n| n != "None assigned"),
+        })
+    })
+}
+
+/// `ClusterName` from `scontrol show config`.
+pub fn parse_cluster_name(show_config: &str) -> Option<String> {
+    show_config.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == "ClusterName")
+            .then(|| v.trim().to_string())
+            .filter(|v| !v.is_empty() && v != "(null)")
+    })
+}
+
+/// One node as `sinfo -h -N -o '%N %T %P'` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinfoNode {
+    /// Slurm node name.
+    pub name: String,
+    /// State as printed (`idle`, `down*`, `mixed~`, …).
+    pub state: String,
+    /// The partitions it is in (without the default marker `*`).
+    pub partitions: Vec<String>,
+}
+
+impl SinfoNode {
+    /// Idle, allocated, mixed or completing, with no flag that says it is not responding,
+    /// powered down, powering up, rebooting or failing.
+    pub fn available(&self) -> bool {
+        node_state_available(&self.state)
+    }
+}
+
+/// True for the base states a discovery job can run on, without trouble flags.
+pub fn node_state_available(state: &str) -> bool {
+    let base = state.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    base.len() == state.len()
+        && matches!(
+            base.to_ascii_lowercase().as_str(),
+            "idle" | "allocated" | "mixed" | "completing"
+        )
+}
+
+/// The sinfo format cvslurm asks for.
+pub const SINFO_FORMAT: &str = "%N %T %P";
+
+/// Parses `sinfo -h -N -o '%N %T %P'`: one entry per node (a node in several partitions is
+/// listed once, with all its partitions), in the order sinfo printed them.
+pub fn parse_sinfo(output: &str) -> Vec<SinfoNode> {
+    let mut nodes: Vec<SinfoNode> = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for line in output.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(name), Some(state)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let part = it.next().map(|p| p.trim_end_matches('*').to_string());
+        let i = *index.entry(name.to_string()).or_insert_with(|| {
+            nodes.push(SinfoNode {
+                name: name.to_string(),
+                state: state.to_string(),
+                partitions: Vec::new(),
+            });
+            nodes.len() - 1
+        });
+        if let Some(p) = part {
+            if !nodes[i].partitions.contains(&p) {
+                nodes[i].partitions.push(p);
+            }
+        }
+    }
+    nodes
+}
+
+/// Looks up the cluster name with `scontrol show config`.
+pub fn cluster_name(slurm: &Slurm, timeout: Duration) -> Result<String, String> {
+    let out = slurm.run("scontrol", &["show", "config"], timeout)?;
+    parse_cluster_name(&out).ok_or_else(|| {
+        "ClusterName is not set in slurm.conf (scontrol show config); set it, CloudVision needs a cluster name".to_string()
+    })
+}
+
+/// Looks a job up in slurmctld (`scontrol show job -o`).
+pub fn scontrol_job(
+    slurm: &Slurm,
+    job_id: &str,
+    timeout: Duration,
+) -> Result<Option<JobInfo>, String> {
+    match slurm.run("scontrol", &["show", "job", "-o", job_id], timeout) {
+        Ok(out) => Ok(parse_scontrol_job(&out, job_id)),
+        Err(e) if e.contains("Invalid job id") => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Looks a job up in the accounting database (`sacct`).
+pub fn sacct_job(
+    slurm: &Slurm,
+    job_id: &str,
+    timeout: Duration,
+) -> Result<Option<JobInfo>, String> {
+    let fmt = format!("--format={SACCT_FORMAT}");
+    let out = slurm.run("sacct", &["-j", job_id, "-X", "-P", "-n", &fmt], timeout)?;
+    Ok(parse_sacct(&out, job_id))
+}
+
+/// Lists the nodes (`sinfo -h -N -o '%N %T %P'`).
+pub fn sinfo_nodes(slurm: &Slurm, timeout: Duration) -> Result<Vec<SinfoNode>, String> {
+    let out = slurm.run("sinfo", &["-h", "-N", "-o", SINFO_FORMAT], timeout)?;
+    Ok(parse_sinfo(&out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_record_keeps_spaces_in_values() {
+        let r = KvRecord::parse("JobId=7 JobName=my job name UserId=u(1) JobState=RUNNING Reason=None Socks/Node=* ReqB:S:C:T=0:0:*:*");
+        assert_eq!(r.get("JobName"), Some("my job name"));
+        assert_eq!(r.get("JobState"), Some("RUNNING"));
+        assert_eq!(r.get("Socks/Node"), Some("*"));
+        assert_eq!(r.get("ReqB:S:C:T"), Some("0:0:*:*"));
+        assert_eq!(r.get("Missing"), None);
+    }
+
+    #[test]
+    fn node_states() {
+        for s in ["idle", "allocated", "mixed", "completing"] {
+            assert!(node_state_available(s), "{s}");
+        }
+        for s in [
+            "idle*",
+            "down*",
+            "down",
+            "drained",
+            "draining",
+            "idle~",
+            "idle#",
+            "idle%",
+            "mixed!",
+            "allocated*",
+            "unknown",
+            "future",
+        ] {
+            assert!(!node_state_available(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn sinfo_dedups_nodes_in_two_partitions() {
+        let nodes = parse_sinfo("n1 idle debug*\nn3 mixed debug*\nn3 mixed gpu\nn4 down* gpu\n\n");
+        assert_eq!(nodes.len(), 3);
+        assert_eq!(nodes[1].partitions, ["debug", "gpu"]);
+        assert!(nodes[1].available());
+        assert!(!nodes[2].available());
+    }
+
+    #[test]
+    fn sacct_job_name_with_pipe() {
+        let j = parse_sacct("42|a|b|debug|COMPLETED|100|200|n[1-2]|0:0\n", "42").unwrap();
+        assert_eq!(j.name, "a|b");
+        assert_eq!(j.partition.as_deref(), Some("debug"));
+        assert_eq!((j.start, j.end), (Some(100), Some(200)));
+        assert_eq!(j.nodes().unwrap(), ["n1", "n2"]);
+        assert!(parse_sacct("41|x|debug|COMPLETED|1|2|n1|0:0\n", "42").is_none());
+    }
+}

@@ -1,0 +1,83 @@
+//! `cvslurm status`: outbox depth, oldest event age, rejected events, and whether CloudVision
+//! answers with the configured token.
+
+use crate::cloudvision::{Client, ClientOptions};
+use crate::config::Config;
+use crate::outbox::Outbox;
+use serde::Serialize;
+use std::path::Path;
+
+/// What `status` reports.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    /// The state directory.
+    pub state_dir: String,
+    /// Events waiting to be sent.
+    pub outbox_depth: usize,
+    /// Age in seconds of the oldest waiting event.
+    pub oldest_event_age_s: Option<i64>,
+    /// Events CloudVision refused as malformed (in `rejected/`).
+    pub rejected: usize,
+    /// The CloudVision server.
+    pub api_server: Option<String>,
+    /// `ok`, `skipped`, or the error.
+    pub cloudvision: String,
+}
+
+/// Prints the status; exit 1 when the oldest event is older than `max_age` seconds or
+/// CloudVision does not answer.
+pub fn main(config: Option<&Path>, json: bool, max_age: i64, offline: bool) -> i32 {
+    let cfg = match Config::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cvslurm: {e}");
+            return 2;
+        }
+    };
+    let outbox = Outbox::new(&cfg.state_dir);
+    let (depth, oldest) = outbox.depth();
+    let cv = if offline {
+        "skipped".to_string()
+    } else {
+        match cfg
+            .token()
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                ClientOptions::from_config(&cfg, t, cfg.request_timeout).map_err(|e| e.to_string())
+            })
+            .and_then(|o| Client::new(o).map_err(|e| e.to_string()))
+            .and_then(|c| c.probe(None).map_err(|e| e.to_string()))
+        {
+            Ok(_) => "ok".to_string(),
+            Err(e) => e,
+        }
+    };
+    let st = Status {
+        state_dir: cfg.state_dir.display().to_string(),
+        outbox_depth: depth,
+        oldest_event_age_s: oldest,
+        rejected: outbox.rejected_count(),
+        api_server: cfg.api_server.clone(),
+        cloudvision: cv,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st).expect("serializes"));
+    } else {
+        println!("state dir:        {}", st.state_dir);
+        println!("outbox:           {} event(s) waiting", st.outbox_depth);
+        println!(
+            "oldest event:     {}",
+            st.oldest_event_age_s
+                .map_or("-".into(), |a| format!("{a} s old"))
+        );
+        println!("rejected events:  {}", st.rejected);
+        println!(
+            "CloudVision:      {} ({})",
+            st.api_server.as_deref().unwrap_or("not configured"),
+            st.cloudvision
+        );
+    }
+    let stale = oldest.is_some_and(|a| a > max_age);
+    let cv_bad = !(st.cloudvision == "ok" || st.cloudvision == "skipped");
+    i32::from(stale || cv_bad)
+}

@@ -1,0 +1,70 @@
+//! Time conversion: CloudVision wants UTC `YYYY-MM-DDTHH:MM:SSZ`; Slurm gives epoch seconds
+//! (we ask for them with `SLURM_TIME_FORMAT=%s`) and users type RFC 3339 or epoch seconds.
+
+use time::format_description::well_known::Rfc3339;
+use time::macros::format_description;
+use time::OffsetDateTime;
+
+/// Formats Unix seconds as CloudVision's UTC timestamp, e.g. `2025-12-05T10:30:00Z`.
+pub fn format_epoch(secs: i64) -> Option<String> {
+    let t = OffsetDateTime::from_unix_timestamp(secs).ok()?;
+    let f = format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+    t.format(&f).ok()
+}
+
+/// The current time as Unix seconds.
+pub fn now_epoch() -> i64 {
+    OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// Parses a Slurm time field printed under `SLURM_TIME_FORMAT=%s`: epoch seconds, or `None`
+/// for Slurm's placeholders (`Unknown`, `None`, `N/A`, empty, `0`).
+pub fn parse_slurm_epoch(s: &str) -> Option<i64> {
+    let s = s.trim();
+    match s.parse::<i64>() {
+        Ok(n) if n > 0 => Some(n),
+        _ => None,
+    }
+}
+
+/// Parses a time given by a user: epoch seconds or RFC 3339 (`2025-12-05T10:30:00Z`,
+/// `2025-12-05T11:30:00+01:00`). Returns Unix seconds.
+pub fn parse_user_time(s: &str) -> Result<i64, String> {
+    let s = s.trim();
+    if let Ok(n) = s.parse::<i64>() {
+        if n >= 0 {
+            return Ok(n);
+        }
+    }
+    OffsetDateTime::parse(s, &Rfc3339)
+        .map(|t| t.unix_timestamp())
+        .map_err(|_| {
+            format!("time {s:?} is neither epoch seconds nor RFC 3339 (2025-12-05T10:30:00Z)")
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_utc() {
+        assert_eq!(format_epoch(1764930600).unwrap(), "2025-12-05T10:30:00Z");
+        assert_eq!(format_epoch(0).unwrap(), "1970-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn parses_slurm_and_user_times() {
+        assert_eq!(parse_slurm_epoch("1764930600"), Some(1764930600));
+        for none in ["Unknown", "None", "", "0", "N/A"] {
+            assert_eq!(parse_slurm_epoch(none), None);
+        }
+        assert_eq!(parse_user_time("2025-12-05T10:30:00Z").unwrap(), 1764930600);
+        assert_eq!(
+            parse_user_time("2025-12-05T11:30:00+01:00").unwrap(),
+            1764930600
+        );
+        assert_eq!(parse_user_time("1764930600").unwrap(), 1764930600);
+        assert!(parse_user_time("yesterday").is_err());
+    }
+}
