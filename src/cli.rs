@@ -32,6 +32,7 @@ enum Mode {
     Discover(DiscoverArgs),
     Flush(FlushArgs),
     Status(StatusArgs),
+    Check(CheckArgs),
 }
 
 /// PrologSlurmctld/EpilogSlurmctld: send the job's state from the SLURM_* environment (always exits 0).
@@ -175,6 +176,15 @@ struct StatusArgs {
     offline: bool,
 }
 
+/// Check the set-up: config, token, CloudVision, slurm.conf hooks, StateDir and LogFile.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "check", help_triggers("-h", "--help", "help"))]
+struct CheckArgs {
+    /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
+    #[argh(option)]
+    config: Option<PathBuf>,
+}
+
 /// The mode a busybox-style argv[0] names, if any.
 pub fn mode_from_argv0(argv0: &str) -> Option<&'static str> {
     let base = Path::new(argv0).file_name()?.to_str()?;
@@ -186,6 +196,7 @@ pub fn mode_from_argv0(argv0: &str) -> Option<&'static str> {
         "cvslurm-discover" | "interface_discovery" => Some("discover"),
         "cvslurm-flush" => Some("flush"),
         "cvslurm-status" => Some("status"),
+        "cvslurm-check" => Some("check"),
         _ => None,
     }
 }
@@ -224,7 +235,7 @@ pub fn main(args: Vec<String>) -> i32 {
     }
     match cli.mode {
         None => {
-            eprintln!("cvslurm: no mode given: cvslurm hook|send|inventory|discover|flush|status; cvslurm help for more");
+            eprintln!("cvslurm: no mode given: cvslurm hook|send|inventory|discover|flush|status|check; cvslurm help for more");
             2
         }
         Some(Mode::Hook(a)) => hook::main(a.config.as_deref()),
@@ -233,6 +244,7 @@ pub fn main(args: Vec<String>) -> i32 {
         Some(Mode::Discover(a)) => run_discover(a),
         Some(Mode::Flush(a)) => run_flush(a),
         Some(Mode::Status(a)) => status::main(a.config.as_deref(), a.json, a.max_age, a.offline),
+        Some(Mode::Check(a)) => crate::check::main(a.config.as_deref()),
     }
 }
 
@@ -326,6 +338,11 @@ fn run_send(a: SendArgs) -> i32 {
         }
         if a.job_ids.is_empty() {
             return usage("give one or more job ids (cvslurm send 12345), or --tenant");
+        }
+        if let Some(bad) = a.job_ids.iter().find(|id| !slurm::valid_job_id(id)) {
+            return usage(&format!(
+                "{bad:?} is not a job id (12345, or 12345_7 for an array task)"
+            ));
         }
         let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
         let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {

@@ -4,6 +4,7 @@
 //! Other Rust tools can reuse the CloudVision client ([`cloudvision::Client`]) and the payload
 //! types ([`payload::JobConfig`], [`payload::NodeConfig`]).
 
+pub mod check;
 pub mod cli;
 pub mod cloudvision;
 pub mod config;

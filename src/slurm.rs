@@ -87,12 +87,30 @@ impl JobInfo {
     }
 }
 
-/// Picks the job `job_id` out of `scontrol show job -o <id>` output (an array id lists every task).
+/// True for a job id as users give it: `12345`, or an array task `12345_7`.
+pub fn valid_job_id(id: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match id.split_once('_') {
+        Some((a, t)) => digits(a) && digits(t),
+        None => digits(id),
+    }
+}
+
+/// Does this record describe `job_id` (`12345`, or array task `12345_7`)?
+fn record_is(r: &KvRecord, job_id: &str) -> bool {
+    match job_id.split_once('_') {
+        Some((a, t)) => r.get("ArrayJobId") == Some(a) && r.get("ArrayTaskId") == Some(t),
+        None => r.get("JobId") == Some(job_id),
+    }
+}
+
+/// Picks the job `job_id` out of `scontrol show job -o <id>` output (an array id lists every
+/// task). The result carries the job's own id (an array task's is its own job number).
 pub fn parse_scontrol_job(output: &str, job_id: &str) -> Option<JobInfo> {
     output
         .lines()
         .map(KvRecord::parse)
-        .find(|r| r.get("JobId") == Some(job_id))
+        .find(|r| record_is(r, job_id))
         .map(|r| {
             let opt = |k: &str| {
                 r.get(k)
@@ -100,7 +118,7 @@ pub fn parse_scontrol_job(output: &str, job_id: &str) -> Option<JobInfo> {
                     .map(String::from)
             };
             JobInfo {
-                job_id: job_id.to_string(),
+                job_id: r.get("JobId").unwrap_or(job_id).to_string(),
                 name: r.get("JobName").unwrap_or("").to_string(),
                 partition: opt("Partition"),
                 state: r.get("JobState").unwrap_or("").to_string(),
@@ -121,7 +139,8 @@ pub const SACCT_FORMAT: &str = "JobIDRaw,JobName,Partition,State,Start,End,NodeL
 pub fn parse_sacct(output: &str, job_id: &str) -> Option<JobInfo> {
     output.lines().rev().find_map(|line| {
         let (id, rest) = line.split_once('|')?;
-        if id != job_id {
+        // `sacct -j 12345_7` answers with the task's own raw id.
+        if id != job_id && !job_id.contains('_') {
             return None;
         }
         // JobName may hold '|': take the six fixed columns from the right.

@@ -1,0 +1,310 @@
+//! The binary's command line: modes, argv[0] dispatch, send, discover, status, errors.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::process::Command;
+
+#[test]
+fn version_and_help() {
+    let out = Command::new(bin()).arg("--version").output().unwrap();
+    assert_eq!(
+        stdout(&out),
+        format!("cvslurm {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    for args in [
+        &["help"][..],
+        &["--help"],
+        &["send", "--help"],
+        &["inventory", "help"],
+        &["discover", "-h"],
+        &["flush", "--help"],
+        &["status", "--help"],
+        &["hook", "--help"],
+    ] {
+        let out = Command::new(bin()).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(
+            stdout(&out).starts_with("Usage: cvslurm"),
+            "{args:?}: {}",
+            stdout(&out)
+        );
+    }
+    let out = Command::new(bin()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no mode given"));
+    let out = Command::new(bin()).arg("frobnicate").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn argv0_selects_the_mode() {
+    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    for (name, mode_help) in [
+        ("cvslurm-send", "Usage: cvslurm send"),
+        ("cv-job-send.py", "Usage: cvslurm send"),
+        ("cvslurm-inventory", "Usage: cvslurm inventory"),
+        ("cv-node-inventory", "Usage: cvslurm inventory"),
+        ("cv-node-inventory.py", "Usage: cvslurm inventory"),
+        ("cvslurm-discover", "Usage: cvslurm discover"),
+        ("interface_discovery.py", "Usage: cvslurm discover"),
+        ("interface_discovery", "Usage: cvslurm discover"),
+    ] {
+        let out = Command::new(site.link(name))
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(
+            stdout(&out).starts_with(mode_help),
+            "{name}: {}",
+            stdout(&out)
+        );
+    }
+    // An unknown argv[0] means the first argument is the mode.
+    let out = Command::new(site.link("whatever"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(stdout(&out).starts_with("cvslurm "));
+}
+
+fn fake_sysfs(dir: &std::path::Path) -> std::path::PathBuf {
+    let net = dir.join("net");
+    for (name, mac, physical) in [
+        ("ens99", "02:AA:00:00:00:01", true),
+        ("lo", "00:00:00:00:00:00", false),
+        ("veth0", "02:aa:00:00:00:09", false),
+    ] {
+        let d = net.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("address"), format!("{mac}\n")).unwrap();
+        if physical {
+            std::fs::create_dir_all(d.join("device")).unwrap();
+        }
+    }
+    net
+}
+
+#[test]
+fn discover_prints_one_json_line() {
+    let s = Scratch::new("disc");
+    let net = fake_sysfs(s.path());
+    // Interfaces without an IPv4 address on this host: ask not to require one.
+    let out = Command::new(bin())
+        .args([
+            "discover",
+            "--sys-class-net",
+            net.to_str().unwrap(),
+            "--require-ip",
+            "no",
+            "--interface-regex",
+            "^(ens|veth)",
+        ])
+        .env("SLURMD_NODENAME", "n7")
+        .env("SLURM_CLUSTER_NAME", "c1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["node_name"], "n7");
+    assert_eq!(v["location"], "c1");
+    assert_eq!(
+        v["interfaces"],
+        json!([{"name":"ens99","mac_address":"02:aa:00:00:00:01","ip_addresses":[]}])
+    );
+    // Without SLURMD_NODENAME: a clear error, nothing on stdout.
+    let out = Command::new(bin())
+        .args(["discover"])
+        .env_remove("SLURMD_NODENAME")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(stderr(&out)
+        .contains("SLURMD_NODENAME is not set: run discover through srun, or give --node-name"));
+    let out = Command::new(bin())
+        .args(["discover", "--physical-only", "perhaps"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--physical-only: \"perhaps\" is not yes or no"));
+}
+
+#[test]
+fn send_tenant_dry_run_and_real() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let args = [
+        "send",
+        "--tenant",
+        "t-9",
+        "--name",
+        "train",
+        "--location",
+        "tenant-a",
+        "--state",
+        "running",
+        "--start",
+        "2025-12-05T10:30:00Z",
+        "--nodes",
+        "gpu[1-2]",
+    ];
+    let mut dry = args.to_vec();
+    dry.push("--dry-run");
+    let out = site.run(&dry);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let (first, body) = text.split_once('\n').unwrap();
+    assert_eq!(first, "POST /api/resources/computejob/v1/JobConfig");
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        v,
+        json!({"key":{"id":"t-9@tenant-a"},"name":"train","state":"JOB_STATE_RUNNING","start_time":"2025-12-05T10:30:00Z",
+               "location":"tenant-a","type":"JOB_TYPE_TENANT","nodes":{"values":["gpu1","gpu2"]}})
+    );
+    assert!(cv.requests().is_empty(), "a dry run touches no network");
+    let out = site.run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        "job t-9@tenant-a: sent RUNNING on 2 node(s) (HTTP 200)"
+    );
+    assert_eq!(cv.accepted("JobConfig"), vec![v]);
+}
+
+#[test]
+fn send_usage_and_failures() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["send"], 2, "give one or more job ids"),
+        (
+            &[
+                "send",
+                "--tenant",
+                "x",
+                "--name",
+                "n",
+                "--location",
+                "l",
+                "--state",
+                "pending",
+                "--start",
+                "0",
+                "--nodes",
+                "a",
+            ],
+            2,
+            "--state \"pending\" is not one of",
+        ),
+        (
+            &[
+                "send",
+                "--tenant",
+                "x",
+                "--name",
+                "n",
+                "--location",
+                "l",
+                "--state",
+                "running",
+                "--start",
+                "0",
+            ],
+            2,
+            "give exactly one of --nodes and --interfaces",
+        ),
+        (&["send", "--name", "n", "12"], 2, "go with --tenant"),
+        (&["send", "12"], 1, "scontrol not found"),
+        (&["send", "abc"], 2, "\"abc\" is not a job id"),
+    ];
+    for (args, code, msg) in cases {
+        let out = site.run(args);
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(msg), "{args:?}: {}", stderr(&out));
+    }
+    // --api-token works but warns; a refused token is one clear line and exit 1.
+    let out = site.run(&[
+        "send",
+        "--api-token",
+        "wrong",
+        "--tenant",
+        "x",
+        "--name",
+        "n",
+        "--location",
+        "l",
+        "--state",
+        "running",
+        "--start",
+        "0",
+        "--nodes",
+        "a",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--api-token is visible to every user in ps"),
+        "{err}"
+    );
+    assert!(
+        err.contains("job x@l: not sent: CloudVision refused the token"),
+        "{err}"
+    );
+    assert!(!err.contains("wrong"), "token leaked: {err}");
+}
+
+#[test]
+fn config_errors_are_usage_errors_naming_file_line_and_key() {
+    let site = Site::new(
+        "127.0.0.1:1",
+        std::path::Path::new("/nonexistent"),
+        "PollInterval=soon",
+    );
+    let out = site.run(&["inventory", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out).trim(),
+        format!(
+            "cvslurm: {}:10: PollInterval: \"soon\" is not a duration (seconds, or 500ms, 30s, 5m)",
+            site.conf.display()
+        )
+    );
+    let out = Command::new(bin())
+        .args(["send", "--config", "/nonexistent/cv.conf", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("cannot read config file /nonexistent/cv.conf"));
+}
+
+#[test]
+fn status_reports_outbox_and_cloudvision() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    cv.set_mode(json!({"mode": "status", "status": 500}));
+    site.hook(&job_env("prolog_slurmctld", "300", &[]));
+    cv.set_mode(json!({"mode": "ok"}));
+    let out = site.run(&["status", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outbox_depth"], 1);
+    assert_eq!(v["cloudvision"], "ok");
+    let out = site.run(&["status", "--max-age", "-1"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an outbox older than the threshold fails"
+    );
+    assert!(stdout(&out).contains("outbox:           1 event(s) waiting"));
+    std::fs::write(&site.token_file, "bad\n").unwrap();
+    let out = site.run(&["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("refused the token"),
+        "{}",
+        stdout(&out)
+    );
+}

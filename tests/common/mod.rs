@@ -1,0 +1,295 @@
+//! Shared test helpers: the CloudVision stand-in, a scratch site (config, token, state dir,
+//! log), and running the built binary the way Slurm runs it.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cvslurm::cloudvision::{Client, ClientOptions};
+use cvslurm::config::Token;
+
+pub const TOKEN: &str = "test-token-5ecr3t";
+
+/// The built binary.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cvslurm"))
+}
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "cvslurm-it-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The CloudVision stand-in, stopped on drop.
+pub struct Standin {
+    child: Child,
+    pub dir: Scratch,
+    pub port: u16,
+    client: Client,
+}
+
+impl Standin {
+    pub fn start() -> Standin {
+        let dir = Scratch::new("standin");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/standin/cv_standin.py");
+        let child = Command::new("python3")
+            .arg(&script)
+            .args([
+                "--dir",
+                dir.path().to_str().unwrap(),
+                "--port",
+                "0",
+                "--token",
+                TOKEN,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 runs the stand-in");
+        let port_file = dir.path().join("port");
+        let until = Instant::now() + Duration::from_secs(20);
+        let port = loop {
+            if let Ok(s) = fs::read_to_string(&port_file) {
+                if let Ok(p) = s.trim().parse::<u16>() {
+                    break p;
+                }
+            }
+            assert!(Instant::now() < until, "stand-in did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let client = Client::new(ClientOptions {
+            server: format!("127.0.0.1:{port}"),
+            token: Token::new(TOKEN),
+            ca_file: Some(dir.path().join("ca.pem")),
+            insecure: false,
+            timeout: Duration::from_secs(10),
+        })
+        .unwrap();
+        Standin {
+            child,
+            dir,
+            port,
+            client,
+        }
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn server(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn control(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let url = format!("https://127.0.0.1:{}/_standin/{path}", self.port);
+        let bytes = body.map(|b| serde_json::to_vec(&b).unwrap());
+        let a = self
+            .client
+            .call(method, &url, bytes.as_deref(), None)
+            .expect("stand-in control call");
+        serde_json::from_str(&a.body).unwrap_or(Value::Null)
+    }
+
+    /// Every API request so far.
+    pub fn requests(&self) -> Vec<Value> {
+        match self.control("GET", "requests", None) {
+            Value::Array(v) => v,
+            other => panic!("unexpected requests answer {other}"),
+        }
+    }
+
+    /// Bodies of accepted POSTs to a path ending in `kind` (`JobConfig`, `NodeConfig`).
+    pub fn accepted(&self, kind: &str) -> Vec<Value> {
+        self.requests()
+            .into_iter()
+            .filter(|r| {
+                r["method"] == "POST"
+                    && r["path"].as_str().unwrap_or("").ends_with(kind)
+                    && r["status"] == 200
+            })
+            .map(|r| r["body"].clone())
+            .collect()
+    }
+
+    pub fn state(&self) -> Value {
+        self.control("GET", "state", None)
+    }
+
+    pub fn set_mode(&self, mode: Value) {
+        self.control("POST", "mode", Some(mode));
+    }
+
+    pub fn reset(&self) {
+        self.control("POST", "reset", Some(serde_json::json!({"all": true})));
+    }
+}
+
+impl Drop for Standin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A controller's files: cloudvision.conf, token file, state dir and log, in a scratch dir.
+pub struct Site {
+    pub dir: Scratch,
+    pub conf: PathBuf,
+    pub token_file: PathBuf,
+    pub state_dir: PathBuf,
+    pub log_file: PathBuf,
+    pub bin_dir: PathBuf,
+}
+
+impl Site {
+    /// A site talking to `server` with the stand-in's CA; `extra` lines are appended.
+    pub fn new(server: &str, ca: &Path, extra: &str) -> Site {
+        let dir = Scratch::new("site");
+        let token_file = dir.path().join("token");
+        fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+        fs::set_permissions(&token_file, fs::Permissions::from_mode(0o600)).unwrap();
+        let state_dir = dir.path().join("state");
+        let log_file = dir.path().join("cvjob.log");
+        let bin_dir = dir.path().join("bin");
+        fs::create_dir_all(&bin_dir).unwrap();
+        let conf = dir.path().join("cloudvision.conf");
+        fs::write(
+            &conf,
+            format!(
+                "# test site\nApiServer={server}\nApiTokenFile={}\nCaFile={}\nStateDir={}\nLogFile={}\n\
+                 SlurmBinDir={}\nHookTimeout=2\nLogLevel=debug\n{extra}\n",
+                token_file.display(),
+                ca.display(),
+                state_dir.display(),
+                log_file.display(),
+                bin_dir.display()
+            ),
+        )
+        .unwrap();
+        Site {
+            dir,
+            conf,
+            token_file,
+            state_dir,
+            log_file,
+            bin_dir,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log_file).unwrap_or_default()
+    }
+
+    /// A symlink to the binary named `name` (argv[0] dispatch).
+    pub fn link(&self, name: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        let _ = fs::remove_file(&p);
+        std::os::unix::fs::symlink(bin(), &p).unwrap();
+        p
+    }
+
+    /// Pending outbox files.
+    pub fn outbox(&self) -> Vec<Value> {
+        let mut v: Vec<(u128, Value)> = fs::read_dir(self.state_dir.join("outbox"))
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                    .map(|e| {
+                        let v: Value =
+                            serde_json::from_slice(&fs::read(e.path()).unwrap()).unwrap();
+                        (v["seq"].as_u64().map(u128::from).unwrap_or(0), v)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by_key(|(s, _)| *s);
+        v.into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// Runs the hook as slurmctld does: empty environment but the given SLURM_* variables
+    /// (and CVSLURM_CONF pointing at this site), no arguments, argv[0] `cvslurm-hook`.
+    pub fn hook(&self, vars: &[(&str, &str)]) -> (Output, Duration) {
+        let link = self.link("cvslurm-hook");
+        let mut c = Command::new(link);
+        c.env_clear()
+            .env("CVSLURM_CONF", &self.conf)
+            .current_dir(self.dir.path());
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        let t = Instant::now();
+        let out = c.output().unwrap();
+        (out, t.elapsed())
+    }
+
+    /// Runs `cvslurm <args>` with this site's config.
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new(bin())
+            .args(args)
+            .env_remove("CV_API_TOKEN")
+            .env_remove("CV_API_SERVER")
+            .env("CVSLURM_CONF", &self.conf)
+            .output()
+            .unwrap()
+    }
+}
+
+/// The hook environment of a job.
+pub fn job_env<'a>(
+    context: &'a str,
+    id: &'a str,
+    extra: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut v = vec![
+        ("SLURM_SCRIPT_CONTEXT", context),
+        ("SLURM_JOB_ID", id),
+        ("SLURM_CLUSTER_NAME", "hpc-cluster-west"),
+        ("SLURM_JOB_NAME", "gpt-training"),
+        ("SLURM_JOB_PARTITION", "gpu"),
+        ("SLURM_JOB_NODELIST", "gpu-node-[1-4]"),
+    ];
+    for (k, val) in extra {
+        v.retain(|(kk, _)| kk != k);
+        v.push((k, val));
+    }
+    v
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

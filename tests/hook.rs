@@ -1,0 +1,449 @@
+//! The hook as slurmctld runs it (argv[0] symlink, bare environment) against the stand-in.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+#[test]
+fn prolog_sends_running_with_expanded_nodes() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let (out, _) = site.hook(&job_env(
+        "prolog_slurmctld",
+        "12345",
+        &[("SLURM_JOB_START_TIME", "1764930600")],
+    ));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        out.stdout.is_empty() && out.stderr.is_empty(),
+        "hook printed: {}",
+        stderr(&out)
+    );
+    let jobs = cv.accepted("JobConfig");
+    assert_eq!(
+        jobs,
+        vec![
+            json!({"key":{"id":"12345@hpc-cluster-west"},"name":"gpt-training@gpu",
+            "state":"JOB_STATE_RUNNING","start_time":"2025-12-05T10:30:00Z","location":"hpc-cluster-west",
+            "nodes":{"values":["gpu-node-1","gpu-node-2","gpu-node-3","gpu-node-4"]}})
+        ]
+    );
+    assert!(site.outbox().is_empty(), "a sent event leaves the outbox");
+    let log = site.log();
+    assert!(
+        log.contains("job 12345@hpc-cluster-west: sent RUNNING"),
+        "{log}"
+    );
+    assert!(!log.contains(TOKEN), "the token must never be logged");
+}
+
+#[test]
+fn epilog_without_times_uses_prolog_record_and_exit_codes() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    // Slurm 22.05: no SLURM_JOB_START_TIME / END_TIME; no scontrol reachable (SlurmBinDir empty).
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "7", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    let started = cv.accepted("JobConfig")[0]["start_time"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (id, code, want) in [
+        ("7", "0:0", "JOB_STATE_COMPLETED"),
+        ("8", "3:0", "JOB_STATE_FAILED"),
+        ("9", "0:9", "JOB_STATE_CANCELLED"),
+    ] {
+        let (out, _) = site.hook(&job_env(
+            "epilog_slurmctld",
+            id,
+            &[("SLURM_JOB_EXIT_CODE2", code)],
+        ));
+        assert_eq!(out.status.code(), Some(0));
+        let last = cv.accepted("JobConfig").pop().unwrap();
+        assert_eq!(last["key"]["id"], format!("{id}@hpc-cluster-west"));
+        assert_eq!(last["state"], want, "exit {code}");
+        assert!(last["end_time"].as_str().unwrap().ends_with('Z'));
+        if id == "7" {
+            assert_eq!(
+                last["start_time"].as_str().unwrap(),
+                started,
+                "start comes from the prolog's record"
+            );
+        }
+    }
+    let log = site.log();
+    assert!(
+        log.contains("cannot ask slurmctld for the end state"),
+        "{log}"
+    );
+    assert!(
+        !site.state_dir.join("jobs/7@hpc-cluster-west").exists(),
+        "start record removed at the end"
+    );
+}
+
+#[test]
+fn slurm_23_times_are_used_and_prolog_end_time_ignored() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let times = [
+        ("SLURM_JOB_START_TIME", "1764930600"),
+        ("SLURM_JOB_END_TIME", "1764934200"),
+    ];
+    site.hook(&job_env("prolog_slurmctld", "20", &times));
+    site.hook(&job_env(
+        "epilog_slurmctld",
+        "20",
+        &[times[0], times[1], ("SLURM_JOB_EXIT_CODE2", "0:0")],
+    ));
+    let jobs = cv.accepted("JobConfig");
+    assert!(
+        jobs[0].get("end_time").is_none(),
+        "the prolog's END_TIME is the time limit, not an end"
+    );
+    assert_eq!(jobs[1]["start_time"], "2025-12-05T10:30:00Z");
+    assert_eq!(jobs[1]["end_time"], "2025-12-05T11:30:00Z");
+}
+
+#[test]
+fn odd_nodelists_and_no_partition() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    site.hook(&[
+        ("SLURM_SCRIPT_CONTEXT", "prolog_slurmctld"),
+        ("SLURM_JOB_ID", "30"),
+        ("SLURM_CLUSTER_NAME", "c1"),
+        ("SLURM_JOB_NAME", "my job"),
+        (
+            "SLURM_JOB_NODELIST",
+            "rack[1-2]-n[08-10],gpu[1,3]-ib,login.x",
+        ),
+    ]);
+    let j = &cv.accepted("JobConfig")[0];
+    assert_eq!(j["name"], "my job");
+    assert_eq!(
+        j["nodes"]["values"],
+        json!([
+            "rack1-n08",
+            "rack1-n09",
+            "rack1-n10",
+            "rack2-n08",
+            "rack2-n09",
+            "rack2-n10",
+            "gpu1-ib",
+            "gpu3-ib",
+            "login.x"
+        ])
+    );
+}
+
+#[test]
+fn missing_or_malformed_variables_send_nothing_and_say_what() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let (out, _) = site.hook(&[
+        ("SLURM_SCRIPT_CONTEXT", "prolog_slurmctld"),
+        ("SLURM_JOB_ID", "40"),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let (out2, _) = site.hook(&job_env(
+        "prolog_slurmctld",
+        "41",
+        &[("SLURM_JOB_NODELIST", "n[1-2")],
+    ));
+    assert_eq!(out2.status.code(), Some(0));
+    let (out3, _) = site.hook(&[]);
+    assert_eq!(out3.status.code(), Some(0));
+    assert!(cv.requests().is_empty());
+    let log = site.log();
+    assert!(
+        log.contains(
+            "job 40: not sent: missing SLURM_CLUSTER_NAME, SLURM_JOB_NODELIST, SLURM_JOB_NAME"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("job 41: not sent: SLURM_JOB_NODELIST: bad hostlist \"n[1-2\""),
+        "{log}"
+    );
+    assert!(
+        log.contains("job ?: not sent: missing SLURM_SCRIPT_CONTEXT"),
+        "{log}"
+    );
+}
+
+#[test]
+fn filtered_jobs_send_nothing() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "Partitions=cpu,debug");
+    site.hook(&job_env(
+        "prolog_slurmctld",
+        "50",
+        &[
+            ("SLURM_JOB_NAME", "cv-interface-discovery"),
+            ("SLURM_JOB_PARTITION", "debug"),
+        ],
+    ));
+    site.hook(&job_env("prolog_slurmctld", "51", &[]));
+    site.hook(&job_env(
+        "prolog_slurmctld",
+        "52",
+        &[("SLURM_JOB_PARTITION", "debug")],
+    ));
+    let jobs = cv.accepted("JobConfig");
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0]["key"]["id"], "52@hpc-cluster-west");
+    let log = site.log();
+    assert!(log.contains("job 50@hpc-cluster-west: filtered out (name \"cv-interface-discovery\" matches JobNameExclude)"), "{log}");
+    assert!(
+        log.contains(
+            "job 51@hpc-cluster-west: filtered out (partition \"gpu\" is not in Partitions)"
+        ),
+        "{log}"
+    );
+}
+
+#[test]
+fn cloudvision_failures_keep_the_event_and_flush_delivers_it() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "60", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(site.outbox().len(), 1);
+    assert!(
+        site.log().contains(
+            "job 60@hpc-cluster-west: RUNNING kept in outbox: CloudVision failed: HTTP 503"
+        ),
+        "{}",
+        site.log()
+    );
+    // The job ends while CloudVision is still down: its RUNNING is superseded in the outbox.
+    site.hook(&job_env(
+        "epilog_slurmctld",
+        "60",
+        &[("SLURM_JOB_EXIT_CODE2", "0:0")],
+    ));
+    let pending = site.outbox();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0]["job"]["state"], "JOB_STATE_COMPLETED");
+    cv.set_mode(json!({"mode": "ok"}));
+    let out = site.run(&["flush"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        "outbox: 1 delivered, 0 kept, 0 rejected"
+    );
+    let jobs = cv.accepted("JobConfig");
+    assert_eq!(
+        jobs.len(),
+        1,
+        "the stale RUNNING is never delivered after the end"
+    );
+    assert_eq!(jobs[0]["state"], "JOB_STATE_COMPLETED");
+    assert!(site.outbox().is_empty());
+    assert_eq!(
+        cv.state()["jobs"]["60@hpc-cluster-west"]["state"],
+        "JOB_STATE_COMPLETED"
+    );
+}
+
+#[test]
+fn refused_token_is_reported_and_event_kept() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    std::fs::write(&site.token_file, "expired-token\n").unwrap();
+    site.hook(&job_env("prolog_slurmctld", "70", &[]));
+    let log = site.log();
+    assert!(
+        log.contains("RUNNING kept in outbox: CloudVision refused the token (expired or lacking JobConfig/NodeConfig permission): HTTP 401"),
+        "{log}"
+    );
+    assert!(!log.contains("expired-token"));
+    assert_eq!(site.outbox().len(), 1);
+    // Fixed token: flush delivers.
+    std::fs::write(&site.token_file, format!("{TOKEN}\n")).unwrap();
+    let out = site.run(&["flush"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(cv.accepted("JobConfig").len(), 1);
+}
+
+#[test]
+fn rejected_payload_moves_to_rejected() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    site.hook(&job_env("prolog_slurmctld", "75", &[]));
+    cv.set_mode(json!({"mode": "status", "status": 400, "message": "bad field"}));
+    let out = site.run(&["flush"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("0 delivered, 0 kept, 1 rejected"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(site.outbox().is_empty());
+    let rejected: Vec<_> = std::fs::read_dir(site.state_dir.join("rejected"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(rejected.len(), 1);
+    let text = std::fs::read_to_string(rejected[0].path()).unwrap();
+    assert!(text.contains("HTTP 400: bad field"), "{text}");
+}
+
+#[test]
+fn hanging_cloudvision_never_delays_past_the_budget() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1");
+    cv.set_mode(json!({"mode": "hang"}));
+    let (out, took) = site.hook(&job_env("prolog_slurmctld", "80", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        took < Duration::from_millis(1500),
+        "hook took {took:?} with a 1 s budget"
+    );
+    assert_eq!(site.outbox().len(), 1, "the event is kept");
+    assert!(
+        site.log().contains("did not answer within"),
+        "{}",
+        site.log()
+    );
+}
+
+#[test]
+fn cloudvision_down_keeps_the_event() {
+    let cv = Standin::start();
+    let ca = cv.ca();
+    let dead = cv.server();
+    let site = Site::new(&dead, &ca, "");
+    let ca_copy = site.dir.path().join("ca.pem");
+    std::fs::copy(&ca, &ca_copy).unwrap();
+    drop(cv);
+    let text = std::fs::read_to_string(&site.conf)
+        .unwrap()
+        .replace(&ca.display().to_string(), &ca_copy.display().to_string());
+    std::fs::write(&site.conf, text).unwrap();
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "90", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(site.outbox().len(), 1);
+    assert!(
+        site.log().contains(&format!(
+            "RUNNING kept in outbox: cannot reach CloudVision at {dead}"
+        )),
+        "{}",
+        site.log()
+    );
+}
+
+#[test]
+fn untrusted_certificate_is_refused_unless_insecure() {
+    let cv = Standin::start();
+    let other = Scratch::new("otherca");
+    // A CA that did not sign the stand-in's certificate.
+    let status = std::process::Command::new("python3")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/standin/cv_standin.py"))
+        .args(["--dir", other.path().to_str().unwrap(), "--gen-certs-only"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let site = Site::new(&cv.server(), &other.path().join("ca.pem"), "");
+    site.hook(&job_env("prolog_slurmctld", "95", &[]));
+    assert!(cv.accepted("JobConfig").is_empty());
+    assert!(
+        site.log().contains("cannot reach CloudVision"),
+        "{}",
+        site.log()
+    );
+    let insecure = Site::new(&cv.server(), &other.path().join("ca.pem"), "Insecure=yes");
+    insecure.hook(&job_env("prolog_slurmctld", "96", &[]));
+    assert_eq!(cv.accepted("JobConfig").len(), 1);
+    assert!(insecure
+        .log()
+        .contains("TLS verification is off (Insecure=yes)"));
+}
+
+#[test]
+fn world_readable_token_file_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    std::fs::set_permissions(&site.token_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "97", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(cv.requests().is_empty());
+    let log = site.log();
+    assert!(
+        log.contains(&format!(
+            "readable by group or others (mode 0644); run: chmod 600 {}",
+            site.token_file.display()
+        )),
+        "{log}"
+    );
+    assert_eq!(site.outbox().len(), 1);
+}
+
+#[test]
+fn broken_config_still_exits_zero_and_says_why() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "Bogus=1");
+    let log = site.dir.path().join("fallback.log");
+    let link = site.link("cvslurm-hook");
+    let out = std::process::Command::new(link)
+        .env_clear()
+        .env("CVSLURM_CONF", &site.conf)
+        .env("CV_LOG_FILE", &log)
+        .envs(job_env("prolog_slurmctld", "98", &[]))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!(
+            "config error: {}:10: Bogus: unknown key",
+            site.conf.display()
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn unwritable_state_dir_still_sends_directly() {
+    let cv = Standin::start();
+    let site = Site::new(
+        &cv.server(),
+        &cv.ca(),
+        "StateDir=/proc/cvslurm-cannot-exist",
+    );
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "99", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(cv.accepted("JobConfig").len(), 1);
+    assert!(
+        site.log()
+            .contains("cannot queue the event in StateDir /proc/cvslurm-cannot-exist"),
+        "{}",
+        site.log()
+    );
+}
+
+#[test]
+fn legacy_script_names_dispatch_to_the_hook() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    for (i, name) in ["cv-job-hook", "cv-job-hook.py", "cvslurm-hook"]
+        .iter()
+        .enumerate()
+    {
+        let link = site.link(name);
+        let id = format!("{}", 200 + i);
+        let out = std::process::Command::new(link)
+            .env_clear()
+            .env("CVSLURM_CONF", &site.conf)
+            .envs(job_env("prolog_slurmctld", &id, &[]))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0));
+    }
+    assert_eq!(cv.accepted("JobConfig").len(), 3);
+}
