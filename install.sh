@@ -1,0 +1,670 @@
+#!/usr/bin/env bash
+# Install cvslurm on the Slurm controller: binary + mode symlinks, cloudvision.conf, the API
+# token file, StateDir/LogFile, the PrologSlurmctld/EpilogSlurmctld hooks in slurm.conf, the
+# cvslurm service, then `scontrol reconfigure` (slurmctld is never restarted).
+#
+# Usage: sudo ./install.sh --api-server HOST[:PORT] --api-token-file FILE [options]
+#   --api-server HOST[:PORT]  CloudVision server (or $API_SERVER; default: the existing config's)
+#   --api-token-file FILE     file holding the API token (or the token in $API_TOKEN;
+#                             default: the existing token file)
+#   --ca-file FILE            PEM CA that signed CloudVision's certificate (CaFile)
+#   --insecure                turn TLS verification off (lab use only)
+#   --offline                 warn instead of failing when CloudVision does not answer
+#   --dry-run                 show every change (unified diffs, lists); change nothing
+#   --uninstall               remove what install.sh added (see the manifest); keeps the
+#                             token and cloudvision.conf unless --purge
+#   --purge                   with --uninstall: also the token, cloudvision.conf, StateDir, log
+#   --binary PATH             the cvslurm binary to install (default: a prebuilt
+#                             target/x86_64-unknown-linux-musl/release/cvslurm, else build it)
+#   --no-service              do not install the cvslurm systemd service
+#   --no-reconfigure          do not run `scontrol reconfigure`
+#   -h, --help                this text
+#
+# Environment: API_SERVER, API_TOKEN, SLURM_CONF (slurm.conf; default $SLURM_CONF_DIR/slurm.conf),
+# SLURM_CONF_DIR (default: directory of $SLURM_CONF, else /etc/slurm), INSTALL_DIR (default
+# /opt/slurm/cloudvision), LOG_DIR (default /var/log/slurm), STATE_DIR (default
+# /var/spool/cvslurm), SYSTEMD_UNIT_DIR (default /etc/systemd/system), LOGROTATE_DIR (default
+# /etc/logrotate.d), SLURM_VERSION (override the detected Slurm version, e.g. 24.05).
+#
+# Idempotent: a second run with the same options changes nothing and says "no change".
+# What it adds is recorded in $INSTALL_DIR/.install-manifest; the lines it adds to slurm.conf
+# end with "# added by cvslurm install.sh".
+set -euo pipefail
+
+readonly MARK="# added by cvslurm install.sh"
+readonly MARK_RE=' # added by cvslurm install\.sh$'
+readonly MODES=(cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover cvslurm-flush
+    cvslurm-status cv-job-hook cv-job-send cv-node-inventory interface_discovery
+    cv-job-hook.py cv-job-send.py cv-node-inventory.py interface_discovery.py)
+SRC_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+readonly SRC_DIR
+
+say() { printf 'install.sh: %s\n' "$*"; }
+warn() { printf 'install.sh: WARNING: %s\n' "$*" >&2; }
+die() {
+    printf 'install.sh: ERROR: %s\n' "$*" >&2
+    exit 1
+}
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+# ---------- options ----------
+OPT_SERVER="${API_SERVER:-}"
+OPT_TOKEN_FILE=""
+OPT_CA=""
+OPT_INSECURE=0
+OFFLINE=0
+DRY=0
+UNINSTALL=0
+PURGE=0
+OPT_BINARY=""
+SERVICE=1
+RECONFIGURE=1
+while (($#)); do
+    case "$1" in
+        --api-server) OPT_SERVER="${2:?--api-server needs HOST[:PORT]}"; shift ;;
+        --api-server=*) OPT_SERVER="${1#*=}" ;;
+        --api-token-file) OPT_TOKEN_FILE="${2:?--api-token-file needs a file}"; shift ;;
+        --api-token-file=*) OPT_TOKEN_FILE="${1#*=}" ;;
+        --ca-file) OPT_CA="${2:?--ca-file needs a file}"; shift ;;
+        --ca-file=*) OPT_CA="${1#*=}" ;;
+        --insecure) OPT_INSECURE=1 ;;
+        --offline) OFFLINE=1 ;;
+        --dry-run) DRY=1 ;;
+        --uninstall) UNINSTALL=1 ;;
+        --purge) PURGE=1 ;;
+        --binary) OPT_BINARY="${2:?--binary needs a path}"; shift ;;
+        --binary=*) OPT_BINARY="${1#*=}" ;;
+        --no-service) SERVICE=0 ;;
+        --no-reconfigure) RECONFIGURE=0 ;;
+        -h | --help) usage; exit 0 ;;
+        --api-token | --api-token=*) die "--api-token would put the secret on the command line; use --api-token-file FILE or API_TOKEN" ;;
+        *) die "unknown option $1 (see ./install.sh --help)" ;;
+    esac
+    shift
+done
+((PURGE == 0 || UNINSTALL == 1)) || die "--purge goes with --uninstall"
+
+if [[ -n "${SLURM_CONF_DIR:-}" ]]; then
+    SLURM_CONF_FILE="${SLURM_CONF:-$SLURM_CONF_DIR/slurm.conf}"
+elif [[ -n "${SLURM_CONF:-}" ]]; then
+    SLURM_CONF_DIR="$(dirname "$SLURM_CONF")"
+    SLURM_CONF_FILE="$SLURM_CONF"
+else
+    SLURM_CONF_DIR=/etc/slurm
+    SLURM_CONF_FILE=/etc/slurm/slurm.conf
+fi
+INSTALL_DIR="${INSTALL_DIR:-/opt/slurm/cloudvision}"
+LOG_DIR="${LOG_DIR:-/var/log/slurm}"
+STATE_DIR="${STATE_DIR:-/var/spool/cvslurm}"
+UNIT_DIR="${SYSTEMD_UNIT_DIR:-/etc/systemd/system}"
+LOGROTATE_DIR="${LOGROTATE_DIR:-/etc/logrotate.d}"
+for v in SLURM_CONF_DIR SLURM_CONF_FILE INSTALL_DIR LOG_DIR STATE_DIR UNIT_DIR LOGROTATE_DIR; do
+    [[ "${!v}" == /* ]] || die "$v must be an absolute path (got ${!v})"
+done
+readonly CV_CONF="$SLURM_CONF_DIR/cloudvision.conf"
+readonly TOKEN_DEST="$SLURM_CONF_DIR/cloudvision.token"
+readonly HOOK="$INSTALL_DIR/cvslurm-hook"
+readonly MANIFEST="$INSTALL_DIR/.install-manifest"
+readonly UNIT="$UNIT_DIR/cvslurm.service"
+readonly LOGROTATE="$LOGROTATE_DIR/cvslurm"
+export SLURM_CONF="$SLURM_CONF_FILE"
+
+if ((DRY == 0)) && [[ "$(id -u)" != 0 ]]; then
+    die "must run as root (sudo ./install.sh ...), or add --dry-run to only see the changes"
+fi
+
+WORK="$(mktemp -d)"
+chmod 700 "$WORK"
+trap 'rm -rf "$WORK"' EXIT
+
+systemd_running() { [[ -d /run/systemd/system ]]; }
+
+# ---------- manifest ----------
+# Lines: "<kind> <path>" (file, link, dir, conf, token, unit, logrotate, service) and
+# "slurmconf <path> <noeol 0|1>".
+declare -a MAN_NEW=()
+man_old() { if [[ -f "$MANIFEST" ]]; then grep -v '^#' "$MANIFEST" || true; fi; }
+man_has() { man_old | grep -qxF "$1"; }
+man_add() { MAN_NEW+=("$1"); }
+
+# ---------- slurm.conf reading ----------
+# conf_settings FILE [DEPTH]: prints "key<TAB>value<TAB>file" for every Key=Value line of FILE
+# and the files it Includes (keys lower-cased; comment and our own marked lines skipped).
+conf_settings() {
+    local f="$1" depth="${2:-0}" raw line key val dir pat inc
+    ((depth <= 16)) || { warn "Include nested more than 16 deep at $f (a loop?)"; return 0; }
+    [[ -r "$f" ]] || { warn "cannot read Include $f"; return 0; }
+    dir="$(dirname "$f")"
+    while IFS= read -r raw || [[ -n "$raw" ]]; do
+        [[ "$raw" =~ $MARK_RE ]] && continue
+        line="${raw%%#*}"
+        line="${line#"${line%%[![:space:]]*}"}"
+        line="${line%"${line##*[![:space:]]}"}"
+        [[ -n "$line" ]] || continue
+        if [[ "$line" =~ ^[Ii][Nn][Cc][Ll][Uu][Dd][Ee][[:space:]]+([^=].*)$ ]]; then
+            pat="${BASH_REMATCH[1]}"
+            pat="${pat#\"}"; pat="${pat%\"}"
+            [[ "$pat" == /* ]] || pat="$dir/$pat"
+            if [[ "$pat" == *[*?]* ]]; then
+                while IFS= read -r inc; do
+                    [[ -n "$inc" ]] && conf_settings "$inc" $((depth + 1))
+                done < <(compgen -G "$pat" | sort)
+            else
+                conf_settings "$pat" $((depth + 1))
+            fi
+            continue
+        fi
+        [[ "$line" =~ ^([A-Za-z]+)[[:space:]]*=[[:space:]]*(.*)$ ]] || continue
+        key="${BASH_REMATCH[1],,}"
+        val="${BASH_REMATCH[2]}"
+        if [[ "$val" == \"* ]]; then
+            val="${val#\"}"; val="${val%%\"*}"
+        else
+            val="${val%%[[:space:]]*}"
+        fi
+        printf '%s\t%s\t%s\n' "$key" "$val" "$f"
+    done <"$f"
+}
+# conf_last KEY: the value slurmctld uses (the last one).
+conf_last() { awk -F'\t' -v k="${1,,}" '$1 == k { v = $2 } END { print v }' "$WORK/settings"; }
+# conf_all KEY: every value, one per line.
+conf_all() { awk -F'\t' -v k="${1,,}" '$1 == k { print $2 }' "$WORK/settings"; }
+
+slurm_version() {
+    local v="${SLURM_VERSION:-}" c
+    if [[ -z "$v" ]]; then
+        for c in "slurmctld -V" "scontrol --version" "sinfo --version"; do
+            # shellcheck disable=SC2086
+            v="$($c 2>/dev/null | grep -oE '[0-9]+\.[0-9]+' | head -n 1)" && [[ -n "$v" ]] && break
+        done
+    fi
+    printf '%s' "$v"
+}
+version_ge() { # A >= B for MAJOR.MINOR
+    local a1 a2 b1 b2
+    IFS=. read -r a1 a2 <<<"$1"
+    IFS=. read -r b1 b2 <<<"$2"
+    ((10#$a1 > 10#$b1 || (10#$a1 == 10#$b1 && 10#${a2:-0} >= 10#${b2:-0})))
+}
+
+# a foreign hook program that already calls cvslurm-hook (a site script with our line in it)
+calls_our_hook() {
+    local p="$1"
+    [[ -f "$p" ]] || return 1
+    grep -v '^[[:space:]]*#' "$p" 2>/dev/null | grep -qE '(cvslurm-hook|cv-job-hook)'
+}
+is_our_hook() {
+    local p="$1"
+    [[ "$p" == "$HOOK" ]] && return 0
+    case "${p##*/}" in cvslurm-hook | cv-job-hook | cv-job-hook.py) ;; *) return 1 ;; esac
+    [[ -e "$p" && -e "$HOOK" && "$(readlink -f "$p")" == "$(readlink -f "$HOOK")" ]]
+}
+
+# ---------- change helpers (record changes; apply unless dry run) ----------
+CHANGES=0
+changed() { CHANGES=$((CHANGES + 1)); say "$*"; }
+
+# show_diff OLD NEW LABEL: unified diff (OLD may not exist)
+show_diff() {
+    local old="$1" new="$2" label="$3"
+    if [[ -e "$old" ]]; then
+        diff -u --label "$label" --label "$label (new)" "$old" "$new" || true
+    else
+        diff -u --label "$label (absent)" --label "$label (new)" /dev/null "$new" || true
+    fi
+}
+
+# put_text NEW DEST MODE OWNER[:GROUP] KIND [secret]: install a text file when it differs
+# (a secret's diff is never shown)
+put_text() {
+    local new="$1" dest="$2" mode="$3" owner="$4" kind="$5" secret="${6:-}" existed=0
+    [[ -e "$dest" ]] && existed=1
+    if ((existed)) && cmp -s "$new" "$dest"; then
+        fix_meta "$dest" "$mode" "$owner"
+    else
+        changed "$( ((existed)) && echo update || echo create) $dest"
+        if ((DRY)); then
+            if [[ -n "$secret" ]]; then say "  (content not shown: it is a secret; mode $mode, owner $owner)"; else show_diff "$dest" "$new" "$dest"; fi
+        else
+            install -D -m "$mode" -o "${owner%%:*}" -g "$(owner_group "$owner")" "$new" "$dest.cvslurm-new"
+            mv -f "$dest.cvslurm-new" "$dest"
+        fi
+    fi
+    # the token and cloudvision.conf are ours even when an earlier uninstall kept them
+    if ((existed == 0)) || man_has "$kind $dest" || [[ "$kind" == conf || "$kind" == token ]]; then
+        man_add "$kind $dest"
+    fi
+}
+owner_group() { if [[ "$1" == *:* ]]; then echo "${1#*:}"; else id -gn "$1"; fi; }
+fix_meta() { # path mode owner[:group]
+    local p="$1" mode="$2" owner="${3%%:*}" group cur
+    group="$(owner_group "$3")"
+    cur="$(stat -c '%a %U %G' "$p")"
+    if [[ "$cur" != "$(printf '%o' $((8#$mode))) $owner $group" ]]; then
+        changed "set $p to mode $mode, owner $owner:$group (was $cur)"
+        ((DRY)) || { chown "$owner:$group" "$p"; chmod "$mode" "$p"; }
+    fi
+}
+
+# ---------- uninstall ----------
+do_uninstall() {
+    [[ -f "$MANIFEST" ]] || die "no $MANIFEST: cvslurm was not installed by install.sh into $INSTALL_DIR (set INSTALL_DIR?)"
+    local kind path extra reconf=0
+    # the service first, so nothing runs the binary while it goes
+    while read -r kind path extra; do
+        case "$kind" in
+            service)
+                if systemd_running; then
+                    changed "systemctl disable --now cvslurm"
+                    ((DRY)) || systemctl disable --now cvslurm.service || warn "could not stop the cvslurm service"
+                fi
+                ;;
+            slurmconf)
+                [[ -f "$path" ]] || { warn "$path is gone; nothing to remove from it"; continue; }
+                grep -v -e "$MARK_RE" "$path" >"$WORK/slurm.conf.new" || true
+                if [[ "$extra" == 1 && -s "$WORK/slurm.conf.new" && "$(tail -c 1 "$WORK/slurm.conf.new" | od -An -c | tr -d ' ')" == '\n' ]]; then
+                    truncate -s -1 "$WORK/slurm.conf.new"
+                fi
+                if ! cmp -s "$path" "$WORK/slurm.conf.new"; then
+                    changed "remove the lines marked \"$MARK\" from $path"
+                    show_diff "$path" "$WORK/slurm.conf.new" "$path"
+                    if ((DRY == 0)); then
+                        cat "$WORK/slurm.conf.new" >"$path.cvslurm-new"
+                        chmod --reference="$path" "$path.cvslurm-new"
+                        chown --reference="$path" "$path.cvslurm-new"
+                        mv -f "$path.cvslurm-new" "$path"
+                    fi
+                    reconf=1
+                fi
+                ;;
+        esac
+    done < <(man_old)
+    while read -r kind path extra; do
+        case "$kind" in
+            file | link | unit | logrotate)
+                if [[ -e "$path" || -L "$path" ]]; then
+                    changed "remove $path"
+                    ((DRY)) || rm -f "$path"
+                fi
+                ;;
+            conf | token | log)
+                if ((PURGE)) && [[ -e "$path" ]]; then
+                    changed "remove $path (--purge)"
+                    ((DRY)) || rm -f "$path"
+                elif [[ -e "$path" ]]; then
+                    say "keeping $path (add --purge to remove it)"
+                fi
+                ;;
+        esac
+    done < <(man_old)
+    if systemd_running && man_old | grep -q '^unit '; then
+        ((DRY)) || systemctl daemon-reload || true
+    fi
+    # directories last, deepest first
+    while read -r kind path extra; do
+        [[ "$kind" == dir && -d "$path" ]] || continue
+        if [[ "$path" == "$STATE_DIR" || "$path" == "$LOG_DIR" ]] && ((PURGE)); then
+            if [[ "$path" == "$LOG_DIR" ]]; then
+                changed "remove $path/cvjob.log* (--purge)"
+                ((DRY)) || rm -f "$path"/cvjob.log*
+            else
+                changed "remove $path and the events in it (--purge)"
+                ((DRY)) || rm -rf "$path"
+                continue
+            fi
+        fi
+        if [[ "$path" == "$INSTALL_DIR" ]]; then continue; fi
+        if [[ -z "$(ls -A "$path")" ]]; then
+            changed "remove empty directory $path"
+            ((DRY)) || rmdir "$path"
+        else
+            say "keeping $path (not empty; --purge removes StateDir and the log)"
+        fi
+    done < <(man_old | sort -r -k2)
+    changed "remove $MANIFEST"
+    if ((DRY == 0)); then
+        rm -f "$MANIFEST"
+        if man_has_dir_install; then rmdir "$INSTALL_DIR" 2>/dev/null || say "keeping $INSTALL_DIR (not empty)"; fi
+    fi
+    if ((reconf)); then apply_reconfigure; fi
+    if ((DRY)); then say "dry run: nothing changed"; else say "uninstalled"; fi
+}
+man_has_dir_install() { [[ "${UNINSTALL_HAD_INSTALL_DIR:-0}" == 1 ]]; }
+
+apply_reconfigure() {
+    if ((RECONFIGURE == 0)); then
+        say "not running scontrol reconfigure (--no-reconfigure): run it to apply the slurm.conf change"
+    elif ! command -v scontrol >/dev/null 2>&1; then
+        say "scontrol not found: run scontrol reconfigure on the controller to apply the slurm.conf change"
+    elif ! scontrol ping 2>/dev/null | grep -q 'is UP'; then
+        say "slurmctld is not reachable: run scontrol reconfigure once it is up (slurmctld reads slurm.conf when it starts anyway)"
+    elif ((DRY)); then
+        changed "would run: scontrol reconfigure"
+    else
+        say "running scontrol reconfigure (slurmctld is not restarted)"
+        scontrol reconfigure || die "scontrol reconfigure failed: fix slurm.conf (see the slurmctld log), then run scontrol reconfigure"
+    fi
+}
+
+if ((UNINSTALL)); then
+    if man_has "dir $INSTALL_DIR"; then UNINSTALL_HAD_INSTALL_DIR=1; fi
+    do_uninstall
+    exit 0
+fi
+
+# ---------- checks (before anything changes) ----------
+[[ -r "$SLURM_CONF_FILE" ]] || die "cannot read $SLURM_CONF_FILE: set SLURM_CONF (or SLURM_CONF_DIR) to the slurm.conf slurmctld uses"
+conf_settings "$SLURM_CONF_FILE" >"$WORK/settings"
+CLUSTER="$(conf_last ClusterName)"
+[[ -n "$CLUSTER" ]] || die "no ClusterName in $SLURM_CONF_FILE: set ClusterName= (CloudVision uses it as the job's location)"
+SLURM_USER="$(conf_last SlurmUser)"
+SLURM_USER="${SLURM_USER:-root}"
+getent passwd "$SLURM_USER" >/dev/null || die "SlurmUser $SLURM_USER (from $SLURM_CONF_FILE) is not a known user: create it or fix SlurmUser"
+SLURM_GROUP="$(id -gn "$SLURM_USER")"
+say "cluster $CLUSTER, SlurmUser $SLURM_USER, slurm.conf $SLURM_CONF_FILE"
+
+# existing cloudvision.conf values are the defaults
+cv_conf_get() {
+    [[ -f "$CV_CONF" ]] || return 0
+    awk -F= -v k="${1,,}" '{ sub(/#.*/, "") } tolower($1) ~ "^[ \t]*" k "[ \t]*$" { v = $2; sub(/^[ \t"]+/, "", v); sub(/[ \t"]+$/, "", v) } END { print v }' "$CV_CONF"
+}
+SERVER="${OPT_SERVER:-$(cv_conf_get ApiServer)}"
+SERVER="${SERVER#https://}"
+SERVER="${SERVER%/}"
+[[ -n "$SERVER" ]] || die "no CloudVision server: give --api-server HOST[:PORT] (or API_SERVER)"
+[[ "$SERVER" != http://* ]] || die "CloudVision is reached over HTTPS only: give --api-server without http://"
+host_re='^[][A-Za-z0-9._:-]+$'
+[[ "$SERVER" =~ $host_re ]] || die "--api-server $SERVER is not HOST[:PORT]"
+CA="$OPT_CA"
+[[ -n "$CA" ]] || CA="$(cv_conf_get CaFile)"
+if [[ -n "$CA" ]]; then
+    [[ -r "$CA" ]] || die "cannot read the CA file $CA: give --ca-file with the PEM CA of CloudVision's certificate"
+    CA="$(readlink -f "$CA")"
+fi
+INSECURE="$OPT_INSECURE"
+if ((INSECURE == 0)); then
+    case "$(cv_conf_get Insecure)" in yes | true | on | 1) INSECURE=1 ;; esac
+fi
+
+# the token: from API_TOKEN, --api-token-file or the installed token file
+umask 077
+if [[ -n "${API_TOKEN:-}" ]]; then
+    printf '%s\n' "$API_TOKEN" >"$WORK/token"
+elif [[ -n "$OPT_TOKEN_FILE" ]]; then
+    [[ -r "$OPT_TOKEN_FILE" ]] || die "cannot read the token file $OPT_TOKEN_FILE"
+    cat "$OPT_TOKEN_FILE" >"$WORK/token"
+elif [[ -r "$TOKEN_DEST" ]]; then
+    cat "$TOKEN_DEST" >"$WORK/token"
+else
+    die "no API token: give --api-token-file FILE (or API_TOKEN in the environment)"
+fi
+umask 022
+TOKEN="$(tr -d '[:space:]' <"$WORK/token")"
+[[ -n "$TOKEN" ]] || die "the API token is empty: put the CloudVision service-account token in the token file"
+printf '%s\n' "$TOKEN" >"$WORK/token"
+chmod 600 "$WORK/token"
+printf 'Authorization: Bearer %s\n' "$TOKEN" >"$WORK/auth-header"
+chmod 600 "$WORK/auth-header"
+unset TOKEN API_TOKEN
+
+# CloudVision answers with the token? (token via a header file, never on the command line)
+check_cloudvision() {
+    local -a tls=()
+    local code
+    if ((INSECURE)); then tls=(--insecure); elif [[ -n "$CA" ]]; then tls=(--cacert "$CA"); fi
+    command -v curl >/dev/null 2>&1 || { echo "curl is not installed"; return 1; }
+    code="$(curl -sS -o /dev/null -w '%{http_code}' --connect-timeout 5 --max-time 15 "${tls[@]}" \
+        -H @"$WORK/auth-header" -H 'Accept: application/json' \
+        "https://$SERVER/api/resources/computejob/v1/JobConfig" 2>"$WORK/curl.err")" || true
+    case "$code" in
+        2??) return 0 ;;
+        401 | 403) echo "CloudVision $SERVER refused the token (HTTP $code): use a service-account token with JobConfig/NodeConfig permission" ;;
+        000 | "") echo "CloudVision $SERVER is not reachable: $(head -c 300 "$WORK/curl.err" | tr '\n' ' ')(check the name, port, firewall and --ca-file)" ;;
+        *) echo "CloudVision $SERVER answered HTTP $code to GET JobConfig: is it CloudVision with the computejob API?" ;;
+    esac
+    return 1
+}
+if msg="$(check_cloudvision)"; then
+    say "CloudVision $SERVER answers with the token"
+elif ((OFFLINE)); then
+    warn "$msg; continuing (--offline)"
+else
+    die "$msg; or add --offline to install anyway"
+fi
+
+# the hooks: ours, none, or the site's own
+VERSION="$(slurm_version)"
+MULTI=0
+if [[ -n "$VERSION" ]] && version_ge "$VERSION" 24.05; then MULTI=1; fi
+declare -a ADD_LINES=()
+for key in PrologSlurmctld EpilogSlurmctld; do
+    mapfile -t vals < <(conf_all "$key" | tr ',' '\n' | sed 's/^[[:space:]]*//; s/[[:space:]]*$//' | grep -v '^$' || true)
+    current="$(conf_last "$key")"
+    ours=0; foreign=()
+    for v in "${vals[@]}"; do
+        if is_our_hook "$v"; then ours=1
+        elif calls_our_hook "$v"; then ours=1; say "$key $v already calls cvslurm-hook"
+        else foreign+=("$v")
+        fi
+    done
+    if ((ours)); then continue; fi
+    if ((${#foreign[@]} == 0)); then
+        ADD_LINES+=("$key=$HOOK  $MARK")
+    elif ((MULTI)); then
+        say "$key is $current: Slurm $VERSION runs several, adding cvslurm-hook beside it"
+        ADD_LINES+=("$key=$current,$HOOK  $MARK")
+    else
+        die "$(printf '%s is already set to %s and Slurm %s runs only one %s.\n  Nothing was changed. Add this line at the end of %s (it reads the job from the environment and always exits 0):\n    %s\n  then run ./install.sh again (it will see the call and leave %s alone)' \
+            "$key" "$current" "${VERSION:-(unknown version)}" "$key" "$current" "\"$HOOK\"" "$key")"
+    fi
+done
+
+# the binary
+BINARY="$OPT_BINARY"
+if [[ -z "$BINARY" ]]; then
+    for c in "$SRC_DIR/target/x86_64-unknown-linux-musl/release/cvslurm" "$SRC_DIR/cvslurm"; do
+        [[ -x "$c" ]] && { BINARY="$c"; break; }
+    done
+fi
+if [[ -z "$BINARY" ]]; then
+    if ((DRY)); then
+        say "no prebuilt binary: a real run builds it with cargo build --release --target x86_64-unknown-linux-musl"
+    else
+        [[ -f "$SRC_DIR/Cargo.toml" ]] || die "no cvslurm binary: give --binary PATH"
+        command -v cargo >/dev/null 2>&1 || die "no prebuilt binary and no cargo: build it elsewhere and give --binary PATH"
+        say "building the static binary (cargo build --release --target x86_64-unknown-linux-musl)"
+        (cd "$SRC_DIR" && cargo build --release --target x86_64-unknown-linux-musl) || die "the build failed: see the cargo output above"
+        BINARY="$SRC_DIR/target/x86_64-unknown-linux-musl/release/cvslurm"
+    fi
+fi
+if [[ -n "$BINARY" ]]; then
+    [[ -x "$BINARY" ]] || die "$BINARY is not an executable file"
+    "$BINARY" --version >/dev/null 2>&1 || die "$BINARY --version failed: is it a cvslurm binary for this machine?"
+fi
+
+# ---------- plan + apply ----------
+# directories
+ensure_dir() { # path mode owner
+    local d="$1" mode="$2" owner="$3"
+    if [[ -d "$d" ]]; then
+        if man_has "dir $d"; then man_add "dir $d"; fi
+        return 0
+    fi
+    changed "create directory $d (owner $owner, mode $mode)"
+    ((DRY)) || install -d -m "$mode" -o "$owner" -g "$(id -gn "$owner")" "$d"
+    man_add "dir $d"
+}
+ensure_dir "$INSTALL_DIR" 0755 root
+ensure_dir "$STATE_DIR" 0750 "$SLURM_USER"
+if [[ -d "$STATE_DIR" && "$(stat -c %U "$STATE_DIR")" != "$SLURM_USER" ]]; then
+    changed "chown $SLURM_USER:$SLURM_GROUP $STATE_DIR (the hook writes the outbox there)"
+    ((DRY)) || chown -R "$SLURM_USER:$SLURM_GROUP" "$STATE_DIR"
+fi
+ensure_dir "$LOG_DIR" 0755 "$SLURM_USER"
+LOG_FILE="$LOG_DIR/cvjob.log"
+if [[ -d "$LOG_DIR" ]] && ! runuser -u "$SLURM_USER" -- test -w "$LOG_DIR" 2>/dev/null; then
+    # a log directory we do not own: give SlurmUser its own log file in it
+    if [[ ! -e "$LOG_FILE" ]]; then
+        changed "create $LOG_FILE owned by $SLURM_USER ($LOG_DIR is not writable for it)"
+        ((DRY)) || install -m 0640 -o "$SLURM_USER" -g "$SLURM_GROUP" /dev/null "$LOG_FILE"
+        man_add "log $LOG_FILE"
+    fi
+fi
+if man_has "log $LOG_FILE"; then man_add "log $LOG_FILE"; fi
+
+# binary + symlinks
+if [[ -n "$BINARY" ]]; then
+    if [[ -f "$INSTALL_DIR/cvslurm" ]] && cmp -s "$BINARY" "$INSTALL_DIR/cvslurm"; then
+        fix_meta "$INSTALL_DIR/cvslurm" 0755 root
+    else
+        changed "install $BINARY as $INSTALL_DIR/cvslurm ($("$BINARY" --version))"
+        BINARY_CHANGED=1
+        if ((DRY == 0)); then
+            install -m 0755 -o root -g root "$BINARY" "$INSTALL_DIR/.cvslurm.new"
+            mv -f "$INSTALL_DIR/.cvslurm.new" "$INSTALL_DIR/cvslurm"
+        fi
+    fi
+    man_add "file $INSTALL_DIR/cvslurm"
+fi
+for m in "${MODES[@]}"; do
+    link="$INSTALL_DIR/$m"
+    if [[ -L "$link" && "$(readlink "$link")" == cvslurm ]]; then :; else
+        [[ -e "$link" && ! -L "$link" ]] && die "$link exists and is not a symlink: move it away"
+        changed "symlink $link -> cvslurm"
+        ((DRY)) || ln -sfn cvslurm "$link"
+    fi
+    man_add "link $link"
+done
+
+# the token file
+put_text "$WORK/token" "$TOKEN_DEST" 0600 "$SLURM_USER:$SLURM_GROUP" token secret
+
+# cloudvision.conf: our keys set, the site's other keys kept
+{
+    if [[ -f "$CV_CONF" ]]; then
+        cat "$CV_CONF"
+    else
+        printf '# cvslurm configuration (see cloudvision.conf(5); every key with its default:\n'
+        printf '# %s/cloudvision.conf.example). Written by install.sh; other keys you add are kept.\n' "$SLURM_CONF_DIR"
+    fi
+} >"$WORK/cv.conf.old"
+set_keys=("ApiServer=$SERVER" "ApiTokenFile=$TOKEN_DEST" "LogFile=$LOG_FILE" "StateDir=$STATE_DIR")
+[[ -n "$CA" ]] && set_keys+=("CaFile=$CA")
+((INSECURE)) && set_keys+=("Insecure=yes")
+printf '%s\n' "${set_keys[@]}" | awk -F= '
+    NR == FNR { want[tolower($1)] = $0; order[++n] = tolower($1); next }
+    {
+        line = $0; k = line; sub(/#.*/, "", k); split(k, kv, "="); key = tolower(kv[1]); gsub(/[ \t]/, "", key)
+        if (key in want) { if (!(key in done)) { print want[key]; done[key] = 1 }; next }
+        print
+    }
+    END { for (i = 1; i <= n; i++) if (!(order[i] in done)) print want[order[i]] }
+' - "$WORK/cv.conf.old" >"$WORK/cv.conf"
+put_text "$WORK/cv.conf" "$CV_CONF" 0644 root:root conf
+
+# packaging files: the example, the service, logrotate
+if [[ -f "$SRC_DIR/packaging/cloudvision.conf.example" ]]; then
+    put_text "$SRC_DIR/packaging/cloudvision.conf.example" "$SLURM_CONF_DIR/cloudvision.conf.example" 0644 root:root file
+fi
+if ((SERVICE)) && [[ -f "$SRC_DIR/packaging/cvslurm.service" ]]; then
+    sed -e "s|/opt/slurm/cloudvision/cvslurm|$INSTALL_DIR/cvslurm|g" \
+        -e "s|^User=.*|User=$SLURM_USER|" -e "s|^Group=.*|Group=$SLURM_GROUP|" \
+        -e "s|^ReadWritePaths=.*|ReadWritePaths=$STATE_DIR $LOG_DIR|" \
+        "$SRC_DIR/packaging/cvslurm.service" >"$WORK/unit"
+    if [[ "$CV_CONF" != /etc/slurm/cloudvision.conf ]]; then
+        sed -i "s|^ExecStart=|Environment=CVSLURM_CONF=$CV_CONF SLURM_CONF=$SLURM_CONF_FILE\nExecStart=|" "$WORK/unit"
+    fi
+    if [[ -d "$UNIT_DIR" ]]; then
+        if ! { [[ -f "$UNIT" ]] && cmp -s "$WORK/unit" "$UNIT"; }; then UNIT_CHANGED=1; fi
+        put_text "$WORK/unit" "$UNIT" 0644 root:root unit
+    else
+        say "no $UNIT_DIR: not installing the cvslurm service (run $INSTALL_DIR/cvslurm inventory --monitor under your supervisor)"
+    fi
+fi
+if [[ -d "$LOGROTATE_DIR" && -f "$SRC_DIR/packaging/cvslurm.logrotate" ]]; then
+    sed -e "s|/var/log/slurm/cvjob.log|$LOG_FILE|" -e "s|^\( *\)su .*|\1su $SLURM_USER $SLURM_GROUP|" \
+        "$SRC_DIR/packaging/cvslurm.logrotate" >"$WORK/logrotate"
+    put_text "$WORK/logrotate" "$LOGROTATE" 0644 root:root logrotate
+fi
+
+# slurm.conf: our marked lines at the end
+grep -v -e "$MARK_RE" "$SLURM_CONF_FILE" >"$WORK/slurm.base" || true
+noeol=0
+if [[ -s "$SLURM_CONF_FILE" && "$(tail -c 1 "$SLURM_CONF_FILE" | od -An -c | tr -d ' ')" != '\n' ]] \
+    && ! grep -q -e "$MARK_RE" "$SLURM_CONF_FILE"; then
+    noeol=1
+fi
+old_noeol="$(man_old | awk -v p="$SLURM_CONF_FILE" '$1 == "slurmconf" && $2 == p { print $3 }')"
+[[ "$old_noeol" == 1 ]] && noeol=1
+{
+    cat "$WORK/slurm.base"
+    ((${#ADD_LINES[@]} == 0)) || printf '%s\n' "${ADD_LINES[@]}"
+} >"$WORK/slurm.conf.new"
+if ((${#ADD_LINES[@]} == 0)) && ! grep -q -e "$MARK_RE" "$SLURM_CONF_FILE"; then
+    cp "$SLURM_CONF_FILE" "$WORK/slurm.conf.new"
+fi
+SLURM_CONF_CHANGED=0
+if ! cmp -s "$SLURM_CONF_FILE" "$WORK/slurm.conf.new"; then
+    SLURM_CONF_CHANGED=1
+    changed "update $SLURM_CONF_FILE (lines marked \"$MARK\")"
+    ((DRY)) && show_diff "$SLURM_CONF_FILE" "$WORK/slurm.conf.new" "$SLURM_CONF_FILE"
+    if ((DRY == 0)); then
+        cat "$WORK/slurm.conf.new" >"$SLURM_CONF_FILE.cvslurm-new"
+        chmod --reference="$SLURM_CONF_FILE" "$SLURM_CONF_FILE.cvslurm-new"
+        chown --reference="$SLURM_CONF_FILE" "$SLURM_CONF_FILE.cvslurm-new"
+        mv -f "$SLURM_CONF_FILE.cvslurm-new" "$SLURM_CONF_FILE"
+    fi
+fi
+if grep -q -e "$MARK_RE" "$WORK/slurm.conf.new"; then
+    man_add "slurmconf $SLURM_CONF_FILE $noeol"
+fi
+if [[ "$SLURM_CONF_DIR" != /etc/slurm ]]; then
+    warn "the hook reads /etc/slurm/cloudvision.conf; with SLURM_CONF_DIR=$SLURM_CONF_DIR make sure slurmctld's hook finds $CV_CONF (e.g. a symlink)"
+fi
+
+# the service
+if ((SERVICE)) && [[ -f "$UNIT" || "${UNIT_CHANGED:-0}" == 1 ]]; then
+    man_add "service cvslurm.service"
+    if systemd_running; then
+        if ((DRY)); then
+            say "would run: systemctl daemon-reload; systemctl enable cvslurm; systemctl (re)start cvslurm"
+        else
+            [[ "${UNIT_CHANGED:-0}" == 1 ]] && systemctl daemon-reload
+            if ! systemctl is-enabled --quiet cvslurm.service; then changed "systemctl enable cvslurm"; systemctl enable cvslurm.service; fi
+            if [[ "${UNIT_CHANGED:-0}" == 1 || "${BINARY_CHANGED:-0}" == 1 || "$CHANGES" -gt 0 ]] || ! systemctl is-active --quiet cvslurm.service; then
+                systemctl restart cvslurm.service || warn "the cvslurm service did not start: journalctl -u cvslurm"
+            fi
+        fi
+    else
+        say "systemd is not running: the unit file is in place but not started; run '$INSTALL_DIR/cvslurm inventory --monitor' under your service manager"
+    fi
+fi
+
+# the manifest
+{
+    printf '# cvslurm install manifest: what install.sh added; ./install.sh --uninstall removes it\n'
+    printf '%s\n' "${MAN_NEW[@]}" | sort -u
+} >"$WORK/manifest"
+if ! { [[ -f "$MANIFEST" ]] && cmp -s "$WORK/manifest" "$MANIFEST"; }; then
+    if ((CHANGES == 0)); then changed "update $MANIFEST"; fi
+    ((DRY)) || install -m 0644 -o root -g root "$WORK/manifest" "$MANIFEST"
+fi
+
+# apply the hooks
+if ((SLURM_CONF_CHANGED)); then apply_reconfigure; fi
+
+if ((DRY)); then
+    if ((CHANGES == 0)); then say "no change"; else say "dry run: $CHANGES change(s) shown, nothing changed"; fi
+    exit 0
+fi
+if ((CHANGES == 0)); then say "no change"; else say "done: $CHANGES change(s)"; fi
+
+# ---------- final check ----------
+export CVSLURM_CONF="$CV_CONF"
+if "$INSTALL_DIR/cvslurm" check --help >/dev/null 2>&1; then
+    say "running $INSTALL_DIR/cvslurm check"
+    "$INSTALL_DIR/cvslurm" check || warn "cvslurm check found problems (above); fix them, then run $INSTALL_DIR/cvslurm check"
+else
+    say "running $INSTALL_DIR/cvslurm status --offline"
+    "$INSTALL_DIR/cvslurm" status --offline || warn "cvslurm status reported a problem (above)"
+fi

@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# Tests of install.sh: fresh install, idempotent second run, --dry-run, refusing a site's own
+# PrologSlurmctld on Slurm < 24.05, adding beside it on 24.05+, Include + spacing, offline,
+# uninstall leaving slurm.conf byte-identical.
+#
+# Usage: sudo tests/install/test_install.sh
+# Needs root, python3 (the CloudVision stand-in), curl, and a cvslurm binary ($CVSLURM_BIN, else
+# target/x86_64-unknown-linux-musl/release/cvslurm, else it is built).
+#
+# Everything goes to a scratch dir (INSTALL_DIR, STATE_DIR, LOG_DIR, the systemd unit and
+# logrotate dirs, cloudvision.conf), so it does not clash with other tests. slurm.conf is a copy
+# of the test cluster's /etc/slurm/slurm.conf (tests/cluster/cluster.sh up) when there is one,
+# else a minimal one. With LIVE=1 and a running test cluster, the fresh install/uninstall also
+# run against the real /etc/slurm/slurm.conf with `scontrol reconfigure`; the file is restored
+# byte for byte at the end (checked by sha256).
+#
+# Prints "ok - NAME" / "not ok - NAME" per check and "N passed, M failed"; exits 1 on failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+INSTALL="$ROOT/install.sh"
+MARK="# added by cvslurm install.sh"
+TOKEN="tok-$RANDOM$RANDOM-secret"
+PASS=0
+FAIL=0
+
+ok() { PASS=$((PASS + 1)); printf 'ok - %s\n' "$1"; }
+notok() { FAIL=$((FAIL + 1)); printf 'not ok - %s\n' "$1"; [[ -z "${2:-}" ]] || printf '#   %s\n' "$2"; }
+check() { # NAME CMD...: ok when CMD succeeds
+    local name="$1"
+    shift
+    if "$@" >/dev/null 2>&1; then ok "$name"; else notok "$name" "failed: $*"; fi
+}
+
+[[ "$(id -u)" == 0 ]] || { echo "test_install.sh: must run as root" >&2; exit 2; }
+if ! command -v python3 >/dev/null || ! command -v curl >/dev/null; then
+    echo "test_install.sh: needs python3 and curl" >&2
+    exit 2
+fi
+
+BIN="${CVSLURM_BIN:-$ROOT/target/x86_64-unknown-linux-musl/release/cvslurm}"
+if [[ ! -x "$BIN" ]]; then
+    echo "# building $BIN"
+    (cd "$ROOT" && cargo build --release --target x86_64-unknown-linux-musl) >&2
+fi
+
+S="$(mktemp -d /tmp/cvslurm-install-test.XXXXXX)"
+STANDIN_PID=""
+LIVE_BACKUP=""
+cleanup() {
+    local rc=$?
+    [[ -z "$STANDIN_PID" ]] || kill "$STANDIN_PID" 2>/dev/null || true
+    if [[ -n "$LIVE_BACKUP" && -f "$LIVE_BACKUP" ]]; then
+        if ! cmp -s "$LIVE_BACKUP" /etc/slurm/slurm.conf; then
+            cat "$LIVE_BACKUP" >/etc/slurm/slurm.conf
+            echo "# restored /etc/slurm/slurm.conf"
+            scontrol reconfigure >/dev/null 2>&1 || true
+        fi
+    fi
+    rm -rf "$S"
+    exit "$rc"
+}
+trap cleanup EXIT
+
+# ---------- the stand-in ----------
+mkdir -p "$S/standin"
+python3 "$ROOT/tests/standin/cv_standin.py" --dir "$S/standin" --port 0 --token "$TOKEN" >"$S/standin.log" 2>&1 &
+STANDIN_PID=$!
+for _ in $(seq 100); do [[ -s "$S/standin/port" ]] && break; sleep 0.1; done
+[[ -s "$S/standin/port" ]] || { echo "test_install.sh: the stand-in did not start: $(cat "$S/standin.log")" >&2; exit 1; }
+PORT="$(cat "$S/standin/port")"
+CA="$S/standin/ca.pem"
+printf '%s\n' "$TOKEN" >"$S/token.in"
+chmod 600 "$S/token.in"
+
+# ---------- a scratch environment per case ----------
+# env_for DIR: exports the scratch locations under DIR; slurm.conf is DIR/etc/slurm.conf
+env_for() {
+    local d="$1"
+    mkdir -p "$d/etc" "$d/units" "$d/logrotate"
+    export SLURM_CONF_DIR="$d/etc" SLURM_CONF="$d/etc/slurm.conf" INSTALL_DIR="$d/opt/cloudvision" \
+        STATE_DIR="$d/spool/cvslurm" LOG_DIR="$d/log/slurm" SYSTEMD_UNIT_DIR="$d/units" LOGROTATE_DIR="$d/logrotate"
+    unset SLURM_VERSION API_TOKEN API_SERVER
+}
+base_conf() { # a slurm.conf without PrologSlurmctld/EpilogSlurmctld
+    if [[ -r /etc/slurm/slurm.conf ]] && grep -qi '^ClusterName' /etc/slurm/slurm.conf; then
+        grep -vi -e '^[[:space:]]*prologslurmctld' -e '^[[:space:]]*epilogslurmctld' /etc/slurm/slurm.conf
+    else
+        printf 'ClusterName=cvtest\nSlurmctldHost=localhost\nSlurmUser=slurm\nNodeName=n1 CPUs=1\nPartitionName=debug Nodes=ALL Default=YES\n'
+    fi
+}
+run_install() { # LOGFILE ARGS...
+    local log="$1"
+    shift
+    "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/token.in" --ca-file "$CA" \
+        --binary "$BIN" --no-reconfigure "$@" >"$log" 2>&1
+}
+# snapshot DIR: every file under DIR with its mode, owner and content hash
+snapshot() {
+    find "$1" -mindepth 1 \( -path "$1/snap*" -o -name '*.log' -o -name 'out*' \) -prune -o -printf '%p %m %u %g %l\n' | sort
+    find "$1" -type f ! -name '*.log' ! -name 'out*' ! -name 'snap*' -exec sha256sum {} + | sort
+}
+
+# ========== 1. fresh install (dry run first) ==========
+A="$S/a"
+env_for "$A"
+base_conf >"$SLURM_CONF"
+sha_before="$(sha256sum <"$SLURM_CONF")"
+snapshot "$A" >"$A/snap0"
+if run_install "$A/out.dry" --dry-run; then ok "dry run before install exits 0"; else notok "dry run before install exits 0" "$(tail -3 "$A/out.dry")"; fi
+snapshot "$A" >"$A/snap1"
+check "dry run changes nothing" cmp -s "$A/snap0" "$A/snap1"
+check "dry run shows the slurm.conf diff" grep -q "^+PrologSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK" "$A/out.dry"
+check "dry run shows the cloudvision.conf diff" grep -q "^+ApiServer=127.0.0.1:$PORT" "$A/out.dry"
+if grep -qF "$TOKEN" "$A/out.dry"; then notok "dry run does not show the token"; else ok "dry run does not show the token"; fi
+
+if run_install "$A/out.1"; then ok "fresh install exits 0"; else notok "fresh install exits 0" "$(tail -5 "$A/out.1")"; fi
+check "binary installed" test -x "$INSTALL_DIR/cvslurm"
+links_ok=1
+for m in cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover cvslurm-flush cvslurm-status \
+    cv-job-hook cv-job-send cv-node-inventory interface_discovery cv-job-hook.py cv-job-send.py \
+    cv-node-inventory.py interface_discovery.py; do
+    [[ -L "$INSTALL_DIR/$m" && "$(readlink "$INSTALL_DIR/$m")" == cvslurm ]] || links_ok=0
+done
+check "every mode symlink installed" test "$links_ok" = 1
+check "cloudvision.conf is 0644" test "$(stat -c %a "$SLURM_CONF_DIR/cloudvision.conf")" = 644
+check "token file is 0600 and owned by SlurmUser" test "$(stat -c '%a %U' "$SLURM_CONF_DIR/cloudvision.token")" = "600 slurm"
+check "token file holds the token" grep -qxF "$TOKEN" "$SLURM_CONF_DIR/cloudvision.token"
+leak=0
+while IFS= read -r f; do grep -qF "$TOKEN" "$f" && leak=1; done < <(find "$A" -type f -perm -o=r ! -name 'out*')
+check "no world-readable file holds the token" test "$leak" = 0
+check "StateDir owned by SlurmUser" test "$(stat -c %U "$STATE_DIR")" = slurm
+check "LOG_DIR owned by SlurmUser" test "$(stat -c %U "$LOG_DIR")" = slurm
+check "slurm.conf has both hooks, marked" test "$(grep -c -- "^[PE][a-z]*logSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK\$" "$SLURM_CONF")" = 2
+check "manifest written" test -s "$INSTALL_DIR/.install-manifest"
+check "unit installed with our paths" grep -q "^ExecStart=$INSTALL_DIR/cvslurm inventory --monitor" "$SYSTEMD_UNIT_DIR/cvslurm.service"
+check "final check ran and passed" grep -q "all checks passed" "$A/out.1"
+
+# ========== 2. second run: no change ==========
+snapshot "$A" >"$A/snap2"
+if run_install "$A/out.2"; then ok "second run exits 0"; else notok "second run exits 0" "$(tail -3 "$A/out.2")"; fi
+snapshot "$A" >"$A/snap3"
+check "second run changes nothing" cmp -s "$A/snap2" "$A/snap3"
+check "second run says no change" grep -qx "install.sh: no change" "$A/out.2"
+run_install "$A/out.3" --dry-run || true
+snapshot "$A" >"$A/snap4"
+check "dry run after install changes nothing" cmp -s "$A/snap2" "$A/snap4"
+check "dry run after install says no change" grep -qx "install.sh: no change" "$A/out.3"
+
+# ========== 3. uninstall ==========
+if "$INSTALL" --uninstall --no-reconfigure >"$A/out.u" 2>&1; then ok "uninstall exits 0"; else notok "uninstall exits 0" "$(tail -3 "$A/out.u")"; fi
+check "uninstall leaves slurm.conf byte-identical" test "$(sha256sum <"$SLURM_CONF")" = "$sha_before"
+check "uninstall removes the install dir" test ! -e "$INSTALL_DIR"
+check "uninstall removes the unit" test ! -e "$SYSTEMD_UNIT_DIR/cvslurm.service"
+check "uninstall removes the logrotate file" test ! -e "$LOGROTATE_DIR/cvslurm"
+check "uninstall keeps the token and the config" test -f "$SLURM_CONF_DIR/cloudvision.token" -a -f "$SLURM_CONF_DIR/cloudvision.conf"
+run_install "$A/out.4" >/dev/null 2>&1 || true
+"$INSTALL" --uninstall --purge --no-reconfigure >"$A/out.p" 2>&1 || true
+check "reinstall + uninstall --purge removes token, config, StateDir" \
+    test ! -e "$SLURM_CONF_DIR/cloudvision.token" -a ! -e "$SLURM_CONF_DIR/cloudvision.conf" -a ! -e "$STATE_DIR"
+check "after purge slurm.conf is still byte-identical" test "$(sha256sum <"$SLURM_CONF")" = "$sha_before"
+
+# ========== 4. a site's own PrologSlurmctld (in an Include, odd spacing) on 22.05 ==========
+B="$S/b"
+env_for "$B"
+base_conf >"$SLURM_CONF"
+printf '#!/bin/sh\nexit 0\n' >"$B/etc/site-prolog.sh"
+chmod 755 "$B/etc/site-prolog.sh"
+printf 'Include site-hooks.conf\n' >>"$SLURM_CONF"
+printf '# site hooks\n  prologslurmctld = %s   # ours\n' "$B/etc/site-prolog.sh" >"$B/etc/site-hooks.conf"
+snapshot "$B" >"$B/snap0"
+if SLURM_VERSION=22.05 run_install "$B/out.1"; then notok "own PrologSlurmctld on 22.05 is refused"; else ok "own PrologSlurmctld on 22.05 is refused"; fi
+check "refusal shows the line to add" grep -qF "\"$INSTALL_DIR/cvslurm-hook\"" "$B/out.1"
+check "refusal names the site's script" grep -qF "$B/etc/site-prolog.sh" "$B/out.1"
+snapshot "$B" >"$B/snap1"
+check "refusal changes nothing" cmp -s "$B/snap0" "$B/snap1"
+# detected version (no override): this machine has Slurm 22.05
+if command -v slurmctld >/dev/null && slurmctld -V | grep -q ' 22\.05'; then
+    if run_install "$B/out.2"; then notok "refused with the detected Slurm version"; else ok "refused with the detected Slurm version"; fi
+fi
+# the site adds our line to its script: install then leaves PrologSlurmctld alone
+printf '"%s"\n' "$INSTALL_DIR/cvslurm-hook" >>"$B/etc/site-prolog.sh"
+if SLURM_VERSION=22.05 run_install "$B/out.3"; then ok "install accepts a site script that calls cvslurm-hook"; else notok "install accepts a site script that calls cvslurm-hook" "$(tail -3 "$B/out.3")"; fi
+check "only EpilogSlurmctld added then" test "$(grep -c -- "$MARK" "$SLURM_CONF")" = 1
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+
+# ========== 5. Slurm 24.05: beside the site's hook; file without final newline ==========
+C="$S/c"
+env_for "$C"
+{ base_conf; printf 'EpilogSlurmctld=/usr/local/sbin/site-epilog'; } >"$SLURM_CONF"
+sha_c="$(sha256sum <"$SLURM_CONF")"
+if SLURM_VERSION=24.05 run_install "$C/out.1"; then ok "24.05: install beside the site's EpilogSlurmctld"; else notok "24.05: install beside the site's EpilogSlurmctld" "$(tail -3 "$C/out.1")"; fi
+check "24.05: both hooks in one marked line" grep -qxF "EpilogSlurmctld=/usr/local/sbin/site-epilog,$INSTALL_DIR/cvslurm-hook  $MARK" "$SLURM_CONF"
+cp "$SLURM_CONF" "$C/after1"
+SLURM_VERSION=24.05 run_install "$C/out.2" || true
+check "24.05: second run no change" cmp -s "$C/after1" "$SLURM_CONF"
+"$INSTALL" --uninstall --no-reconfigure >"$C/out.u" 2>&1 || true
+check "uninstall restores a slurm.conf without final newline byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_c"
+
+# ========== 6. CloudVision unreachable / token refused ==========
+D="$S/d"
+env_for "$D"
+base_conf >"$SLURM_CONF"
+snapshot "$D" >"$D/snap0"
+printf 'wrong-token\n' >"$S/bad.token"
+chmod 600 "$S/bad.token"
+if "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/bad.token" --ca-file "$CA" --binary "$BIN" --no-reconfigure >"$D/out.1" 2>&1; then
+    notok "a refused token fails the install"
+else
+    ok "a refused token fails the install"
+fi
+check "the refused-token message says what to do" grep -q "refused the token" "$D/out.1"
+dead_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+if "$INSTALL" --api-server "127.0.0.1:$dead_port" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" --no-reconfigure >"$D/out.2" 2>&1; then
+    notok "an unreachable CloudVision fails the install"
+else
+    ok "an unreachable CloudVision fails the install"
+fi
+snapshot "$D" >"$D/snap1"
+check "failed checks change nothing" cmp -s "$D/snap0" "$D/snap1"
+if "$INSTALL" --api-server "127.0.0.1:$dead_port" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" --no-reconfigure --offline >"$D/out.3" 2>&1; then
+    ok "--offline installs with CloudVision unreachable"
+else
+    notok "--offline installs with CloudVision unreachable" "$(tail -3 "$D/out.3")"
+fi
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+
+# ========== 7. LIVE=1: the test cluster's /etc/slurm/slurm.conf, with scontrol reconfigure ==========
+if [[ "${LIVE:-0}" == 1 ]]; then
+    if scontrol ping 2>/dev/null | grep -q 'is UP' && head -n 1 /etc/slurm/slurm.conf | grep -q 'managed by cvslurm tests/cluster'; then
+        E="$S/e"
+        env_for "$E"
+        export SLURM_CONF=/etc/slurm/slurm.conf
+        LIVE_BACKUP="$S/slurm.conf.live"
+        cp -a /etc/slurm/slurm.conf "$LIVE_BACKUP"
+        if grep -qi '^[[:space:]]*prologslurmctld' /etc/slurm/slurm.conf; then
+            if "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" >"$E/out.1" 2>&1; then
+                notok "live: cluster with its own hook is refused"
+            else
+                ok "live: cluster with its own hook is refused"
+            fi
+        else
+            if "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" >"$E/out.1" 2>&1; then
+                ok "live: install with scontrol reconfigure"
+            else
+                notok "live: install with scontrol reconfigure" "$(tail -3 "$E/out.1")"
+            fi
+            check "live: slurmctld runs our PrologSlurmctld" sh -c "scontrol show config | grep -i '^PrologSlurmctld' | grep -qF '$INSTALL_DIR/cvslurm-hook'"
+            "$INSTALL" --uninstall >"$E/out.u" 2>&1 || true
+            check "live: uninstall restores /etc/slurm/slurm.conf byte for byte" cmp -s "$LIVE_BACKUP" /etc/slurm/slurm.conf
+        fi
+    else
+        echo "# LIVE=1 but no running test cluster (tests/cluster/cluster.sh up): live checks skipped"
+    fi
+fi
+
+printf '%d passed, %d failed\n' "$PASS" "$FAIL"
+((FAIL == 0))
