@@ -167,13 +167,24 @@ pub fn parse_exit_code(s: &str) -> Option<(i32, i32)> {
 
 /// The end state of a job in the epilog.
 ///
-/// The exit codes alone cannot tell a success from a cancel or a time limit on Slurm 22.05 (all
-/// read `0:0`), so slurmctld's view of the job (`scontrol show job`) decides when there is one:
-/// a final JobState maps directly; while the job is still COMPLETING, `Reason=TimeLimit` means
-/// it hit its limit and a signal in `ExitCode` with exit 0 that the job's own exit code did not
-/// show means it was cancelled. Without slurmctld's view, the exit codes decide as the reference
-/// does: 0:0 completed, non-zero exit failed, signal with exit 0 cancelled.
-pub fn epilog_state(exit: Option<(i32, i32)>, ctl: Option<&JobInfo>) -> JobState {
+/// On Slurm 22.05 the exit codes alone cannot tell a success from a cancel, a time limit or a
+/// node-failure requeue: all read `0:0`. So slurmctld's view of the job (`scontrol show job`,
+/// still `COMPLETING` at epilog time) decides when there is one:
+/// - a final JobState maps directly;
+/// - `Restarts` above the environment's restart count: the job was requeued (node failure),
+///   this run failed and the job will run again under the same id;
+/// - `Reason=TimeLimit`: it hit its time limit (FAILED, as Slurm's TIMEOUT);
+/// - a non-zero exit in `ExitCode`: FAILED;
+/// - a signal in `ExitCode` that the job's own exit code (`SLURM_JOB_EXIT_CODE2`) does not
+///   show came from outside: scancel, CANCELLED; one it does show killed the job from
+///   inside (its own `kill -9`, the OOM killer): FAILED, as Slurm records it.
+///
+/// Without slurmctld's view the exit codes decide: `0:0` completed, anything else failed.
+pub fn epilog_state(
+    exit: Option<(i32, i32)>,
+    restart_count: u32,
+    ctl: Option<&JobInfo>,
+) -> JobState {
     let (code, sig) = exit.unwrap_or((0, 0));
     if let Some(j) = ctl {
         let word = j.state.split_whitespace().next().unwrap_or("");
@@ -182,21 +193,29 @@ pub fn epilog_state(exit: Option<(i32, i32)>, ctl: Option<&JobInfo>) -> JobState
                 return s;
             }
         }
+        if j.restarts.is_some_and(|r| r > restart_count) || matches!(word, "PENDING" | "REQUEUED") {
+            return JobState::Failed;
+        }
         if j.reason.as_deref() == Some("TimeLimit") {
             return JobState::Failed;
         }
-        if code == 0 && sig == 0 {
-            if let Some((0, csig)) = j.exit_code.as_deref().and_then(parse_exit_code) {
-                if csig != 0 {
-                    return JobState::Cancelled;
-                }
+        if let Some((ccode, csig)) = j.exit_code.as_deref().and_then(parse_exit_code) {
+            if ccode != 0 {
+                return JobState::Failed;
+            }
+            if csig != 0 {
+                return if sig == 0 {
+                    JobState::Cancelled
+                } else {
+                    JobState::Failed
+                };
             }
         }
     }
-    match (code, sig) {
-        (0, 0) => JobState::Completed,
-        (0, _) => JobState::Cancelled,
-        _ => JobState::Failed,
+    if (code, sig) == (0, 0) {
+        JobState::Completed
+    } else {
+        JobState::Failed
     }
 }
 
@@ -263,7 +282,7 @@ fn run(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>, t0
         }
         Phase::Epilog => {
             let ctl = lookup_end_state(cfg, &env, deadline);
-            let state = epilog_state(env.exit, ctl.as_ref());
+            let state = epilog_state(env.exit, env.restart_count, ctl.as_ref());
             let start = env
                 .start
                 .or_else(|| outbox.load_start(&key))
@@ -466,6 +485,7 @@ mod tests {
             state: state.into(),
             reason: Some(reason.into()),
             exit_code: Some(exit.into()),
+            restarts: Some(0),
             start: None,
             end: None,
             nodelist: None,
@@ -474,51 +494,70 @@ mod tests {
 
     #[test]
     fn epilog_state_without_slurmctld_follows_exit_codes() {
-        assert_eq!(epilog_state(Some((0, 0)), None), JobState::Completed);
-        assert_eq!(epilog_state(Some((3, 0)), None), JobState::Failed);
-        assert_eq!(epilog_state(Some((0, 9)), None), JobState::Cancelled);
-        assert_eq!(epilog_state(None, None), JobState::Completed);
+        assert_eq!(epilog_state(Some((0, 0)), 0, None), JobState::Completed);
+        assert_eq!(epilog_state(Some((3, 0)), 0, None), JobState::Failed);
+        assert_eq!(epilog_state(Some((0, 9)), 0, None), JobState::Failed);
+        assert_eq!(epilog_state(None, 0, None), JobState::Completed);
+    }
+
+    /// Every ending captured on real Slurm 22.05 (tests/fixtures/slurm-22.05/epilog-summary.tsv):
+    /// the hook environment and what `scontrol show job -o` said inside the epilog.
+    #[test]
+    fn epilog_state_of_every_captured_ending() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/slurm-22.05");
+        let want = [
+            ("completed", JobState::Completed),
+            ("exit3", JobState::Failed),
+            ("sigkill", JobState::Failed),
+            ("cancelled", JobState::Cancelled),
+            ("timeout", JobState::Failed),
+            ("nodefail", JobState::Failed),
+            ("multinode", JobState::Completed),
+            ("array-task1", JobState::Failed), // tasks exit with their task id
+            ("gpu", JobState::Completed),
+        ];
+        for (case, state) in want {
+            let env_text =
+                std::fs::read_to_string(format!("{dir}/hookenv-{case}-epilog.txt")).unwrap();
+            let vars: HashMap<String, String> = env_text
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let env = HookEnv::from_vars(&vars).unwrap();
+            assert_eq!(env.phase, Phase::Epilog);
+            let ctl_text =
+                std::fs::read_to_string(format!("{dir}/scontrol-job-{case}-epilog-epoch.txt"))
+                    .unwrap();
+            let ctl = slurm::parse_scontrol_job(&ctl_text, &env.job_id).unwrap();
+            assert_eq!(
+                epilog_state(env.exit, env.restart_count, Some(&ctl)),
+                state,
+                "{case}"
+            );
+        }
     }
 
     #[test]
     fn epilog_state_asks_slurmctld_when_exit_codes_say_nothing() {
         use JobState::*;
+        let s = |exit, st, reason, code| epilog_state(Some(exit), 0, Some(&ctl(st, reason, code)));
         // At epilog time slurmctld still says COMPLETING; ExitCode and Reason tell the rest.
-        assert_eq!(
-            epilog_state(Some((0, 0)), Some(&ctl("COMPLETING", "None", "0:0"))),
-            Completed
-        );
-        assert_eq!(
-            epilog_state(Some((0, 0)), Some(&ctl("COMPLETING", "None", "0:15"))),
-            Cancelled
-        );
-        assert_eq!(
-            epilog_state(Some((0, 0)), Some(&ctl("COMPLETING", "TimeLimit", "0:15"))),
-            Failed
-        );
-        assert_eq!(
-            epilog_state(
-                Some((3, 0)),
-                Some(&ctl("COMPLETING", "NonZeroExitCode", "3:0"))
-            ),
-            Failed
-        );
+        assert_eq!(s((0, 0), "COMPLETING", "None", "0:0"), Completed);
+        assert_eq!(s((0, 0), "COMPLETING", "None", "0:15"), Cancelled);
+        assert_eq!(s((0, 0), "COMPLETING", "TimeLimit", "0:15"), Failed);
+        assert_eq!(s((3, 0), "COMPLETING", "NonZeroExitCode", "3:0"), Failed);
+        assert_eq!(s((0, 9), "COMPLETING", "JobLaunchFailure", "0:9"), Failed);
         // A final state maps directly.
-        assert_eq!(
-            epilog_state(Some((0, 0)), Some(&ctl("CANCELLED", "None", "0:15"))),
-            Cancelled
-        );
-        assert_eq!(
-            epilog_state(Some((0, 0)), Some(&ctl("TIMEOUT", "TimeLimit", "0:0"))),
-            Failed
-        );
-        assert_eq!(
-            epilog_state(Some((0, 0)), Some(&ctl("NODE_FAIL", "None", "0:0"))),
-            Failed
-        );
-        assert_eq!(
-            epilog_state(Some((0, 0)), Some(&ctl("COMPLETED", "None", "0:0"))),
-            Completed
-        );
+        assert_eq!(s((0, 0), "CANCELLED", "None", "0:15"), Cancelled);
+        assert_eq!(s((0, 0), "TIMEOUT", "TimeLimit", "0:0"), Failed);
+        assert_eq!(s((0, 0), "NODE_FAIL", "None", "0:0"), Failed);
+        assert_eq!(s((0, 0), "COMPLETED", "None", "0:0"), Completed);
+        // Requeued after a node failure: Restarts went up, the exit codes look like success.
+        let mut requeued = ctl("COMPLETING", "None", "0:0");
+        requeued.restarts = Some(1);
+        assert_eq!(epilog_state(Some((0, 0)), 0, Some(&requeued)), Failed);
+        // The requeued run's own epilog (restart count 1 in its environment) is judged normally.
+        assert_eq!(epilog_state(Some((0, 0)), 1, Some(&requeued)), Completed);
     }
 }

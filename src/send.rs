@@ -210,6 +210,7 @@ mod tests {
             state: state.into(),
             reason: None,
             exit_code: None,
+            restarts: None,
             start: Some(1764930600),
             end: Some(1764934200),
             nodelist: Some("gpu-node-[1-4]".into()),

@@ -69,6 +69,8 @@ pub struct JobInfo {
     pub reason: Option<String>,
     /// `exit:signal`.
     pub exit_code: Option<String>,
+    /// How often slurmctld requeued the job (scontrol's `Restarts`; sacct does not say).
+    pub restarts: Option<u32>,
     /// Start, epoch seconds.
     pub start: Option<i64>,
     /// End, epoch seconds.
@@ -124,6 +126,7 @@ pub fn parse_scontrol_job(output: &str, job_id: &str) -> Option<JobInfo> {
                 state: r.get("JobState").unwrap_or("").to_string(),
                 reason: opt("Reason"),
                 exit_code: opt("ExitCode"),
+                restarts: r.get("Restarts").and_then(|v| v.parse().ok()),
                 start: r.get("StartTime").and_then(parse_slurm_epoch),
                 end: r.get("EndTime").and_then(parse_slurm_epoch),
                 nodelist: opt("NodeList"),
@@ -134,33 +137,45 @@ pub fn parse_scontrol_job(output: &str, job_id: &str) -> Option<JobInfo> {
 /// The sacct columns cvslurm asks for, in order.
 pub const SACCT_FORMAT: &str = "JobIDRaw,JobName,Partition,State,Start,End,NodeList,ExitCode";
 
-/// Picks the job `job_id` out of `sacct -j <id> -X -P -n --format=SACCT_FORMAT` output
-/// (the last allocation row of that id: a requeued job's latest run).
+/// Picks the job `job_id` out of `sacct -j <id> -X -P -n --format=SACCT_FORMAT` output: the
+/// last allocation row of that id (a requeued job's latest run). Step rows (`12.batch`) are
+/// skipped. For an array task asked as `12345_7`, sacct answers with the task's own raw id: a
+/// single allocation row is that task.
 pub fn parse_sacct(output: &str, job_id: &str) -> Option<JobInfo> {
-    output.lines().rev().find_map(|line| {
-        let (id, rest) = line.split_once('|')?;
-        // `sacct -j 12345_7` answers with the task's own raw id.
-        if id != job_id && !job_id.contains('_') {
-            return None;
-        }
-        // JobName may hold '|': take the six fixed columns from the right.
-        let mut right: Vec<&str> = rest.rsplitn(7, '|').collect();
-        if right.len() != 7 {
-            return None;
-        }
-        right.reverse();
-        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
-        Some(JobInfo {
-            job_id: id.to_string(),
-            name: right[0].to_string(),
-            partition: non_empty(right[1]),
-            state: right[2].to_string(),
-            reason: None,
-            exit_code: non_empty(right[6]),
-            start: parse_slurm_epoch(right[3]),
-            end: parse_slurm_epoch(right[4]),
-            nodelist: non_empty(right[5]).filter(|n| n != "None assigned"),
-        })
+    let rows: Vec<JobInfo> = output.lines().filter_map(parse_sacct_row).collect();
+    if let Some(j) = rows.iter().rev().find(|j| j.job_id == job_id) {
+        return Some(j.clone());
+    }
+    match rows.as_slice() {
+        [only] if job_id.contains('_') => Some(only.clone()),
+        _ => None,
+    }
+}
+
+/// One allocation row of sacct's parsable output (`None` for steps and malformed lines).
+fn parse_sacct_row(line: &str) -> Option<JobInfo> {
+    let (id, rest) = line.split_once('|')?;
+    if id.contains('.') || id.is_empty() {
+        return None;
+    }
+    // JobName may hold '|': take the six fixed columns from the right.
+    let mut right: Vec<&str> = rest.rsplitn(7, '|').collect();
+    if right.len() != 7 {
+        return None;
+    }
+    right.reverse();
+    let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    Some(JobInfo {
+        job_id: id.to_string(),
+        name: right[0].to_string(),
+        partition: non_empty(right[1]),
+        state: right[2].to_string(),
+        reason: None,
+        exit_code: non_empty(right[6]),
+        restarts: None,
+        start: parse_slurm_epoch(right[3]),
+        end: parse_slurm_epoch(right[4]),
+        nodelist: non_empty(right[5]).filter(|n| n != "None assigned"),
     })
 }
 
@@ -326,5 +341,162 @@ mod tests {
         assert_eq!((j.start, j.end), (Some(100), Some(200)));
         assert_eq!(j.nodes().unwrap(), ["n1", "n2"]);
         assert!(parse_sacct("41|x|debug|COMPLETED|1|2|n1|0:0\n", "42").is_none());
+    }
+
+    fn fixture(name: &str) -> String {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/slurm-22.05/");
+        std::fs::read_to_string(format!("{p}{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    #[test]
+    fn scontrol_job_from_real_output() {
+        use crate::payload::JobState;
+        let j = parse_scontrol_job(
+            &fixture("scontrol-job-multinode-running-shell-epoch.txt"),
+            "7",
+        )
+        .unwrap();
+        assert_eq!(j.state, "RUNNING");
+        assert_eq!(j.partition.as_deref(), Some("debug"));
+        assert_eq!(j.nodes().unwrap(), ["n1", "n2", "n3"]);
+        assert!(j.start.is_some() && j.start.unwrap() > 1_700_000_000);
+        assert_eq!(j.restarts, Some(0));
+        let t = parse_scontrol_job(&fixture("scontrol-job-timeout-shell-epoch.txt"), "1").unwrap();
+        assert_eq!(
+            (t.state.as_str(), t.reason.as_deref()),
+            ("TIMEOUT", Some("TimeLimit"))
+        );
+        assert!(t.end.unwrap() - t.start.unwrap() >= 60);
+        let c =
+            parse_scontrol_job(&fixture("scontrol-job-cancelled-shell-epoch.txt"), "6").unwrap();
+        assert_eq!(JobState::from_slurm(&c.state), Some(JobState::Cancelled));
+        let p = parse_scontrol_job(&fixture("scontrol-job-pending-begin-shell-epoch.txt"), "10")
+            .unwrap();
+        assert_eq!(p.state, "PENDING");
+        assert_eq!(JobState::from_slurm(&p.state), None);
+        // Without SLURM_TIME_FORMAT=%s the times are local ISO strings: never guessed.
+        let iso = parse_scontrol_job(&fixture("scontrol-job-completed-shell.txt"), "3").unwrap();
+        assert_eq!(iso.start, None);
+        // A whole array: one line per task; an array task asked by <array>_<task>.
+        let all = fixture("scontrol-job-array-all-finished-shell-epoch.txt");
+        assert_eq!(all.lines().count(), 3);
+        assert_eq!(parse_scontrol_job(&all, "12").unwrap().job_id, "12");
+        assert_eq!(parse_scontrol_job(&all, "8_1").unwrap().job_id, "12");
+        assert_eq!(parse_scontrol_job(&all, "8_3").unwrap().job_id, "8");
+        assert!(parse_scontrol_job(&all, "99").is_none());
+        let by = parse_scontrol_job(
+            &fixture("scontrol-job-array-task1-shell-byarrayid.txt"),
+            "8_1",
+        )
+        .unwrap();
+        assert_eq!(by.job_id, "12");
+        // In the epilog, NodeList is already empty; the hook uses SLURM_JOB_NODELIST.
+        let e =
+            parse_scontrol_job(&fixture("scontrol-job-completed-epilog-epoch.txt"), "3").unwrap();
+        assert_eq!(e.state, "COMPLETING");
+        assert!(e.nodes().unwrap().is_empty());
+    }
+
+    #[test]
+    fn sacct_from_real_output() {
+        use crate::payload::JobState;
+        let j = parse_sacct(&fixture("sacct-completed.txt"), "3").unwrap();
+        assert_eq!(
+            (j.name.as_str(), j.state.as_str()),
+            ("completed", "COMPLETED")
+        );
+        assert_eq!(j.nodes().unwrap(), ["n1"]);
+        assert!(j.start.is_some() && j.end.is_some());
+        let m = parse_sacct(&fixture("sacct-multinode.txt"), "7").unwrap();
+        assert_eq!(m.nodes().unwrap(), ["n1", "n2", "n3"]);
+        for (file, id, want) in [
+            ("sacct-exit3.txt", "4", JobState::Failed),
+            ("sacct-sigkill.txt", "5", JobState::Failed),
+            ("sacct-cancelled.txt", "6", JobState::Cancelled),
+            ("sacct-timeout.txt", "1", JobState::Failed),
+            ("sacct-nodefail.txt", "17", JobState::Cancelled),
+        ] {
+            let j = parse_sacct(&fixture(file), id).unwrap_or_else(|| panic!("{file}"));
+            assert_eq!(
+                JobState::from_slurm(&j.state),
+                Some(want),
+                "{file}: {}",
+                j.state
+            );
+        }
+        let nf = parse_sacct(&fixture("sacct-nodefail.txt"), "17").unwrap();
+        assert_eq!((nf.start, nf.nodelist.as_deref()), (None, None));
+        let a = parse_sacct(&fixture("sacct-array.txt"), "8_2").unwrap();
+        assert_eq!(a.exit_code.as_deref(), Some("2:0"));
+        assert!(parse_sacct(&fixture("sacct-completed.txt"), "4").is_none());
+    }
+
+    #[test]
+    fn sinfo_from_real_output() {
+        let normal = parse_sinfo(&fixture("sinfo-normal.txt"));
+        assert_eq!(
+            normal.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+            ["n1", "n2", "n3", "n4"]
+        );
+        assert!(normal.iter().all(|n| n.available()));
+        let stopped = parse_sinfo(&fixture("sinfo-slurmd-stopped-notresponding.txt"));
+        let avail: Vec<_> = stopped
+            .iter()
+            .filter(|n| n.available())
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(avail, ["n1", "n3", "n4"]);
+        let down = parse_sinfo(&fixture("sinfo-slurmd-stopped-down.txt"));
+        assert!(!down.iter().find(|n| n.name == "n2").unwrap().available());
+        let drain = parse_sinfo(&fixture("sinfo-drain-draining.txt"));
+        let avail: Vec<_> = drain
+            .iter()
+            .filter(|n| n.available())
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(avail, ["n1", "n2"]);
+        let dynamic = parse_sinfo(&fixture("sinfo-dynamic-node.txt"));
+        assert_eq!(dynamic.last().unwrap().name, "n5");
+    }
+
+    #[test]
+    fn cluster_name_from_real_config() {
+        assert_eq!(
+            parse_cluster_name(&fixture("scontrol-config.txt")).as_deref(),
+            Some("cvtest")
+        );
+        assert_eq!(parse_cluster_name("ClusterName = (null)\n"), None);
+    }
+
+    /// The expander agrees with `scontrol show hostnames` wherever Slurm 22.05 answers, and
+    /// rejects what it rejects — except suffixes after `]`, which Slurm accepts from 23.11.
+    #[test]
+    fn hostlist_agrees_with_scontrol_show_hostnames() {
+        let table = fixture("hostnames.tsv");
+        // Slurm 22.05 prints nonsense for these; we call them malformed.
+        let malformed_here = ["n[1-2", "n1-2]", "n[ 1-2]"];
+        // Slurm 22.05 rejects suffixes; 23.11 and later expand them, and so do we.
+        let suffixes = ["node[1-2].example.com", "gpu[01-02]-ib", "n[1-3]-ib,n5"];
+        let mut compared = 0;
+        for line in table.lines() {
+            let mut cols = line.splitn(3, '\t');
+            let (expr, _code, out) = (
+                cols.next().unwrap(),
+                cols.next().unwrap(),
+                cols.next().unwrap_or(""),
+            );
+            let ours = crate::hostlist::expand(expr);
+            if malformed_here.contains(&expr) {
+                assert!(ours.is_err(), "{expr:?}");
+            } else if suffixes.contains(&expr) {
+                assert!(ours.is_ok(), "{expr:?}");
+            } else if out.is_empty() && !expr.trim().is_empty() {
+                assert!(ours.is_err(), "Slurm rejects {expr:?}, we gave {ours:?}");
+            } else {
+                assert_eq!(ours.unwrap().join(" "), out, "{expr:?}");
+                compared += 1;
+            }
+        }
+        assert!(compared >= 20, "only {compared} expressions compared");
     }
 }

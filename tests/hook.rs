@@ -52,7 +52,7 @@ fn epilog_without_times_uses_prolog_record_and_exit_codes() {
     for (id, code, want) in [
         ("7", "0:0", "JOB_STATE_COMPLETED"),
         ("8", "3:0", "JOB_STATE_FAILED"),
-        ("9", "0:9", "JOB_STATE_CANCELLED"),
+        ("9", "0:9", "JOB_STATE_FAILED"),
     ] {
         let (out, _) = site.hook(&job_env(
             "epilog_slurmctld",

@@ -1,0 +1,696 @@
+#!/usr/bin/env bash
+# Real multi-node Slurm test cluster on one machine (one network namespace per node).
+#
+# Usage: tests/cluster/cluster.sh <command> [args]
+#   up [N]               full `down`, then start munged, (MariaDB + slurmdbd), slurmctld and
+#                        N static nodes n1..nN (default 4), wait until they are idle
+#   down                 stop everything this script started (by PID), delete namespaces,
+#                        bridge and managed /etc/slurm files; idempotent
+#   status               print what is running
+#   add-node NAME        start a dynamic node (slurmd -Z) in a new namespace, wait for sinfo
+#   del-node NAME        stop a dynamic node's slurmd, scontrol delete it, remove namespace
+#   stop-slurmd NAME     stop one node's slurmd (node becomes idle*/down* after SlurmdTimeout)
+#   start-slurmd NAME    start it again (ReturnToService=2 brings the node back)
+#   exec NAME CMD...     run CMD inside NAME's namespace with NAME as hostname
+#   wait-idle [TIMEOUT]  wait until all static nodes are idle (default 60 s)
+#
+# Environment:
+#   CVSLURM_CLUSTER_DIR  work dir (default /var/tmp/cvslurm-cluster)
+#   CVSLURM_HOOK         if set: PrologSlurmctld=EpilogSlurmctld=$CVSLURM_HOOK
+#   WITH_DBD=1           MariaDB + slurmdbd, AccountingStorageType=accounting_storage/slurmdbd
+#   CLUSTER_NAME         default cvtest
+#   MIN_JOB_AGE          default 5 (seconds a finished job stays visible to scontrol)
+#   SLURMD_TIMEOUT       default 5 (seconds until a silent slurmd makes its node DOWN)
+#   FORCE=1              overwrite an unmanaged /etc/slurm/slurm.conf (backed up, restored on down)
+#
+# Node I (index I, static nodes 1..N, dynamic nodes get the next free index) has:
+#   netns  cvslurm-<name>, root-side veth cvh<I> on bridge cvbr0 (10.99.0.1/24)
+#   eth0   veth        MAC 02:99:00:00:<II>:01  10.99.0.(10+I)/24
+#   ens1f0 macvlan     MAC 02:99:00:00:<II>:02  10.98.I.1/24 + secondary 10.98.I.2/24
+#   virbr0 bridge      MAC 02:99:00:00:<II>:03  10.97.I.1/24   (excluded by name filter)
+#   ens2   macvlan     MAC 02:99:00:00:<II>:04  no IPv4        (skipped by "require IP")
+#   (<II> = I as two lower-case hex digits; ens1f0/ens2 are macvlans on eth0 because this
+#   kernel has no dummy links; they also get IPv6 link-local addresses)
+set -euo pipefail
+
+readonly MARKER="# managed by cvslurm tests/cluster/cluster.sh"
+readonly W="${CVSLURM_CLUSTER_DIR:-/var/tmp/cvslurm-cluster}"
+readonly LOCK=/run/cvslurm-cluster.lock
+readonly ETC=/etc/slurm
+readonly BRIDGE=cvbr0
+readonly BRIDGE_IP=10.99.0.1
+readonly NS_PREFIX=cvslurm-
+readonly DB_NAME=cvslurm_acct_db
+readonly DB_USER=cvslurm
+readonly DB_PASS=cvslurm
+readonly MYSQL_SOCK=/run/mysqld/mysqld.sock
+# sh -c script used to enter a node: set the (private UTS) hostname, then exec the command
+# shellcheck disable=SC2016
+readonly SETHOST='hostname "$0" && exec "$@"'
+CLUSTER_NAME="${CLUSTER_NAME:-cvtest}"
+CTLD_HOST="$(hostname -s)"
+if [[ -s "$W/run/cluster.name" && "${1:-}" != up ]]; then
+    CLUSTER_NAME="$(cat "$W/run/cluster.name")"
+fi
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+unset SLURM_CONF
+
+log() { printf '[cluster] %s\n' "$*"; }
+warn() { printf '[cluster] WARNING: %s\n' "$*" >&2; }
+
+show_logs() {
+    local f
+    for f in "$W/log/slurmctld.log" "$W/log/slurmdbd.log" "$W/log"/slurmd-*.log "$W/log/mariadb.out" "$W/mariadb/mariadb.log"; do
+        [[ -s "$f" ]] || continue
+        printf '===== tail %s =====\n' "$f" >&2
+        grep -v -e 'mpi/pmix' -e 'MPI: Cannot create context' "$f" | tail -n 12 >&2 || true
+    done
+}
+
+die() {
+    printf '[cluster] ERROR: %s\n' "$*" >&2
+    show_logs
+    exit 1
+}
+
+# error without log dump (usage errors, bad arguments)
+fail() {
+    printf '[cluster] ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+need_root() { [[ "$(id -u)" -eq 0 ]] || fail "must run as root"; }
+
+take_lock() {
+    exec 9>"$LOCK"
+    flock -w 300 9 || die "could not get lock $LOCK (another cluster.sh running?)"
+}
+
+# ---------- node bookkeeping ----------
+# $W/nodes/<name> contains: NAME= IDX= NS= DYN=0|1
+node_file() { printf '%s/nodes/%s' "$W" "$1"; }
+node_exists() { [[ -f "$(node_file "$1")" ]]; }
+node_get() { # name key
+    local line
+    line="$(grep -E "^$2=" "$(node_file "$1")")" || return 1
+    printf '%s' "${line#*=}"
+}
+all_nodes() { # sorted by index
+    local f
+    [[ -d "$W/nodes" ]] || return 0
+    for f in "$W/nodes"/*; do
+        [[ -f "$f" ]] || continue
+        printf '%s %s\n' "$(grep '^IDX=' "$f" | cut -d= -f2)" "${f##*/}"
+    done | sort -n | awk '{print $2}'
+}
+static_nodes() { local n; for n in $(all_nodes); do [[ "$(node_get "$n" DYN)" == 0 ]] && printf '%s\n' "$n"; done; return 0; }
+dbd_active() { if [[ -f "$W/run/dbd.used" ]]; then echo 1; else echo 0; fi; }
+hexidx() { printf '%02x' "$1"; }
+node_ip() { printf '10.99.0.%d' $((10 + $1)); }
+node_mac() { printf '02:99:00:00:%s:%s' "$(hexidx "$1")" "$2"; }
+
+write_nodes_desc() {
+    local n idx ns dyn first=1 json="" env
+    env="# generated by cluster.sh; source it from bash
+CLUSTER_NAME=$CLUSTER_NAME
+CTLD_HOST=$CTLD_HOST
+CTLD_ADDR=$BRIDGE_IP
+BRIDGE=$BRIDGE
+CLUSTER_DIR=$W
+WITH_DBD=$(dbd_active)
+NODES=\"$(all_nodes | tr '\n' ' ' | sed 's/ $//')\"
+STATIC_NODES=\"$(static_nodes | tr '\n' ' ' | sed 's/ $//')\"
+"
+    for n in $(all_nodes); do
+        idx="$(node_get "$n" IDX)"; ns="$(node_get "$n" NS)"; dyn="$(node_get "$n" DYN)"
+        env+="NODE_${n}_INDEX=$idx
+NODE_${n}_NETNS=$ns
+NODE_${n}_DYNAMIC=$dyn
+NODE_${n}_ETH0_MAC=$(node_mac "$idx" 01)
+NODE_${n}_ETH0_IP=$(node_ip "$idx")
+NODE_${n}_ENS1F0_MAC=$(node_mac "$idx" 02)
+NODE_${n}_ENS1F0_IPS=\"10.98.$idx.1 10.98.$idx.2\"
+NODE_${n}_VIRBR0_MAC=$(node_mac "$idx" 03)
+NODE_${n}_VIRBR0_IP=10.97.$idx.1
+NODE_${n}_ENS2_MAC=$(node_mac "$idx" 04)
+"
+        [[ $first == 1 ]] || json+=","
+        first=0
+        json+="
+    {\"name\": \"$n\", \"index\": $idx, \"netns\": \"$ns\", \"dynamic\": $([[ $dyn == 1 ]] && echo true || echo false),
+     \"interfaces\": [
+       {\"name\": \"eth0\", \"mac\": \"$(node_mac "$idx" 01)\", \"ipv4\": [\"$(node_ip "$idx")/24\"]},
+       {\"name\": \"ens1f0\", \"mac\": \"$(node_mac "$idx" 02)\", \"ipv4\": [\"10.98.$idx.1/24\", \"10.98.$idx.2/24\"]},
+       {\"name\": \"virbr0\", \"mac\": \"$(node_mac "$idx" 03)\", \"ipv4\": [\"10.97.$idx.1/24\"]},
+       {\"name\": \"ens2\", \"mac\": \"$(node_mac "$idx" 04)\", \"ipv4\": []}
+     ]}"
+    done
+    printf '%s' "$env" >"$W/nodes.env.tmp" && mv "$W/nodes.env.tmp" "$W/nodes.env"
+    printf '{\n  "cluster_name": "%s",\n  "controller": {"host": "%s", "addr": "%s"},\n  "bridge": "%s",\n  "with_dbd": %s,\n  "nodes": [%s\n  ]\n}\n' \
+        "$CLUSTER_NAME" "$CTLD_HOST" "$BRIDGE_IP" "$BRIDGE" "$([[ $(dbd_active) == 1 ]] && echo true || echo false)" "$json" \
+        >"$W/nodes.json.tmp" && mv "$W/nodes.json.tmp" "$W/nodes.json"
+}
+
+# ---------- process helpers ----------
+# alive = exists and is not a zombie waiting for PID 1 to reap it
+pid_alive() {
+    [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null || return 1
+    local st
+    st="$(sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" || return 1
+    [[ -n "$st" && "$st" != Z ]]
+}
+
+# stop_pidfiles FILE:COMM...: TERM all (only if /proc/PID/comm still matches), wait up to
+# 10 s, then KILL the rest. Removes the pid files.
+stop_pidfiles() {
+    local spec f comm pid i alive
+    local -a pids=() names=()
+    for spec in "$@"; do
+        f="${spec%%:*}"; comm="${spec#*:}"
+        [[ -f "$f" ]] || continue
+        pid="$(cat "$f" 2>/dev/null || true)"
+        rm -f "$f"
+        pid_alive "$pid" || continue
+        if [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" != "$comm"* ]]; then
+            warn "pid $pid from $f is not $comm any more; not killing"
+            continue
+        fi
+        kill -TERM "$pid" 2>/dev/null || true
+        pids+=("$pid"); names+=("$comm")
+    done
+    [[ ${#pids[@]} -gt 0 ]] || return 0
+    for ((i = 0; i < 100; i++)); do
+        alive=0
+        for pid in "${pids[@]}"; do pid_alive "$pid" && alive=1; done
+        [[ $alive == 1 ]] || break
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do
+        if pid_alive "$pid"; then
+            warn "pid $pid ignored SIGTERM for 10 s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done
+    log "stopped ${names[*]} (pids ${pids[*]}) in $((i / 10)).$((i % 10)) s"
+}
+
+# kill every process living in network namespace $1 (all of them were started by us)
+kill_netns_pids() {
+    local ns="$1" pids i
+    pids="$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ' || true)"
+    [[ -n "${pids// /}" ]] || return 0
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2>/dev/null || true
+    for ((i = 0; i < 30; i++)); do
+        pids="$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ' || true)"
+        [[ -n "${pids// /}" ]] || return 0
+        sleep 0.1
+    done
+    # shellcheck disable=SC2086
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.2
+}
+
+# ---------- /etc/slurm management ----------
+managed_files() { printf '%s\n' slurm.conf cgroup.conf slurmdbd.conf; }
+
+claim_etc_file() { # refuse to overwrite unmanaged files unless FORCE=1
+    local f="$ETC/$1"
+    [[ -e "$f" ]] || return 0
+    head -n 1 "$f" | grep -qxF "$MARKER" && return 0
+    if [[ "${FORCE:-0}" == 1 ]]; then
+        mkdir -p "$W/etc-backup"
+        cp -a "$f" "$W/etc-backup/$1"
+        log "backed up unmanaged $f to $W/etc-backup/$1 (FORCE=1)"
+    else
+        fail "$f exists and is not managed by this script (no marker line); set FORCE=1 to back it up and overwrite"
+    fi
+}
+
+release_etc_files() {
+    local b f
+    while read -r b; do
+        f="$ETC/$b"
+        if [[ -e "$f" ]] && head -n 1 "$f" | grep -qxF "$MARKER"; then
+            rm -f "$f"
+        fi
+        if [[ -e "$W/etc-backup/$b" ]]; then
+            if [[ -e "$f" ]]; then
+                warn "$f exists and is not ours; leaving backup in $W/etc-backup/$b"
+            else
+                mv "$W/etc-backup/$b" "$f"
+                log "restored $f from backup"
+            fi
+        fi
+    done < <(managed_files)
+    rmdir "$W/etc-backup" 2>/dev/null || true
+}
+
+# ---------- network ----------
+setup_bridge() {
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge
+    fi
+    ip addr replace "$BRIDGE_IP/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+}
+
+create_node_netns() { # name idx
+    local name="$1" idx="$2" ns="$NS_PREFIX$1" hv="cvh$2" tmp="cvn$2"
+    ip netns del "$ns" 2>/dev/null || true
+    ip link del "$hv" 2>/dev/null || true
+    ip netns add "$ns"
+    ip link add "$hv" type veth peer name "$tmp"
+    ip link set "$hv" master "$BRIDGE"
+    ip link set "$hv" up
+    ip link set "$tmp" netns "$ns"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set "$tmp" name eth0
+    ip -n "$ns" link set eth0 address "$(node_mac "$idx" 01)"
+    ip -n "$ns" addr add "$(node_ip "$idx")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    # this kernel has no "dummy" link type: the data interfaces are macvlans on eth0,
+    # virbr0 is an (empty) bridge like the libvirt one
+    ip -n "$ns" link add ens1f0 link eth0 address "$(node_mac "$idx" 02)" type macvlan mode bridge
+    ip -n "$ns" addr add "10.98.$idx.1/24" dev ens1f0
+    ip -n "$ns" addr add "10.98.$idx.2/24" dev ens1f0
+    ip -n "$ns" link set ens1f0 up
+    ip -n "$ns" link add virbr0 address "$(node_mac "$idx" 03)" type bridge
+    ip -n "$ns" addr add "10.97.$idx.1/24" dev virbr0
+    ip -n "$ns" link set virbr0 up
+    ip -n "$ns" link add ens2 link eth0 address "$(node_mac "$idx" 04)" type macvlan mode bridge
+    ip -n "$ns" link set ens2 up
+    mkdir -p "$W/nodes"
+    printf 'NAME=%s\nIDX=%s\nNS=%s\nDYN=%s\n' "$name" "$idx" "$ns" "${3:-0}" >"$(node_file "$name")"
+}
+
+delete_node_netns() { # name
+    local name="$1" ns idx
+    ns="$(node_get "$name" NS 2>/dev/null || printf '%s%s' "$NS_PREFIX" "$name")"
+    idx="$(node_get "$name" IDX 2>/dev/null || true)"
+    kill_netns_pids "$ns"
+    ip netns del "$ns" 2>/dev/null || true
+    [[ -z "$idx" ]] || ip link del "cvh$idx" 2>/dev/null || true
+    rm -f "$(node_file "$name")"
+}
+
+# ---------- daemons ----------
+start_munged() {
+    if [[ -S /run/munge/munge.socket.2 ]] && munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+        log "munged already running (not started by us, will not stop it)"
+        return 0
+    fi
+    install -d -o munge -g munge -m 0755 /run/munge
+    rm -f /run/munge/munged.pid
+    runuser -u munge -- /usr/sbin/munged --force 9>&-
+    local i
+    for ((i = 0; i < 50; i++)); do
+        [[ -s /run/munge/munged.pid ]] && munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    [[ -s /run/munge/munged.pid ]] || die "munged did not start (see /var/log/munge/munged.log)"
+    cp /run/munge/munged.pid "$W/run/munged.pid.ours"
+    log "munged started (pid $(cat "$W/run/munged.pid.ours"))"
+}
+
+start_mariadb() {
+    if mysqladmin --socket="$MYSQL_SOCK" ping >/dev/null 2>&1; then
+        log "MariaDB already running (not started by us, will not stop it)"
+    else
+        install -d -o mysql -g mysql -m 0755 /run/mysqld "$W/mariadb"
+        setsid /usr/sbin/mariadbd --user=mysql --skip-networking --socket="$MYSQL_SOCK" \
+            --pid-file="$W/mariadb/mariadbd.pid" --log-error="$W/mariadb/mariadb.log" </dev/null >>"$W/log/mariadb.out" 2>&1 9>&- &
+        echo $! >"$W/run/mariadbd.pid.ours"
+        local i
+        for ((i = 0; i < 300; i++)); do
+            mysqladmin --socket="$MYSQL_SOCK" ping >/dev/null 2>&1 && break
+            pid_alive "$(cat "$W/run/mariadbd.pid.ours")" || die "mariadbd exited"
+            sleep 0.1
+        done
+        mysqladmin --socket="$MYSQL_SOCK" ping >/dev/null 2>&1 || die "MariaDB did not come up"
+        log "MariaDB started (pid $(cat "$W/run/mariadbd.pid.ours"))"
+    fi
+    mysql --socket="$MYSQL_SOCK" -u root <<EOF
+DROP DATABASE IF EXISTS $DB_NAME;
+CREATE DATABASE $DB_NAME;
+CREATE USER IF NOT EXISTS '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+GRANT ALL PRIVILEGES ON $DB_NAME.* TO '$DB_USER'@'localhost';
+FLUSH PRIVILEGES;
+EOF
+    log "accounting database $DB_NAME recreated"
+}
+
+start_slurmdbd() {
+    setsid /usr/sbin/slurmdbd -D </dev/null >>"$W/log/slurmdbd.out" 2>&1 9>&- &
+    echo $! >"$W/run/slurmdbd.pid.ours"
+    local i
+    for ((i = 0; i < 300; i++)); do
+        sacctmgr -n -P list cluster >/dev/null 2>&1 && break
+        pid_alive "$(cat "$W/run/slurmdbd.pid.ours")" || die "slurmdbd exited"
+        sleep 0.1
+    done
+    sacctmgr -n -P list cluster >/dev/null 2>&1 || die "slurmdbd did not answer"
+    sacctmgr -i add cluster "$CLUSTER_NAME" >/dev/null
+    log "slurmdbd started (pid $(cat "$W/run/slurmdbd.pid.ours")), cluster $CLUSTER_NAME registered"
+}
+
+start_slurmctld() {
+    setsid /usr/sbin/slurmctld -D -s </dev/null >>"$W/log/slurmctld.out" 2>&1 9>&- &
+    echo $! >"$W/run/slurmctld.pid.ours"
+    local i
+    for ((i = 0; i < 300; i++)); do
+        scontrol ping 2>/dev/null | grep -q 'is UP' && break
+        pid_alive "$(cat "$W/run/slurmctld.pid.ours")" || die "slurmctld exited"
+        sleep 0.1
+    done
+    scontrol ping 2>/dev/null | grep -q 'is UP' || die "slurmctld did not answer"
+    log "slurmctld started (pid $(cat "$W/run/slurmctld.pid.ours"))"
+}
+
+start_slurmd() { # name
+    local name="$1" ns dyn idx
+    node_exists "$name" || fail "unknown node $name"
+    ns="$(node_get "$name" NS)"; dyn="$(node_get "$name" DYN)"; idx="$(node_get "$name" IDX)"
+    if pid_alive "$(cat "$W/run/slurmd-$name.pid.ours" 2>/dev/null || true)"; then
+        log "slurmd $name already running"
+        return 0
+    fi
+    install -d -o root -g root "$W/spool/$name"
+    local -a args=(/usr/sbin/slurmd -D -s -N "$name")
+    if [[ "$dyn" == 1 ]]; then
+        args+=(-Z --conf "NodeAddr=$(node_ip "$idx") CPUs=8 RealMemory=1000")
+    fi
+    setsid ip netns exec "$ns" unshare --uts -- sh -c "$SETHOST" "$name" "${args[@]}" \
+        </dev/null >>"$W/log/slurmd-$name.out" 2>&1 9>&- &
+    echo $! >"$W/run/slurmd-$name.pid.ours"
+}
+
+stop_slurmd() { # name
+    stop_pidfiles "$W/run/slurmd-$1.pid.ours:slurmd"
+}
+
+# note: `sinfo -n NODE` can report a stale state (seen: mixed* for 80 s after the node was
+# DOWN), so filter the full node list instead
+node_state() { sinfo -h -N -o '%N %T' 2>/dev/null | awk -v n="$1" '$1 == n { print $2; exit }'; }
+
+wait_nodes_idle() { # timeout nodes...
+    local timeout="$1" n st ok start
+    shift
+    start=$SECONDS
+    while :; do
+        ok=1
+        for n in "$@"; do
+            st="$(node_state "$n")"
+            [[ "$st" == idle ]] || { ok=0; break; }
+        done
+        [[ $ok == 1 ]] && return 0
+        ((SECONDS - start < timeout)) || return 1
+        sleep 0.2
+    done
+}
+
+# ---------- config ----------
+write_configs() { # nnodes hook with_dbd
+    local n="$1" hook="$2" dbd="$3" i gpu_from nodelines="" gpu=""
+    claim_etc_file slurm.conf
+    claim_etc_file cgroup.conf
+    [[ "$dbd" == 1 ]] && claim_etc_file slurmdbd.conf
+    mkdir -p "$ETC"
+    for ((i = 1; i <= n; i++)); do
+        nodelines+="NodeName=n$i NodeAddr=$(node_ip "$i") CPUs=8 RealMemory=1000 State=UNKNOWN
+"
+    done
+    gpu_from=$((n > 1 ? n - 1 : 1))
+    for ((i = gpu_from; i <= n; i++)); do gpu+="${gpu:+,}n$i"; done
+    {
+        printf '%s\n' "$MARKER"
+        printf '# generated %s for CVSLURM_CLUSTER_DIR=%s; do not edit\n' "$(date -u +%FT%TZ)" "$W"
+        cat <<EOF
+ClusterName=$CLUSTER_NAME
+SlurmctldHost=$CTLD_HOST($BRIDGE_IP)
+SlurmUser=slurm
+SlurmdUser=root
+SlurmctldPort=6817
+SlurmdPort=6818
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=$W/state
+SlurmdSpoolDir=$W/spool/%n
+SlurmctldPidFile=$W/run/slurmctld.pid
+SlurmdPidFile=$W/run/slurmd-%n.pid
+SlurmctldLogFile=$W/log/slurmctld.log
+SlurmdLogFile=$W/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0
+SlurmdParameters=config_overrides
+MaxNodeCount=64
+TreeWidth=65533
+ReturnToService=2
+SlurmdTimeout=${SLURMD_TIMEOUT:-5}
+SlurmctldTimeout=10
+MessageTimeout=5
+MinJobAge=${MIN_JOB_AGE:-5}
+KillWait=2
+OverTimeLimit=0
+InactiveLimit=0
+JobRequeue=1
+JobCompType=jobcomp/none
+MailProg=/bin/true
+EOF
+        if [[ "$dbd" == 1 ]]; then
+            printf 'AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\nAccountingStoragePort=6819\n'
+        else
+            printf 'AccountingStorageType=accounting_storage/none\n'
+        fi
+        if [[ -n "$hook" ]]; then
+            printf 'PrologSlurmctld=%s\nEpilogSlurmctld=%s\n' "$hook" "$hook"
+        fi
+        printf '%s' "$nodelines"
+        printf 'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n'
+        printf 'PartitionName=gpu Nodes=%s MaxTime=INFINITE State=UP\n' "$gpu"
+    } >"$ETC/slurm.conf"
+    chmod 0644 "$ETC/slurm.conf"
+    printf '%s\nCgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' "$MARKER" >"$ETC/cgroup.conf"
+    chmod 0644 "$ETC/cgroup.conf"
+    if [[ "$dbd" == 1 ]]; then
+        cat >"$ETC/slurmdbd.conf" <<EOF
+$MARKER
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=6819
+SlurmUser=slurm
+LogFile=$W/log/slurmdbd.log
+PidFile=$W/run/slurmdbd.self.pid
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=$DB_USER
+StoragePass=$DB_PASS
+StorageLoc=$DB_NAME
+EOF
+        chown slurm:slurm "$ETC/slurmdbd.conf"
+        chmod 0600 "$ETC/slurmdbd.conf"
+    fi
+}
+
+# ---------- commands ----------
+do_down() {
+    local n ns
+    local -a specs=()
+    for n in $(all_nodes); do specs+=("$W/run/slurmd-$n.pid.ours:slurmd"); done
+    stop_pidfiles "${specs[@]}" "$W/run/slurmctld.pid.ours:slurmctld"
+    for n in $(all_nodes); do delete_node_netns "$n"; done
+    # leftovers from runs whose state was lost
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$NS_PREFIX" || true); do
+        kill_netns_pids "$ns"
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    for n in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^cvh[0-9]+$' || true); do
+        ip link del "$n" 2>/dev/null || true
+    done
+    rm -f "$W"/run/slurmd-*.pid.ours
+    stop_pidfiles "$W/run/slurmdbd.pid.ours:slurmdbd"
+    if [[ -f "$W/run/mariadbd.pid.ours" || -f "$W/run/dbd.used" ]]; then
+        mysql --socket="$MYSQL_SOCK" -u root -e "DROP DATABASE IF EXISTS $DB_NAME" 2>/dev/null || true
+    fi
+    stop_pidfiles "$W/run/mariadbd.pid.ours:mariadbd" "$W/run/munged.pid.ours:munged"
+    ip link del "$BRIDGE" 2>/dev/null || true
+    release_etc_files
+    rm -rf "$W/state" "$W/spool" "$W/run" "$W/nodes" "$W/nodes.env" "$W/nodes.json" "$W/mariadb"
+}
+
+cmd_down() {
+    need_root
+    take_lock
+    do_down
+    log "down: everything stopped and removed (logs kept in $W/log)"
+}
+
+cmd_up() {
+    local n="${1:-4}" i t0=$SECONDS nodes=()
+    if ! [[ "$n" =~ ^[0-9]+$ ]] || ((n < 1 || n > 32)); then fail "node count must be 1..32"; fi
+    need_root
+    take_lock
+    [[ -z "${CVSLURM_HOOK:-}" || "${CVSLURM_HOOK}" == /* ]] || fail "CVSLURM_HOOK must be an absolute path"
+    if [[ -n "${CVSLURM_HOOK:-}" ]] && ! runuser -u slurm -- test -x "$CVSLURM_HOOK"; then
+        warn "CVSLURM_HOOK $CVSLURM_HOOK is not executable by user slurm (hooks run as SlurmUser)"
+    fi
+    log "down (cleaning up previous run)"
+    do_down
+    mkdir -p "$W"
+    rm -rf "$W/log"
+    install -d -m 0755 "$W" "$W/run" "$W/spool"
+    install -d -o slurm -g slurm -m 0755 "$W/state" "$W/log"
+    WITH_DBD_ACTIVE="${WITH_DBD:-0}"
+    [[ "$WITH_DBD_ACTIVE" == 1 ]] && touch "$W/run/dbd.used"
+    printf '%s\n' "$CLUSTER_NAME" >"$W/run/cluster.name"
+    log "writing $ETC/slurm.conf ($n nodes, hook=${CVSLURM_HOOK:-none}, dbd=$WITH_DBD_ACTIVE)"
+    write_configs "$n" "${CVSLURM_HOOK:-}" "$WITH_DBD_ACTIVE"
+    log "network: bridge $BRIDGE $BRIDGE_IP/24 + $n namespaces"
+    setup_bridge
+    for ((i = 1; i <= n; i++)); do
+        create_node_netns "n$i" "$i" 0
+        nodes+=("n$i")
+    done
+    write_nodes_desc
+    start_munged
+    if [[ "$WITH_DBD_ACTIVE" == 1 ]]; then
+        start_mariadb
+        start_slurmdbd
+    fi
+    start_slurmctld
+    for i in "${nodes[@]}"; do start_slurmd "$i"; done
+    log "slurmd started on ${nodes[*]}; waiting for idle"
+    wait_nodes_idle 60 "${nodes[@]}" || die "nodes did not become idle: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+    log "up: $n nodes idle in $((SECONDS - t0)) s; description in $W/nodes.env and $W/nodes.json"
+}
+
+cmd_status() {
+    local f pid name
+    if [[ ! -d "$W/run" ]]; then
+        log "cluster is down"
+        return 0
+    fi
+    for f in "$W"/run/*.pid.ours; do
+        [[ -f "$f" ]] || continue
+        name="${f##*/}"; name="${name%.ours}"; name="${name%.pid}"
+        pid="$(cat "$f")"
+        if pid_alive "$pid"; then printf '%-16s pid %-8s running\n' "$name" "$pid"; else printf '%-16s pid %-8s DEAD\n' "$name" "$pid"; fi
+    done
+    printf 'namespaces: %s\n' "$(ip netns list | awk '{print $1}' | grep "^$NS_PREFIX" | tr '\n' ' ' || true)"
+    sinfo -N -o '%N %P %T' 2>&1 || true
+    squeue 2>&1 || true
+}
+
+cmd_add_node() {
+    local name="${1:?usage: add-node NAME}" idx max=0 n
+    [[ "$name" =~ ^[a-z][a-z0-9-]{0,30}$ ]] || fail "bad node name $name"
+    need_root
+    take_lock
+    [[ -d "$W/nodes" ]] || fail "cluster is not up"
+    node_exists "$name" && fail "node $name already exists"
+    for n in $(all_nodes); do idx="$(node_get "$n" IDX)"; ((idx > max)) && max=$idx; done
+    idx=$((max + 1))
+    ((idx <= 63)) || fail "too many nodes"
+    log "add-node $name: namespace $NS_PREFIX$name, eth0 $(node_ip "$idx")"
+    create_node_netns "$name" "$idx" 1
+    write_nodes_desc
+    start_slurmd "$name"
+    wait_nodes_idle 30 "$name" || die "dynamic node $name did not become idle"
+    log "add-node $name: idle"
+}
+
+cmd_del_node() {
+    local name="${1:?usage: del-node NAME}" i
+    need_root
+    take_lock
+    node_exists "$name" || fail "unknown node $name"
+    [[ "$(node_get "$name" DYN)" == 1 ]] || fail "$name is a static node; only dynamic nodes can be deleted"
+    log "del-node $name: stopping slurmd"
+    stop_slurmd "$name"
+    kill_netns_pids "$(node_get "$name" NS)"
+    for ((i = 0; i < 50; i++)); do
+        scontrol delete nodename="$name" 2>/dev/null && break
+        sleep 0.2
+    done
+    sinfo -h -N -o '%N' | grep -qx "$name" && die "scontrol delete nodename=$name failed"
+    delete_node_netns "$name"
+    write_nodes_desc
+    log "del-node $name: deleted"
+}
+
+cmd_stop_slurmd() {
+    local name="${1:?usage: stop-slurmd NAME}"
+    need_root
+    take_lock
+    node_exists "$name" || fail "unknown node $name"
+    stop_slurmd "$name"
+    log "stop-slurmd $name: stopped (state now: $(node_state "$name"))"
+}
+
+cmd_start_slurmd() {
+    local name="${1:?usage: start-slurmd NAME}" i st
+    need_root
+    take_lock
+    node_exists "$name" || fail "unknown node $name"
+    start_slurmd "$name"
+    for ((i = 0; i < 100; i++)); do
+        st="$(node_state "$name")"
+        [[ "$st" != *'*' && "$st" != down* && -n "$st" ]] && break
+        sleep 0.2
+    done
+    log "start-slurmd $name: started (state now: $(node_state "$name"))"
+}
+
+cmd_exec() {
+    local name="${1:?usage: exec NAME CMD...}"
+    shift
+    [[ $# -gt 0 ]] || fail "usage: exec NAME CMD..."
+    node_exists "$name" || fail "unknown node $name"
+    exec ip netns exec "$(node_get "$name" NS)" unshare --uts -- sh -c "$SETHOST" "$name" "$@"
+}
+
+cmd_wait_idle() {
+    local timeout="${1:-60}" nodes
+    mapfile -t nodes < <(static_nodes)
+    [[ ${#nodes[@]} -gt 0 ]] || fail "cluster is not up"
+    wait_nodes_idle "$timeout" "${nodes[@]}" || die "not all nodes idle after $timeout s: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+    log "all static nodes idle"
+}
+
+main() {
+    local cmd="${1:-}"
+    [[ $# -gt 0 ]] && shift
+    case "$cmd" in
+        up | down | add-node | del-node | stop-slurmd | start-slurmd)
+            set -o errtrace
+            trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
+            ;;
+    esac
+    case "$cmd" in
+        up) cmd_up "$@" ;;
+        down) cmd_down ;;
+        status) cmd_status ;;
+        add-node) cmd_add_node "$@" ;;
+        del-node) cmd_del_node "$@" ;;
+        stop-slurmd) cmd_stop_slurmd "$@" ;;
+        start-slurmd) cmd_start_slurmd "$@" ;;
+        exec) cmd_exec "$@" ;;
+        wait-idle) cmd_wait_idle "$@" ;;
+        *)
+            sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+            exit 2
+            ;;
+    esac
+}
+
+main "$@"
