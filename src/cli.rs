@@ -255,12 +255,15 @@ fn load(
     api_token: Option<&str>,
     api_token_file: Option<&Path>,
     verbose: bool,
+    sink: Sink,
 ) -> Result<Config, String> {
     let mut cfg = Config::load(config).map_err(|e| e.to_string())?;
     if verbose {
         cfg.log_level = log::LevelFilter::Debug;
     }
-    logging::init(Sink::Stderr, &cfg.log_file, cfg.log_level);
+    if let Some(problem) = logging::init(sink, &cfg.log_file, cfg.log_level) {
+        log::error!("{problem}");
+    }
     if let Some(s) = api_server {
         cfg.set("ApiServer", s)
             .map_err(|e| format!("--api-server: {e}"))?;
@@ -301,6 +304,7 @@ fn run_send(a: SendArgs) -> i32 {
         a.api_token.as_deref(),
         a.api_token_file.as_deref(),
         a.verbose,
+        Sink::Stderr,
     ) {
         Ok(c) => c,
         Err(e) => return usage(&e),
@@ -405,6 +409,8 @@ fn run_inventory(a: InventoryArgs) -> i32 {
         a.api_token.as_deref(),
         a.api_token_file.as_deref(),
         a.verbose,
+        // The service logs to LogFile (or the journal under systemd), not to a terminal.
+        if a.monitor { Sink::File } else { Sink::Stderr },
     ) {
         Ok(c) => c,
         Err(e) => return usage(&e),
@@ -415,14 +421,8 @@ fn run_inventory(a: InventoryArgs) -> i32 {
         }
         cfg.poll_interval = Duration::from_secs(p);
     }
-    if a.monitor {
-        if a.dry_run {
-            return usage("--monitor and --dry-run do not go together");
-        }
-        // The service logs to LogFile (or the journal), not to a terminal.
-        if std::env::var_os("JOURNAL_STREAM").is_none() {
-            log::set_max_level(cfg.log_level);
-        }
+    if a.monitor && a.dry_run {
+        return usage("--monitor and --dry-run do not go together");
     }
     install_signal_handlers();
     let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
@@ -511,7 +511,14 @@ fn run_discover(a: DiscoverArgs) -> i32 {
 }
 
 fn run_flush(a: FlushArgs) -> i32 {
-    let cfg = match load(a.config.as_deref(), None, None, None, a.verbose) {
+    let cfg = match load(
+        a.config.as_deref(),
+        None,
+        None,
+        None,
+        a.verbose,
+        Sink::Stderr,
+    ) {
         Ok(c) => c,
         Err(e) => return usage(&e),
     };

@@ -79,15 +79,10 @@ impl Inventory<'_> {
             ));
         }
         cmd.arg(&exe).arg("discover");
-        cmd.arg(format!(
-            "--interface-regex={}",
-            cfg.interface_regex.as_str()
-        ))
-        .arg(format!(
-            "--physical-only={}",
-            yes_no(cfg.interface_physical_only)
-        ))
-        .arg(format!("--require-ip={}", yes_no(cfg.interface_require_ip)));
+        // argh takes `--option value`, not `--option=value`.
+        cmd.args(["--interface-regex", cfg.interface_regex.as_str()])
+            .args(["--physical-only", yes_no(cfg.interface_physical_only)])
+            .args(["--require-ip", yes_no(cfg.interface_require_ip)]);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         log::debug!("discovery: {cmd:?}");
         let mut child = match cmd.spawn() {

@@ -115,6 +115,9 @@ pub enum Enqueued {
 #[derive(Debug, Clone)]
 pub struct Outbox {
     root: PathBuf,
+    /// When running as root in a StateDir owned by someone else (SlurmUser): the owner every
+    /// new file and directory gets, so the hooks (running as SlurmUser) can use them.
+    owner: Option<(u32, u32)>,
     /// An in-flight file older than this is from a drainer that died: ignore it.
     pub inflight_stale: Duration,
 }
@@ -124,6 +127,7 @@ impl Outbox {
     pub fn new(state_dir: &Path) -> Outbox {
         Outbox {
             root: state_dir.to_path_buf(),
+            owner: owner_to_match(state_dir),
             inflight_stale: Duration::from_secs(60),
         }
     }
@@ -148,6 +152,11 @@ impl Outbox {
                     .create(&p)
                     .map_err(|e| format!("cannot create {}: {e}", p.display()))?;
             }
+            if let Some((uid, gid)) = self.owner {
+                // Also repairs directories an earlier root run left owned by root.
+                std::os::unix::fs::chown(&p, Some(uid), Some(gid))
+                    .map_err(|e| format!("cannot chown {}: {e}", p.display()))?;
+            }
         }
         Ok(())
     }
@@ -161,6 +170,9 @@ impl Outbox {
             .mode(0o600)
             .open(&p)
             .map_err(|e| format!("cannot open {}: {e}", p.display()))?;
+        if let Some((uid, gid)) = self.owner {
+            let _ = std::os::unix::fs::fchown(&f, Some(uid), Some(gid));
+        }
         Flock::lock(f, FlockArg::LockExclusive)
             .map_err(|(_, e)| format!("cannot lock {}: {e}", p.display()))
     }
@@ -184,7 +196,11 @@ impl Outbox {
                 .unwrap_or(true),
             Err(_) => false,
         };
-        write_durably(&path, &serde_json::to_vec(ev).map_err(|e| e.to_string())?)?;
+        write_durably(
+            &path,
+            &serde_json::to_vec(ev).map_err(|e| e.to_string())?,
+            self.owner,
+        )?;
         Ok(Enqueued::Queued { busy })
     }
 
@@ -278,6 +294,7 @@ impl Outbox {
                     write_durably(
                         &pending,
                         &serde_json::to_vec(&back).map_err(|e| e.to_string())?,
+                        self.owner,
                     )?;
                     let _ = fs::remove_file(&inflight);
                 }
@@ -289,6 +306,7 @@ impl Outbox {
                 write_durably(
                     &to,
                     &serde_json::to_vec_pretty(&v).map_err(|e| e.to_string())?,
+                    self.owner,
                 )?;
                 let _ = fs::remove_file(&inflight);
             }
@@ -323,6 +341,7 @@ impl Outbox {
         write_durably(
             &self.dir("jobs").join(safe_name(key)),
             start.to_string().as_bytes(),
+            self.owner,
         )
     }
 
@@ -374,7 +393,8 @@ fn list_dir(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Writes a file atomically and durably: temp file, fsync, rename, fsync of the directory.
-pub fn write_durably(path: &Path, data: &[u8]) -> Result<(), String> {
+/// `owner` (uid, gid), when given, is set on the file before it takes its name.
+pub fn write_durably(path: &Path, data: &[u8], owner: Option<(u32, u32)>) -> Result<(), String> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         ".tmp.{}.{}",
@@ -388,6 +408,9 @@ pub fn write_durably(path: &Path, data: &[u8]) -> Result<(), String> {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
+        }
         f.write_all(data)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
@@ -399,6 +422,16 @@ pub fn write_durably(path: &Path, data: &[u8]) -> Result<(), String> {
     }
     sync_dir(dir);
     Ok(())
+}
+
+/// The owner new files must get: StateDir's, when we are root and it belongs to someone else.
+fn owner_to_match(state_dir: &Path) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let m = fs::metadata(state_dir).ok()?;
+    (m.uid() != 0).then(|| (m.uid(), m.gid()))
 }
 
 fn sync_dir(dir: &Path) {
@@ -499,5 +532,38 @@ mod tests {
     fn names_are_safe() {
         assert_eq!(safe_name("1@c"), "1@c");
         assert_eq!(safe_name("../x/y"), "%2E.%2Fx%2Fy");
+    }
+
+    #[test]
+    fn root_keeps_state_dir_owned_by_its_owner() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root (CI runs as root)");
+            return;
+        }
+        let d = tmpdir("owner");
+        fs::create_dir_all(&d).unwrap();
+        // A StateDir owned by SlurmUser (here: nobody), and a subdirectory a root run left behind.
+        std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(d.join("jobs"))
+            .unwrap();
+        let ob = Outbox::new(&d);
+        ob.enqueue(&Event::new(job("1@c", JobState::Running), (0, 0)))
+            .unwrap();
+        ob.save_start("1@c", 5).unwrap();
+        for p in [
+            "outbox",
+            "inflight",
+            "rejected",
+            "jobs",
+            "outbox.lock",
+            "outbox/job.1@c.json",
+            "jobs/1@c",
+        ] {
+            assert_eq!(fs::metadata(d.join(p)).unwrap().uid(), 65534, "{p}");
+        }
+        fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building and testing cvslurm needs on Debian 12 (idempotent, quick when done):
+# Slurm 22.05 daemons and clients, munge, MariaDB + slurmdbd (for sacct), iproute2 (network
+# namespaces), musl-tools (the static build), python3 + openssl (the CloudVision stand-in),
+# and the Rust musl target.
+set -euo pipefail
+pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 musl-tools
+      python3 openssl curl procps util-linux ca-certificates)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "deps: no Rust toolchain; install one with rustup (https://rustup.rs), then run this again" >&2
+  exit 1
+fi
+if command -v rustup >/dev/null 2>&1; then
+  rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
+    || rustup target add x86_64-unknown-linux-musl
+fi
+echo "deps: ready (slurm $(dpkg-query -W -f='${Version}' slurmctld), $(cargo --version))"

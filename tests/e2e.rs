@@ -1,0 +1,790 @@
+//! End-to-end tests on a real Slurm 22.05 cluster (slurmctld, slurmd ×4 in network
+//! namespaces, slurmdbd + MariaDB), with cvslurm installed as PrologSlurmctld/EpilogSlurmctld
+//! through its argv[0] symlink and `cvslurm inventory --monitor` running as the service.
+//!
+//! Needs root. Run by `tests/run-all.sh` (which builds the static binary and passes it in
+//! CVSLURM_E2E_BIN); by hand: `cargo test --release --test e2e -- --ignored --test-threads=4`.
+//! Tests that disturb nodes or CloudVision take the cluster exclusively.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+const CLUSTER: &str = "cvtest";
+const WORK: &str = "/var/tmp/cvslurm-e2e";
+const NODES: usize = 4;
+
+struct Fixture {
+    cv: Standin,
+    bin: PathBuf,
+    conf: PathBuf,
+    state_dir: PathBuf,
+    log_file: PathBuf,
+    _service: Mutex<Child>,
+}
+
+static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+static CLUSTER_LOCK: RwLock<()> = RwLock::new(());
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cluster_sh(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let out = Command::new(repo().join("tests/cluster/cluster.sh"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster.sh {args:?} failed:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    out
+}
+
+fn chown_slurm(p: &Path) {
+    let st = Command::new("chown")
+        .args(["-R", "slurm:slurm"])
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// Brings the cluster, the stand-in, the hook and the service up once for all tests.
+fn fixture() -> &'static Fixture {
+    FIXTURE.get_or_init(|| {
+        let work = PathBuf::from(WORK);
+        let _ = Command::new("sh").arg("-c").arg(format!("for p in {WORK}/*.pid; do [ -f \"$p\" ] && kill $(cat \"$p\") 2>/dev/null; done; true")).status();
+        let _ = fs::remove_dir_all(&work);
+        fs::create_dir_all(&work).unwrap();
+        fs::set_permissions(&work, fs::Permissions::from_mode(0o755)).unwrap();
+        // The shipped static binary, installed the way an admin would, with the hook symlink.
+        let src = std::env::var_os("CVSLURM_E2E_BIN").map(PathBuf::from).unwrap_or_else(bin);
+        let bin = work.join("cvslurm");
+        fs::copy(&src, &bin).unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink("cvslurm", work.join("cvslurm-hook")).unwrap();
+        let cv = Standin::start();
+        fs::write(work.join("standin.pid"), format!("{}\n", cv.pid())).unwrap();
+        let ca = work.join("ca.pem");
+        fs::copy(cv.ca(), &ca).unwrap();
+        fs::set_permissions(&ca, fs::Permissions::from_mode(0o644)).unwrap();
+        let token = work.join("cloudvision.token");
+        fs::write(&token, format!("{TOKEN}\n")).unwrap();
+        fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+        let state_dir = work.join("state");
+        let log_dir = work.join("log");
+        fs::create_dir_all(&state_dir).unwrap();
+        fs::create_dir_all(&log_dir).unwrap();
+        for p in [&token, &state_dir, &log_dir] {
+            chown_slurm(p);
+        }
+        let log_file = log_dir.join("cvjob.log");
+        let conf = PathBuf::from("/etc/slurm/cloudvision.conf");
+        fs::create_dir_all("/etc/slurm").unwrap();
+        fs::write(
+            &conf,
+            format!(
+                "# cvslurm end-to-end tests\nApiServer={}\nApiTokenFile={}\nCaFile={}\nStateDir={}\nLogFile={}\n\
+                 LogLevel=debug\nHookTimeout=2\nPollInterval=2\nDiscoveryTimeout=30\nInterfacePhysicalOnly=no\n",
+                cv.server(),
+                token.display(),
+                ca.display(),
+                state_dir.display(),
+                log_file.display()
+            ),
+        )
+        .unwrap();
+        let hook = work.join("cvslurm-hook");
+        cluster_sh(&["up", &NODES.to_string()], &[("CVSLURM_HOOK", hook.to_str().unwrap()), ("WITH_DBD", "1"), ("CLUSTER_NAME", CLUSTER)]);
+        // The service, as systemd would run it.
+        let service = Command::new(&bin)
+            .args(["inventory", "--monitor"])
+            .env_remove("CVSLURM_CONF")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        fs::write(work.join("service.pid"), format!("{}\n", service.id())).unwrap();
+        eprintln!("[e2e] cluster {CLUSTER} up with {NODES} nodes; stand-in at {}", cv.server());
+        Fixture { cv, bin, conf, state_dir, log_file, _service: Mutex::new(service) }
+    })
+}
+
+/// Shared use of the cluster (jobs on n1–n3, stand-in left alone).
+fn shared() -> (&'static Fixture, RwLockReadGuard<'static, ()>) {
+    let f = fixture();
+    (f, CLUSTER_LOCK.read().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Exclusive use: may stop nodes or make CloudVision misbehave.
+fn exclusive() -> (&'static Fixture, RwLockWriteGuard<'static, ()>) {
+    let f = fixture();
+    (f, CLUSTER_LOCK.write().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn slurm(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .env("SLURM_TIME_FORMAT", "%s")
+        .output()
+        .unwrap()
+}
+
+/// Submits a batch job (kept off n4, which exclusive tests disturb) and returns its id.
+fn sbatch(args: &[&str]) -> String {
+    let mut a = vec!["--parsable", "-o", "/dev/null", "-e", "/dev/null"];
+    if !args
+        .iter()
+        .any(|x| x.starts_with("-w") || x.starts_with("--nodelist") || x.starts_with("-x"))
+    {
+        a.extend(["-x", "n4"]);
+    }
+    a.extend(args);
+    let out = slurm("sbatch", &a);
+    assert!(out.status.success(), "sbatch {a:?}: {}", stderr(&out));
+    stdout(&out).trim().split(';').next().unwrap().to_string()
+}
+
+fn key(id: &str) -> String {
+    format!("{id}@{CLUSTER}")
+}
+
+/// Every JobConfig CloudVision accepted for this job, in order.
+fn job_events(f: &Fixture, id: &str) -> Vec<Value> {
+    f.cv.accepted("JobConfig")
+        .into_iter()
+        .filter(|j| j["key"]["id"] == key(id))
+        .collect()
+}
+
+/// Waits until CloudVision holds the job in `state` (its current record), then returns it.
+fn wait_job(f: &Fixture, id: &str, state: &str, within: Duration) -> Value {
+    let until = Instant::now() + within;
+    loop {
+        let cur = f.cv.state()["jobs"][key(id)].clone();
+        if cur["state"] == state {
+            return cur;
+        }
+        if Instant::now() > until {
+            let log = fs::read_to_string(&f.log_file).unwrap_or_default();
+            let mine: Vec<&str> = log.lines().filter(|l| l.contains(&key(id))).collect();
+            panic!(
+                "job {id}: CloudVision has {cur} after {within:?}, wanted {state}\nlog:\n{}",
+                mine.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn nodes_of(v: &Value) -> Vec<String> {
+    v["nodes"]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn check_times(v: &Value) {
+    let s = v["start_time"].as_str().unwrap();
+    let e = v["end_time"].as_str().unwrap();
+    assert!(
+        s.ends_with('Z') && e.ends_with('Z') && s.len() == 20 && e.len() == 20,
+        "{v}"
+    );
+    assert!(s <= e, "start after end: {v}");
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn batch_job_success_running_then_completed() {
+    let (f, _g) = shared();
+    let id = sbatch(&["-J", "e2e-ok", "--wrap", "sleep 2"]);
+    let running = wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    assert_eq!(running["name"], "e2e-ok@debug");
+    assert_eq!(running["location"], CLUSTER);
+    assert!(running.get("end_time").is_none());
+    let done = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+    check_times(&done);
+    assert_eq!(
+        done["start_time"], running["start_time"],
+        "the epilog reuses the prolog's start"
+    );
+    assert_eq!(nodes_of(&done), nodes_of(&running));
+    assert_eq!(nodes_of(&done).len(), 1);
+    let states: Vec<_> = job_events(f, &id)
+        .iter()
+        .map(|j| j["state"].clone())
+        .collect();
+    assert_eq!(states, ["JOB_STATE_RUNNING", "JOB_STATE_COMPLETED"]);
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn batch_job_exit_code_and_self_signal_fail() {
+    let (f, _g) = shared();
+    let exit3 = sbatch(&["-J", "e2e-exit3", "--wrap", "exit 3"]);
+    let selfkill = sbatch(&["-J", "e2e-kill", "--wrap", "kill -9 $$"]);
+    wait_job(f, &exit3, "JOB_STATE_FAILED", Duration::from_secs(60));
+    let v = wait_job(f, &selfkill, "JOB_STATE_FAILED", Duration::from_secs(60));
+    check_times(&v);
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn scancel_while_running_is_cancelled() {
+    let (f, _g) = shared();
+    let id = sbatch(&["-J", "e2e-cancel", "--wrap", "sleep 300"]);
+    wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    assert!(slurm("scancel", &[&id]).status.success());
+    let v = wait_job(f, &id, "JOB_STATE_CANCELLED", Duration::from_secs(60));
+    check_times(&v);
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn time_limit_is_failed() {
+    let (f, _g) = shared();
+    let id = sbatch(&["-J", "e2e-timeout", "-t", "1", "--wrap", "sleep 600"]);
+    wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    let v = wait_job(f, &id, "JOB_STATE_FAILED", Duration::from_secs(150));
+    check_times(&v);
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn multi_node_and_chosen_nodes() {
+    let (f, _g) = shared();
+    let three = sbatch(&["-J", "e2e-n3", "-N3", "--wrap", "sleep 1"]);
+    let chosen = sbatch(&["-J", "e2e-w", "-w", "n[1,3]", "--wrap", "sleep 1"]);
+    let gpu = sbatch(&[
+        "-J", "e2e-gpu", "-p", "gpu", "-w", "n3", "--wrap", "sleep 1",
+    ]);
+    assert_eq!(
+        nodes_of(&wait_job(
+            f,
+            &three,
+            "JOB_STATE_COMPLETED",
+            Duration::from_secs(60)
+        )),
+        ["n1", "n2", "n3"]
+    );
+    assert_eq!(
+        nodes_of(&wait_job(
+            f,
+            &chosen,
+            "JOB_STATE_COMPLETED",
+            Duration::from_secs(60)
+        )),
+        ["n1", "n3"]
+    );
+    let g = wait_job(f, &gpu, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+    assert_eq!(g["name"], "e2e-gpu@gpu");
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn array_tasks_are_separate_jobs() {
+    let (f, _g) = shared();
+    let array = sbatch(&["-J", "e2e-array", "-a", "1-3", "--wrap", "sleep 1"]);
+    // Each task reaches the hooks with its own SLURM_JOB_ID.
+    let until = Instant::now() + Duration::from_secs(60);
+    let ids: Vec<String> = loop {
+        let out = slurm(
+            "sacct",
+            &["-j", &array, "-X", "-n", "-P", "--format=JobIDRaw,State"],
+        );
+        let rows: Vec<(String, String)> = stdout(&out)
+            .lines()
+            .filter_map(|l| {
+                l.split_once('|')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+            })
+            .collect();
+        if rows.len() == 3 && rows.iter().all(|(_, s)| s == "COMPLETED") {
+            break rows.into_iter().map(|(a, _)| a).collect();
+        }
+        assert!(
+            Instant::now() < until,
+            "array {array} did not finish: {}",
+            stdout(&out)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let mut distinct = ids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3);
+    for id in &ids {
+        let v = wait_job(f, id, "JOB_STATE_COMPLETED", Duration::from_secs(30));
+        assert_eq!(v["name"], "e2e-array@debug");
+    }
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn srun_and_salloc_jobs() {
+    let (f, _g) = shared();
+    let out = slurm("srun", &["-J", "e2e-srun", "-N2", "-x", "n4", "hostname"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut hosts: Vec<String> = stdout(&out).lines().map(String::from).collect();
+    hosts.sort();
+    let out = slurm("salloc", &["-J", "e2e-salloc", "-N1", "-x", "n4", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ids = |name: &str| -> String {
+        let out = slurm(
+            "sacct",
+            &["-n", "-X", "-P", "--name", name, "--format=JobIDRaw"],
+        );
+        stdout(&out)
+            .lines()
+            .last()
+            .unwrap_or_else(|| panic!("no {name} in sacct"))
+            .to_string()
+    };
+    let v = wait_job(
+        f,
+        &ids("e2e-srun"),
+        "JOB_STATE_COMPLETED",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        nodes_of(&v),
+        hosts,
+        "srun ran on the job's nodes (hostname = node name here)"
+    );
+    wait_job(
+        f,
+        &ids("e2e-salloc"),
+        "JOB_STATE_COMPLETED",
+        Duration::from_secs(60),
+    );
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn send_running_job_from_scontrol_and_ended_job_from_sacct() {
+    let (f, _g) = shared();
+    let run = sbatch(&["-J", "e2e-send", "--wrap", "sleep 60"]);
+    let done = sbatch(&["-J", "e2e-sent-later", "--wrap", "true"]);
+    wait_job(f, &run, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    wait_job(f, &done, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+    // Wait until slurmctld forgot the finished job (MinJobAge) so only sacct knows it.
+    let until = Instant::now() + Duration::from_secs(60);
+    while stdout(&slurm("scontrol", &["show", "job", "-o", &done])).contains("JobId=") {
+        assert!(Instant::now() < until, "job {done} never left slurmctld");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let out = Command::new(&f.bin)
+        .args(["send", "--dry-run", &run, &done])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let bodies: Vec<Value> = text
+        .split("POST /api/resources/computejob/v1/JobConfig\n")
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect();
+    assert_eq!(bodies.len(), 2, "{text}");
+    assert_eq!(bodies[0]["state"], "JOB_STATE_RUNNING");
+    assert_eq!(bodies[0]["type"], "JOB_TYPE_CONFIGURED");
+    assert_eq!(bodies[0]["name"], "e2e-send@debug");
+    assert_eq!(bodies[1]["state"], "JOB_STATE_COMPLETED");
+    assert_eq!(bodies[1]["key"]["id"], key(&done));
+    // The hook's record and sacct agree on the times.
+    let hooked = f.cv.state()["jobs"][key(&done)].clone();
+    assert_eq!(bodies[1]["start_time"], hooked["start_time"]);
+    assert_eq!(bodies[1]["nodes"], hooked["nodes"]);
+    // And for real, through the one client.
+    let before = f.cv.accepted("JobConfig").len();
+    let out = Command::new(&f.bin).args(["send", &run]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains(&format!(
+        "job {}: sent RUNNING on 1 node(s) (HTTP 200)",
+        key(&run)
+    )));
+    assert_eq!(f.cv.accepted("JobConfig").len(), before + 1);
+    let pending = sbatch(&[
+        "-J",
+        "e2e-pending",
+        "--begin",
+        "now+1hour",
+        "--wrap",
+        "true",
+    ]);
+    let out = Command::new(&f.bin)
+        .args(["send", &pending])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(&format!(
+            "job {pending} is PENDING: CloudVision has no such state"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    slurm("scancel", &[&run, &pending]);
+}
+
+/// Expected data interfaces of static node `i` (the harness's addressing scheme).
+fn expected_interfaces(i: usize) -> Value {
+    json!([
+        {"name": "ens1f0", "mac_address": format!("02:99:00:00:{i:02x}:02"),
+         "ip_addresses": {"values": [format!("10.98.{i}.1"), format!("10.98.{i}.2")]}},
+        {"name": "eth0", "mac_address": format!("02:99:00:00:{i:02x}:01"),
+         "ip_addresses": {"values": [format!("10.99.0.{}", 10 + i)]}},
+    ])
+}
+
+fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+    let until = Instant::now() + within;
+    while !ok() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn node_state(name: &str) -> String {
+    stdout(&slurm("sinfo", &["-h", "-N", "-n", name, "-o", "%T"]))
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--dry-run"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "inventory of cluster {CLUSTER}: {NODES} would send, 0 failed, 0 unavailable"
+        )),
+        "{text}"
+    );
+    // Real run: one NodeConfig per node with that node's own MACs and IPs.
+    let before = f.cv.requests().len();
+    let out = Command::new(&f.bin).args(["inventory"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let sent: Vec<Value> = f.cv.requests()[before..]
+        .iter()
+        .filter(|r| r["method"] == "POST" && r["path"].as_str().unwrap().ends_with("NodeConfig"))
+        .map(|r| r["body"].clone())
+        .collect();
+    assert_eq!(sent.len(), NODES);
+    for i in 1..=NODES {
+        let n = sent
+            .iter()
+            .find(|n| n["key"]["id"] == format!("n{i}"))
+            .unwrap_or_else(|| panic!("n{i} not sent"));
+        assert_eq!(n["hostname"], format!("n{i}"));
+        assert_eq!(n["location"], CLUSTER);
+        assert_eq!(
+            n["data_interfaces"]["values"],
+            expected_interfaces(i),
+            "n{i}"
+        );
+    }
+    // A node whose slurmd is dead is reported unavailable; the others are still sent.
+    cluster_sh(&["stop-slurmd", "n4"], &[]);
+    wait_until("n4 to be not responding", Duration::from_secs(60), || {
+        node_state("n4").ends_with('*')
+    });
+    let out = Command::new(&f.bin).args(["inventory"]).output().unwrap();
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    let st = node_state("n4");
+    assert!(
+        text.contains(&format!("3 sent, 0 failed, 1 unavailable (n4 ({st}))")),
+        "{text}"
+    );
+    // Discovery through srun --bcast: nothing needs to be installed on the workers.
+    cluster_sh(&["start-slurmd", "n4"], &[]);
+    wait_until("n4 to come back", Duration::from_secs(60), || {
+        node_state("n4") == "idle"
+    });
+    let conf = fs::read_to_string(&f.conf).unwrap();
+    let bcast = Scratch::new("bcast");
+    let bconf = bcast.path().join("cv.conf");
+    fs::write(&bconf, format!("{conf}DiscoveryBcast=yes\n")).unwrap();
+    let out = Command::new(&f.bin)
+        .args([
+            "inventory",
+            "--dry-run",
+            "--config",
+            bconf.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains(&format!("{NODES} would send, 0 failed")),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn requeued_job_ends_right() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let id = sbatch(&[
+        "-J",
+        "e2e-requeue",
+        "--requeue",
+        "-w",
+        "n4",
+        "--wrap",
+        "sleep 8",
+    ]);
+    wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    cluster_sh(&["stop-slurmd", "n4"], &[]);
+    // slurmctld declares n4 down and requeues the job under the same id.
+    wait_until("the job to be requeued", Duration::from_secs(90), || {
+        let s = stdout(&slurm("scontrol", &["show", "job", "-o", &id]));
+        s.contains("Restarts=1") || s.contains("JobState=PENDING")
+    });
+    cluster_sh(&["start-slurmd", "n4"], &[]);
+    let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(180));
+    check_times(&v);
+    let states: Vec<String> = job_events(f, &id)
+        .iter()
+        .map(|j| j["state"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        states.iter().filter(|s| *s == "JOB_STATE_RUNNING").count() >= 2,
+        "{states:?}"
+    );
+    assert_eq!(states.last().unwrap(), "JOB_STATE_COMPLETED");
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn hanging_cloudvision_delays_no_job_and_loses_nothing() {
+    let (f, _g) = exclusive();
+    // Baseline: how long from allocation to the job's first command with CloudVision fine.
+    let delay = |id: &str, stamp: &Path| -> f64 {
+        wait_until("the job's stamp", Duration::from_secs(60), || {
+            stamp.exists()
+        });
+        let started: f64 = fs::read_to_string(stamp).unwrap().trim().parse().unwrap();
+        let out = stdout(&slurm("scontrol", &["show", "job", "-o", id]));
+        let alloc: f64 = out
+            .split_whitespace()
+            .find_map(|t| t.strip_prefix("StartTime="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no StartTime in {out}"));
+        started - alloc
+    };
+    let dir = Scratch::new("stamps");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let stamp_ok = dir.path().join("ok");
+    let ok = sbatch(&[
+        "-J",
+        "e2e-baseline",
+        "--wrap",
+        &format!("date +%s.%N > {}; sleep 1", stamp_ok.display()),
+    ]);
+    let base = delay(&ok, &stamp_ok);
+    wait_job(f, &ok, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+    f.cv.set_mode(json!({"mode": "hang"}));
+    let stamp = dir.path().join("hang");
+    let id = sbatch(&[
+        "-J",
+        "e2e-hang",
+        "--wrap",
+        &format!("date +%s.%N > {}; sleep 1", stamp.display()),
+    ]);
+    let hung = delay(&id, &stamp);
+    // Slurm stamps StartTime in whole seconds: allow that plus scheduling jitter.
+    assert!(
+        hung - base < 2.0 + 1.5,
+        "job start delayed {hung:.2} s (baseline {base:.2} s) with a 2 s budget"
+    );
+    wait_until("the job to end", Duration::from_secs(60), || {
+        !stdout(&slurm("squeue", &["-h", "-j", &id])).contains(&id)
+    });
+    let out = stdout(&slurm(
+        "sacct",
+        &["-j", &id, "-X", "-n", "-P", "--format=State"],
+    ));
+    assert_eq!(out.trim(), "COMPLETED", "the hook never fails a job");
+    // CloudVision comes back: the service delivers what the hooks kept, ending COMPLETED.
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(120));
+    check_times(&v);
+    let log = fs::read_to_string(&f.log_file).unwrap();
+    assert!(
+        log.contains(&format!("job {}: RUNNING kept in outbox", key(&id))),
+        "hook log lacks the kept event"
+    );
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn outage_of_cloudvision_loses_no_event() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "status", "status": 503}));
+    let ids: Vec<String> = (0..6)
+        .map(|i| {
+            sbatch(&[
+                "-J",
+                &format!("e2e-outage-{i}"),
+                "--wrap",
+                if i % 2 == 0 { "true" } else { "exit 1" },
+            ])
+        })
+        .collect();
+    wait_until("the outage jobs to end", Duration::from_secs(90), || {
+        let out = stdout(&slurm("squeue", &["-h", "-o", "%i"]));
+        ids.iter().all(|id| !out.lines().any(|l| l.trim() == id))
+    });
+    // Give the last epilogs time to queue their events.
+    std::thread::sleep(Duration::from_secs(2));
+    f.cv.set_mode(json!({"mode": "ok"}));
+    for (i, id) in ids.iter().enumerate() {
+        let want = if i % 2 == 0 {
+            "JOB_STATE_COMPLETED"
+        } else {
+            "JOB_STATE_FAILED"
+        };
+        wait_job(f, id, want, Duration::from_secs(120));
+        let events = job_events(f, id);
+        assert_eq!(events.last().unwrap()["state"], want, "{events:?}");
+    }
+    let _ = &f.state_dir;
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn monitor_follows_nodes_that_appear_leave_and_return() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let nodes = |f: &Fixture| f.cv.state()["nodes"].clone();
+    // The service's first inventory sent every node.
+    wait_until(
+        "the service's first inventory",
+        Duration::from_secs(60),
+        || (1..=NODES).all(|i| nodes(f)[format!("n{i}")].is_object()),
+    );
+    cluster_sh(&["add-node", "n5"], &[]);
+    wait_until("n5's NodeConfig", Duration::from_secs(60), || {
+        nodes(f)["n5"].is_object()
+    });
+    assert_eq!(
+        nodes(f)["n5"]["data_interfaces"]["values"],
+        expected_interfaces(5)
+    );
+    // n5 goes away for a while and comes back: sent again.
+    let sent_before =
+        f.cv.accepted("NodeConfig")
+            .iter()
+            .filter(|n| n["key"]["id"] == "n5")
+            .count();
+    cluster_sh(&["stop-slurmd", "n5"], &[]);
+    wait_until("n5 to be not responding", Duration::from_secs(60), || {
+        node_state("n5").ends_with('*')
+    });
+    cluster_sh(&["start-slurmd", "n5"], &[]);
+    wait_until("n5 to be sent again", Duration::from_secs(90), || {
+        f.cv.accepted("NodeConfig")
+            .iter()
+            .filter(|n| n["key"]["id"] == "n5")
+            .count()
+            > sent_before
+    });
+    cluster_sh(&["del-node", "n5"], &[]);
+    wait_until("n5's DELETE", Duration::from_secs(60), || {
+        f.cv.requests()
+            .iter()
+            .any(|r| r["method"] == "DELETE" && r["query"]["key.id"] == "n5")
+    });
+    assert!(nodes(f)["n5"].is_null());
+    let log = fs::read_to_string(&f.log_file).unwrap();
+    assert!(
+        log.contains("node n5: appeared; sending NodeConfig"),
+        "{log}"
+    );
+    assert!(
+        log.contains("node n5: came back; sending NodeConfig"),
+        "{log}"
+    );
+    assert!(
+        log.contains("node n5: left the cluster; deleting its NodeConfig"),
+        "{log}"
+    );
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn monitor_stops_cleanly_on_sigterm() {
+    let (f, _g) = shared();
+    let mut child = Command::new(&f.bin)
+        .args(["inventory", "--monitor", "--poll-interval", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the monitor stopped by itself"
+    );
+    let t = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the monitor ignored SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "stopping took {:?}",
+        t.elapsed()
+    );
+}
