@@ -536,7 +536,9 @@ fn run_flush(a: FlushArgs) -> i32 {
         log::error!("{e}");
         return 1;
     }
+    outbox.enforce_limit(cfg.outbox_max_events);
     let r = crate::delivery::drain(&outbox, &client, cfg.max_concurrent_requests, &STOP);
+    outbox.record_drain(&r);
     println!(
         "outbox: {} delivered, {} kept, {} rejected{}",
         r.delivered,

@@ -8,10 +8,14 @@ use crate::config::{Config, Token};
 use crate::payload::{JobConfig, NodeConfig};
 use std::fmt;
 use std::io::Read;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
+use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
+use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 
 /// Path of JobConfig on the server.
 pub const JOB_CONFIG_PATH: &str = "/api/resources/computejob/v1/JobConfig";
@@ -151,12 +155,107 @@ impl ClientOptions {
 }
 
 /// A CloudVision client; cheap to clone and share between threads (connections are pooled).
+///
+/// Trust: the server must chain to the system CA bundle or to `CaFile`. When a `CaFile` is
+/// given, the client first trusts only it (parsing the ~150-certificate system bundle costs
+/// more CPU than the whole request); if the server's chain does not reach it (rustls says
+/// `UnknownIssuer`), the client loads system bundle + `CaFile` once, retries the request, and
+/// keeps using that set. What is accepted is exactly what system bundle + `CaFile` accepts.
 #[derive(Clone)]
 pub struct Client {
     agent: ureq::Agent,
+    /// Set when `agent` trusts `CaFile` only: the agent trusting system bundle + `CaFile`.
+    wide: Option<Arc<WideTrust>>,
     base: String,
     token: Option<Token>,
     timeout: Duration,
+    /// `Bearer <token>`, built once.
+    auth: String,
+    job_url: String,
+    node_url: String,
+}
+
+/// The system-bundle + `CaFile` agent, built on first need.
+struct WideTrust {
+    opts: ClientOptions,
+    system_bundle: Option<PathBuf>,
+    agent: OnceLock<Result<ureq::Agent, SendError>>,
+    in_use: AtomicBool,
+}
+
+impl WideTrust {
+    fn agent(&self) -> Result<&ureq::Agent, SendError> {
+        self.agent
+            .get_or_init(|| {
+                let roots = root_certs(self.system_bundle.as_deref(), self.opts.ca_file.as_deref())
+                    .map_err(SendError::NotConfigured)?;
+                Ok(build_agent(&self.opts, roots))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+/// Resolves IP literals without a resolver thread (ureq's default resolver starts one per
+/// connection when a timeout is set); host names go to ureq's resolver.
+#[derive(Debug, Default)]
+struct LiteralFirstResolver(DefaultResolver);
+
+impl Resolver for LiteralFirstResolver {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        if let (Some(auth), Some("https")) = (uri.authority(), uri.scheme_str()) {
+            let host = auth.host().trim_start_matches('[').trim_end_matches(']');
+            if let Ok(ip) = host.parse::<IpAddr>() {
+                let mut out = self.0.empty();
+                out.push(SocketAddr::new(ip, auth.port_u16().unwrap_or(443)));
+                return Ok(out);
+            }
+        }
+        self.0.resolve(uri, config, timeout)
+    }
+}
+
+fn build_agent(opts: &ClientOptions, roots: RootCerts) -> ureq::Agent {
+    let tls = TlsConfig::builder()
+        .root_certs(roots)
+        .disable_verification(opts.insecure)
+        .build();
+    let config = ureq::Agent::config_builder()
+        .tls_config(tls)
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .user_agent(concat!("cvslurm/", env!("CARGO_PKG_VERSION")))
+        .timeout_global(Some(opts.timeout))
+        .max_idle_connections(64)
+        .max_idle_connections_per_host(64)
+        .build();
+    ureq::Agent::with_parts(
+        config,
+        DefaultConnector::default(),
+        LiteralFirstResolver::default(),
+    )
+}
+
+/// The first system CA bundle that exists (`SSL_CERT_FILE` first).
+fn system_bundle() -> Option<PathBuf> {
+    std::env::var_os("SSL_CERT_FILE")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(SYSTEM_CA_BUNDLES.iter().map(PathBuf::from))
+        .find(|p| p.is_file())
+}
+
+/// True when TLS failed because the chain reached no trusted root.
+fn unknown_issuer(e: &ureq::Error) -> bool {
+    // rustls is not a direct dependency, so its error is recognised by its text
+    // ("invalid peer certificate: UnknownIssuer"); the unit test `falls_back_to_system_roots`
+    // keeps this honest.
+    e.to_string().contains("UnknownIssuer")
 }
 
 impl fmt::Debug for Client {
@@ -181,28 +280,44 @@ pub struct Answer {
 impl Client {
     /// Builds a client. Fails when the CA file cannot be read or holds no certificate.
     pub fn new(opts: ClientOptions) -> Result<Client, SendError> {
-        let roots = if opts.insecure {
-            RootCerts::WebPki
+        Client::with_system_bundle(opts, system_bundle())
+    }
+
+    /// [`Client::new`] with the system CA bundle at `system_bundle` (`None`: there is none).
+    pub fn with_system_bundle(
+        opts: ClientOptions,
+        system_bundle: Option<PathBuf>,
+    ) -> Result<Client, SendError> {
+        let (agent, wide) = if opts.insecure {
+            (build_agent(&opts, RootCerts::WebPki), None)
+        } else if let Some(ca) = opts.ca_file.as_deref() {
+            let roots = root_certs(None, Some(ca)).map_err(SendError::NotConfigured)?;
+            let wide = system_bundle.is_some().then(|| {
+                Arc::new(WideTrust {
+                    opts: opts.clone(),
+                    system_bundle: system_bundle.clone(),
+                    agent: OnceLock::new(),
+                    in_use: AtomicBool::new(false),
+                })
+            });
+            (build_agent(&opts, roots), wide)
         } else {
-            root_certs(opts.ca_file.as_deref()).map_err(SendError::NotConfigured)?
+            let roots =
+                root_certs(system_bundle.as_deref(), None).map_err(SendError::NotConfigured)?;
+            (build_agent(&opts, roots), None)
         };
-        let tls = TlsConfig::builder()
-            .root_certs(roots)
-            .disable_verification(opts.insecure)
-            .build();
-        let agent = ureq::Agent::config_builder()
-            .tls_config(tls)
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .user_agent(concat!("cvslurm/", env!("CARGO_PKG_VERSION")))
-            .timeout_global(Some(opts.timeout))
-            .max_idle_connections(64)
-            .max_idle_connections_per_host(64)
-            .build()
-            .new_agent();
+        let base = format!("https://{}", opts.server);
         Ok(Client {
             agent,
-            base: format!("https://{}", opts.server),
+            wide,
+            auth: opts
+                .token
+                .as_ref()
+                .map(|t| format!("Bearer {}", t.expose()))
+                .unwrap_or_default(),
+            job_url: format!("{base}{JOB_CONFIG_PATH}"),
+            node_url: format!("{base}{NODE_CONFIG_PATH}"),
+            base,
             token: opts.token,
             timeout: opts.timeout,
         })
@@ -215,12 +330,12 @@ impl Client {
 
     /// The URL of JobConfig.
     pub fn job_url(&self) -> String {
-        format!("{}{JOB_CONFIG_PATH}", self.base)
+        self.job_url.clone()
     }
 
     /// The URL of NodeConfig.
     pub fn node_url(&self) -> String {
-        format!("{}{NODE_CONFIG_PATH}", self.base)
+        self.node_url.clone()
     }
 
     /// The URL that deletes one NodeConfig.
@@ -239,7 +354,7 @@ impl Client {
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
         let body = serde_json::to_vec(job).expect("JobConfig serializes");
-        self.call("POST", &self.job_url(), Some(&body), deadline)
+        self.call("POST", &self.job_url, Some(&body), deadline)
     }
 
     /// Sends one NodeConfig.
@@ -249,7 +364,7 @@ impl Client {
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
         let body = serde_json::to_vec(node).expect("NodeConfig serializes");
-        self.call("POST", &self.node_url(), Some(&body), deadline)
+        self.call("POST", &self.node_url, Some(&body), deadline)
     }
 
     /// Deletes one NodeConfig. A 404 (already gone) counts as success.
@@ -269,7 +384,7 @@ impl Client {
 
     /// Asks CloudVision for JobConfig with the token: proves reachability, TLS and the token.
     pub fn probe(&self, deadline: Option<Instant>) -> Result<Answer, SendError> {
-        self.call("GET", &self.job_url(), None, deadline)
+        self.call("GET", &self.job_url, None, deadline)
     }
 
     /// Sends one request and classifies the outcome.
@@ -291,40 +406,24 @@ impl Client {
                 "no time left to reach CloudVision at {host}"
             )));
         }
-        let auth = self
-            .token
-            .as_ref()
-            .map(|t| format!("Bearer {}", t.expose()))
-            .unwrap_or_default();
-        let result = match method {
-            "POST" => self
-                .agent
-                .post(url)
-                .config()
-                .timeout_global(Some(budget))
-                .build()
-                .header("Authorization", &auth)
-                .header("Content-Type", "application/json")
-                .header("Accept", "application/json")
-                .send(body.unwrap_or(b"{}")),
-            "DELETE" => self
-                .agent
-                .delete(url)
-                .config()
-                .timeout_global(Some(budget))
-                .build()
-                .header("Authorization", &auth)
-                .header("Accept", "application/json")
-                .call(),
-            _ => self
-                .agent
-                .get(url)
-                .config()
-                .timeout_global(Some(budget))
-                .build()
-                .header("Authorization", &auth)
-                .header("Accept", "application/json")
-                .call(),
+        let agent = match &self.wide {
+            Some(w) if w.in_use.load(Ordering::Relaxed) => w.agent()?,
+            _ => &self.agent,
+        };
+        let result = match self.send(agent, method, url, body, deadline, budget) {
+            Err(e) if unknown_issuer(&e) && !std::ptr::eq(agent, &self.agent) => Err(e),
+            Err(e) if unknown_issuer(&e) && self.wide.is_some() => {
+                let w = self.wide.as_ref().expect("checked");
+                log::debug!("{host}: not signed by CaFile; trying the system CA bundle too");
+                let wide = w.agent()?;
+                w.in_use.store(true, Ordering::Relaxed);
+                let left = match deadline {
+                    Some(d) => d.saturating_duration_since(Instant::now()),
+                    None => self.timeout.saturating_sub(start.elapsed()),
+                };
+                self.send(wide, method, url, body, deadline, left)
+            }
+            other => other,
         };
         let mut resp = result.map_err(|e| match e {
             ureq::Error::Timeout(_) => SendError::Timeout(format!(
@@ -364,6 +463,60 @@ impl Client {
     }
 }
 
+impl Client {
+    /// One request on `agent`. Without a caller deadline the agent's own timeout applies, so
+    /// no request-level config is made (ureq then caches the TLS config in the agent instead
+    /// of rebuilding it, root store included, for every new connection).
+    fn send(
+        &self,
+        agent: &ureq::Agent,
+        method: &str,
+        url: &str,
+        body: Option<&[u8]>,
+        deadline: Option<Instant>,
+        budget: Duration,
+    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let own_timeout = deadline.is_none() && budget == self.timeout;
+        let auth = self.auth.as_str();
+        match method {
+            "POST" => {
+                let r = agent.post(url);
+                let r = if own_timeout {
+                    r
+                } else {
+                    r.config().timeout_global(Some(budget)).build()
+                };
+                r.header("Authorization", auth)
+                    .header("Content-Type", "application/json")
+                    .header("Accept", "application/json")
+                    .send(body.unwrap_or(b"{}"))
+            }
+            "DELETE" => {
+                let r = agent.delete(url);
+                let r = if own_timeout {
+                    r
+                } else {
+                    r.config().timeout_global(Some(budget)).build()
+                };
+                r.header("Authorization", auth)
+                    .header("Accept", "application/json")
+                    .call()
+            }
+            _ => {
+                let r = agent.get(url);
+                let r = if own_timeout {
+                    r
+                } else {
+                    r.config().timeout_global(Some(budget)).build()
+                };
+                r.header("Authorization", auth)
+                    .header("Accept", "application/json")
+                    .call()
+            }
+        }
+    }
+}
+
 /// Picks CloudVision's `message` out of a JSON error body, else a short excerpt of the text.
 fn error_message(body: &str) -> String {
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(body) {
@@ -378,14 +531,9 @@ fn error_message(body: &str) -> String {
     one_line.chars().take(200).collect()
 }
 
-/// The system CA bundle plus `ca_file`.
-fn root_certs(ca_file: Option<&Path>) -> Result<RootCerts, String> {
+/// The certificates of the system bundle `system` plus `ca_file`.
+fn root_certs(system: Option<&Path>, ca_file: Option<&Path>) -> Result<RootCerts, String> {
     let mut certs: Vec<Certificate<'static>> = Vec::new();
-    let env_bundle = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
-    let system = env_bundle
-        .into_iter()
-        .chain(SYSTEM_CA_BUNDLES.iter().map(PathBuf::from))
-        .find(|p| p.is_file());
     if let Some(p) = system {
         if let Ok(pem) = std::fs::read(&p) {
             certs.extend(pem_certs(&pem));

@@ -105,6 +105,14 @@ pub struct Config {
     pub slurm_bin_dir: Option<PathBuf>,
     /// `MaxConcurrentRequests`: parallel CloudVision requests of inventory and the outbox drain.
     pub max_concurrent_requests: usize,
+    /// `ReconcileInterval`: how often the service compares Slurm's running jobs with what the
+    /// hooks reported (0: never).
+    pub reconcile_interval: Duration,
+    /// `NodeReassertInterval`: how often the service discovers and sends every node again
+    /// (0: never).
+    pub node_reassert_interval: Duration,
+    /// `OutboxMaxEvents`: the most events the outbox keeps; past it the least valuable go.
+    pub outbox_max_events: usize,
 }
 
 impl Default for Config {
@@ -133,6 +141,9 @@ impl Default for Config {
             state_dir: PathBuf::from("/var/spool/cvslurm"),
             slurm_bin_dir: None,
             max_concurrent_requests: 16,
+            reconcile_interval: Duration::from_secs(300),
+            node_reassert_interval: Duration::from_secs(86_400),
+            outbox_max_events: 100_000,
         }
     }
 }
@@ -160,6 +171,9 @@ pub const KEYS: &[&str] = &[
     "StateDir",
     "SlurmBinDir",
     "MaxConcurrentRequests",
+    "ReconcileInterval",
+    "NodeReassertInterval",
+    "OutboxMaxEvents",
 ];
 
 impl Config {
@@ -280,6 +294,15 @@ impl Config {
                     .ok()
                     .filter(|n| (1..=256).contains(n))
                     .ok_or_else(|| format!("{value:?} is not a whole number from 1 to 256"))?
+            }
+            "ReconcileInterval" => self.reconcile_interval = parse_duration(value, 0.0)?,
+            "NodeReassertInterval" => self.node_reassert_interval = parse_duration(value, 0.0)?,
+            "OutboxMaxEvents" => {
+                self.outbox_max_events = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| format!("{value:?} is not a whole number of at least 1"))?
             }
             _ => unreachable!("every canonical key is handled"),
         }
@@ -409,6 +432,10 @@ pub fn parse_duration(v: &str, min_secs: f64) -> Result<Duration, String> {
     let v = v.trim();
     let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
         (n, 0.001)
+    } else if let Some(n) = v.strip_suffix('h') {
+        (n, 3600.0)
+    } else if let Some(n) = v.strip_suffix('d') {
+        (n, 86_400.0)
     } else if let Some(n) = v.strip_suffix('s') {
         (n, 1.0)
     } else if let Some(n) = v.strip_suffix('m') {
@@ -422,9 +449,9 @@ pub fn parse_duration(v: &str, min_secs: f64) -> Result<Duration, String> {
         .ok()
         .filter(|x| x.is_finite() && *x >= 0.0)
         .map(|x| x * scale)
-        .ok_or_else(|| format!("{v:?} is not a duration (seconds, or 500ms, 30s, 5m)"))?;
-    if secs < min_secs || secs > 86_400.0 * 7.0 {
-        return Err(format!("{v:?} is out of range ({min_secs} s to 7 days)"));
+        .ok_or_else(|| format!("{v:?} is not a duration (seconds, or 500ms, 30s, 5m, 12h, 1d)"))?;
+    if secs < min_secs || secs > 86_400.0 * 30.0 {
+        return Err(format!("{v:?} is out of range ({min_secs} s to 30 days)"));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -470,7 +497,8 @@ mod tests {
              JobNameInclude=^train\nJobNameExclude=\nPartitions=gpu, cpu\nPollInterval=30\n\
              InterfaceRegex=^(eth|ib)\nInterfacePhysicalOnly=no\nInterfaceRequireIp=false\n\
              DiscoveryJobName=\"cv-disc\"\nDiscoveryTimeout=45s\nDiscoveryBcast=yes\nHookTimeout=1.5\n\
-             RequestTimeout=500ms\nStateDir=/var/spool/x\nSlurmBinDir=/opt/slurm/bin\nMaxConcurrentRequests=32\n",
+             RequestTimeout=500ms\nStateDir=/var/spool/x\nSlurmBinDir=/opt/slurm/bin\nMaxConcurrentRequests=32\n\
+             ReconcileInterval=0\nNodeReassertInterval=12h\nOutboxMaxEvents=500\n",
         )
         .unwrap();
         assert_eq!(c.api_server.as_deref(), Some("cv.example.com:8443"));
@@ -496,6 +524,9 @@ mod tests {
             Some(Path::new("/opt/slurm/bin"))
         );
         assert_eq!(c.max_concurrent_requests, 32);
+        assert_eq!(c.reconcile_interval, Duration::ZERO);
+        assert_eq!(c.node_reassert_interval, Duration::from_secs(43_200));
+        assert_eq!(c.outbox_max_events, 500);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::delivery::{self, backoff, parallel_map};
 use crate::discover::DiscoverRecord;
 use crate::outbox::{Event, Item, Outbox};
+use crate::reconcile;
 use crate::runner::{Slurm, MAX_OUTPUT};
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use crate::systemd;
@@ -32,6 +33,17 @@ pub struct Inventory<'a> {
     pub client: Option<Client>,
     /// Set by SIGTERM/SIGINT.
     pub stop: &'a AtomicBool,
+}
+
+/// What the monitor knows of a node since it last listed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Available, and its NodeConfig was queued.
+    Sent,
+    /// Not available (or its discovery failed): sent again once it is.
+    Unavailable,
+    /// Due for re-assertion (`NodeReassertInterval`).
+    Refresh,
 }
 
 /// Per-node outcome of a discovery pass.
@@ -261,22 +273,51 @@ impl Inventory<'_> {
             client.base_url()
         );
         systemd::notify("READY=1");
-        let mut known: BTreeMap<String, bool> = BTreeMap::new(); // node → available when last seen
+        let mut known: BTreeMap<String, Seen> = BTreeMap::new();
         let mut next_poll = Instant::now();
         let mut next_drain = Instant::now();
         let mut drain_failures = 0u32;
         let mut token_warned_at: Option<Instant> = None;
+        let every = |d: Duration| (!d.is_zero()).then_some(d);
+        let mut next_reconcile = Instant::now();
+        let mut next_reassert = every(self.cfg.node_reassert_interval).map(|d| Instant::now() + d);
         while !self.stop.load(Ordering::Relaxed) {
             systemd::notify("WATCHDOG=1");
-            let now = Instant::now();
-            if now >= next_poll {
+            if next_reassert.is_some_and(|t| Instant::now() >= t) {
+                let n = known
+                    .values_mut()
+                    .filter(|v| **v == Seen::Sent)
+                    .map(|v| *v = Seen::Refresh)
+                    .count();
+                log::info!("re-asserting the NodeConfig of {n} node(s) (NodeReassertInterval)");
+                next_reassert = every(self.cfg.node_reassert_interval).map(|d| Instant::now() + d);
+                next_poll = Instant::now();
+            }
+            if Instant::now() >= next_poll {
                 self.poll(&mut known, outbox);
                 next_poll = Instant::now() + self.cfg.poll_interval;
                 next_drain = next_drain.min(Instant::now());
             }
+            if !self.cfg.reconcile_interval.is_zero() && Instant::now() >= next_reconcile {
+                match reconcile::reconcile(self.cfg, &self.slurm, &self.cluster, outbox) {
+                    Ok(r) if r.started + r.ended > 0 => {
+                        log::info!(
+                            "reconcile: {} RUNNING and {} end(s) queued",
+                            r.started,
+                            r.ended
+                        );
+                        next_drain = Instant::now();
+                    }
+                    Ok(_) => {}
+                    Err(e) => log::error!("reconcile: {e}"),
+                }
+                next_reconcile = Instant::now() + self.cfg.reconcile_interval;
+            }
             if Instant::now() >= next_drain {
+                outbox.enforce_limit(self.cfg.outbox_max_events);
                 let r =
                     delivery::drain(outbox, client, self.cfg.max_concurrent_requests, self.stop);
+                outbox.record_drain(&r);
                 if r.kept == 0 {
                     drain_failures = 0;
                     next_drain = Instant::now() + Duration::from_secs(5);
@@ -312,8 +353,9 @@ impl Inventory<'_> {
         0
     }
 
-    /// One monitor poll: discover nodes that appeared or came back, delete nodes that left.
-    fn poll(&self, known: &mut BTreeMap<String, bool>, outbox: &Outbox) {
+    /// One monitor poll: discover nodes that appeared, came back or are due for re-assertion;
+    /// delete nodes that left.
+    fn poll(&self, known: &mut BTreeMap<String, Seen>, outbox: &Outbox) {
         let nodes = match slurm::sinfo_nodes(&self.slurm, COMMAND_TIMEOUT) {
             Ok(n) => n,
             Err(e) => {
@@ -335,22 +377,22 @@ impl Inventory<'_> {
         let mut to_discover = Vec::new();
         for n in &nodes {
             let was = known.get(&n.name).copied();
-            let avail = n.available();
-            if avail && was != Some(true) {
-                to_discover.push(n);
-            }
-            if !avail {
-                if was == Some(true) {
-                    log::info!(
-                        "node {}: now {}; it will be sent again when it comes back",
-                        n.name,
-                        n.state
-                    );
-                } else if was.is_none() {
-                    log::info!("node {}: {} (not available for discovery)", n.name, n.state);
+            if n.available() {
+                if was != Some(Seen::Sent) {
+                    to_discover.push(n);
                 }
-                known.insert(n.name.clone(), false);
+                continue;
             }
+            match was {
+                Some(Seen::Sent) | Some(Seen::Refresh) => log::info!(
+                    "node {}: now {}; it will be sent again when it comes back",
+                    n.name,
+                    n.state
+                ),
+                None => log::info!("node {}: {} (not available for discovery)", n.name, n.state),
+                Some(Seen::Unavailable) => {}
+            }
+            known.insert(n.name.clone(), Seen::Unavailable);
         }
         if to_discover.is_empty() {
             return;
@@ -358,16 +400,16 @@ impl Inventory<'_> {
         for (name, r) in self.discover(&to_discover) {
             match r {
                 Ok(rec) => {
-                    let verb = if known.contains_key(&name) {
-                        "came back"
-                    } else {
-                        "appeared"
+                    let verb = match known.get(&name) {
+                        None => "appeared",
+                        Some(Seen::Refresh) => "re-asserting",
+                        Some(_) => "came back",
                     };
                     log::info!(
                         "node {name}: {verb}; sending NodeConfig ({} interface(s))",
                         rec.interfaces.len()
                     );
-                    known.insert(name, true);
+                    known.insert(name, Seen::Sent);
                     self.queue(
                         outbox,
                         Item::Node {
@@ -377,7 +419,10 @@ impl Inventory<'_> {
                 }
                 Err(e) => {
                     log::warn!("node {name}: discovery failed, will retry next poll: {e}");
-                    known.entry(name).or_insert(false);
+                    let seen = known.entry(name).or_insert(Seen::Unavailable);
+                    if *seen == Seen::Sent {
+                        *seen = Seen::Unavailable;
+                    }
                 }
             }
         }

@@ -16,6 +16,7 @@ pub mod inventory;
 pub mod logging;
 pub mod outbox;
 pub mod payload;
+pub mod reconcile;
 pub mod runner;
 pub mod send;
 pub mod slurm;

@@ -31,6 +31,7 @@ pub fn init(sink: Sink, file: &Path, level: log::LevelFilter) -> Option<String> 
     if to_file {
         match OpenOptions::new().create(true).append(true).open(file) {
             Ok(f) => {
+                give_to_dir_owner(&f, file);
                 builder.target(env_logger::Target::Pipe(Box::new(f)));
             }
             Err(e) => {
@@ -73,4 +74,51 @@ pub fn init(sink: Sink, file: &Path, level: log::LevelFilter) -> Option<String> 
     });
     let _ = builder.try_init();
     problem
+}
+
+/// When root creates the log file in a directory that belongs to someone else (SlurmUser's log
+/// directory), the file takes that owner, so the hooks (running as SlurmUser) can append too.
+fn give_to_dir_owner(f: &std::fs::File, path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let (Ok(fm), Some(Ok(dm))) = (f.metadata(), path.parent().map(std::fs::metadata)) else {
+        return;
+    };
+    if fm.uid() == 0 && dm.uid() != 0 && fm.len() == 0 {
+        let _ = std::os::unix::fs::fchown(f, Some(dm.uid()), Some(dm.gid()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_created_log_file_takes_the_directory_owner() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root (CI runs as root)");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("cvslurm-logown-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+        let p = d.join("cvjob.log");
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&p)
+            .unwrap();
+        give_to_dir_owner(&f, &p);
+        assert_eq!(std::fs::metadata(&p).unwrap().uid(), 65534);
+        // An existing root file with content is left alone.
+        let q = d.join("other.log");
+        std::fs::write(&q, "x").unwrap();
+        let f = OpenOptions::new().append(true).open(&q).unwrap();
+        give_to_dir_owner(&f, &q);
+        assert_eq!(std::fs::metadata(&q).unwrap().uid(), 0);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

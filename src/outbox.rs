@@ -356,6 +356,105 @@ impl Outbox {
     pub fn forget_start(&self, key: &str) {
         let _ = fs::remove_file(self.dir("jobs").join(safe_name(key)));
     }
+
+    /// The jobs whose start a prolog recorded and whose end no epilog has handled yet:
+    /// `(key, start, age of the record)`.
+    pub fn started_jobs(&self) -> Vec<(String, i64, Duration)> {
+        let Ok(rd) = fs::read_dir(self.dir("jobs")) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(".tmp.") {
+                    return None;
+                }
+                let start = fs::read_to_string(e.path()).ok()?.trim().parse().ok()?;
+                let age = e
+                    .metadata()
+                    .ok()?
+                    .modified()
+                    .ok()?
+                    .elapsed()
+                    .unwrap_or_default();
+                Some((unsafe_name(&name), start, age))
+            })
+            .collect()
+    }
+
+    /// The keys (`12345@cluster`) of jobs with an event pending or in flight.
+    pub fn pending_job_keys(&self) -> std::collections::HashSet<String> {
+        ["outbox", "inflight"]
+            .iter()
+            .flat_map(|d| list_dir(&self.dir(d)))
+            .filter_map(|p| {
+                let n = p.file_name()?.to_string_lossy().into_owned();
+                let key = n.strip_prefix("job.")?.strip_suffix(".json")?;
+                Some(unsafe_name(key))
+            })
+            .collect()
+    }
+
+    /// Records the outcome of a drain pass in `service-status.json` for `cvslurm status`:
+    /// the last delivery and the last error, with their times.
+    pub fn record_drain(&self, r: &crate::delivery::DrainReport) {
+        let path = self.root.join("service-status.json");
+        let mut v: serde_json::Value = fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_else(|| serde_json::json!({}));
+        let now = crate::timefmt::now_epoch();
+        if r.delivered > 0 {
+            v["last_delivery"] = now.into();
+        }
+        if let Some(e) = &r.last_error {
+            v["last_error"] = e.clone().into();
+            v["last_error_at"] = now.into();
+        }
+        v["last_drain"] = now.into();
+        if let Ok(bytes) = serde_json::to_vec(&v) {
+            // Not fsynced: it is a report, not an event.
+            let _ = fs::write(&path, bytes);
+        }
+    }
+
+    /// What the last drain passes recorded (`record_drain`), if anything.
+    pub fn service_status(&self) -> Option<serde_json::Value> {
+        fs::read(self.root.join("service-status.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+    }
+
+    /// Keeps the outbox within `max` events: past it, the oldest node events go first (the
+    /// service discovers nodes again), then the oldest RUNNING events (reconciliation sends
+    /// RUNNING again for jobs still running), then the oldest events of ended jobs. Each drop
+    /// is logged. Returns how many were dropped.
+    pub fn enforce_limit(&self, max: usize) -> usize {
+        let pending = self.pending();
+        if pending.len() <= max {
+            return 0;
+        }
+        let excess = pending.len() - max;
+        let class = |e: &Event| match &e.item {
+            Item::Node { .. } | Item::NodeDelete { .. } => 0,
+            Item::Job { job } if !job.state.is_terminal() => 1,
+            Item::Job { .. } => 2,
+        };
+        let mut order: Vec<&Event> = pending.iter().collect();
+        order.sort_by_key(|e| (class(e), e.seq));
+        let mut dropped = 0;
+        for ev in order.into_iter().take(excess) {
+            if self.remove_if_same(ev).unwrap_or(false) {
+                log::warn!(
+                    "outbox: over OutboxMaxEvents ({max}): dropped {} queued {} s ago",
+                    ev.item.describe(),
+                    crate::timefmt::now_epoch() - ev.queued_at
+                );
+                dropped += 1;
+            }
+        }
+        dropped
+    }
 }
 
 /// How an in-flight event ended.
@@ -453,6 +552,26 @@ fn safe_name(key: &str) -> String {
     s
 }
 
+/// Undoes [`safe_name`].
+fn unsafe_name(name: &str) -> String {
+    let mut out = Vec::with_capacity(name.len());
+    let b = name.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(hex, 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -532,6 +651,41 @@ mod tests {
     fn names_are_safe() {
         assert_eq!(safe_name("1@c"), "1@c");
         assert_eq!(safe_name("../x/y"), "%2E.%2Fx%2Fy");
+        for k in ["1@c", "../x/y", "a%b", ".%2F", "%", "%aé", "é%"] {
+            assert_eq!(unsafe_name(&safe_name(k)), k);
+        }
+    }
+
+    #[test]
+    fn limit_drops_nodes_then_running_then_oldest_ends() {
+        let d = tmpdir("limit");
+        let ob = Outbox::new(&d);
+        let node = |n: &str| Item::NodeDelete { name: n.into() };
+        for ev in [
+            Event::new(job("1@c", JobState::Completed), (0, 1)),
+            Event::new(node("n1"), (0, 0)),
+            Event::new(job("2@c", JobState::Running), (0, 0)),
+            Event::new(job("3@c", JobState::Failed), (0, 1)),
+            Event::new(job("4@c", JobState::Running), (0, 0)),
+        ] {
+            ob.enqueue(&ev).unwrap();
+        }
+        assert_eq!(ob.enforce_limit(10), 0);
+        assert_eq!(ob.enforce_limit(3), 2);
+        let left: Vec<String> = ob.pending().iter().map(|e| e.item.describe()).collect();
+        assert_eq!(
+            left,
+            ["job 1@c COMPLETED", "job 3@c FAILED", "job 4@c RUNNING"]
+        );
+        assert_eq!(ob.enforce_limit(1), 2);
+        assert_eq!(ob.pending()[0].item.describe(), "job 3@c FAILED");
+        let keys = ob.pending_job_keys();
+        assert!(keys.contains("3@c") && keys.len() == 1);
+        ob.save_start("5@c", 100).unwrap();
+        let started = ob.started_jobs();
+        assert_eq!(started.len(), 1);
+        assert_eq!((started[0].0.as_str(), started[0].1), ("5@c", 100));
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

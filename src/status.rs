@@ -22,6 +22,12 @@ pub struct Status {
     pub api_server: Option<String>,
     /// `ok`, `skipped`, or the error.
     pub cloudvision: String,
+    /// Unix time of the last delivery by the service or `flush`.
+    pub last_delivery: Option<i64>,
+    /// The last delivery error the service or `flush` met, and when.
+    pub last_error: Option<String>,
+    /// Unix time of `last_error`.
+    pub last_error_at: Option<i64>,
 }
 
 /// Prints the status; exit 1 when the oldest event is older than `max_age` seconds or
@@ -59,7 +65,16 @@ pub fn main(config: Option<&Path>, json: bool, max_age: i64, offline: bool) -> i
         rejected: outbox.rejected_count(),
         api_server: cfg.api_server.clone(),
         cloudvision: cv,
+        last_delivery: None,
+        last_error: None,
+        last_error_at: None,
     };
+    let mut st = st;
+    if let Some(v) = outbox.service_status() {
+        st.last_delivery = v["last_delivery"].as_i64();
+        st.last_error = v["last_error"].as_str().map(String::from);
+        st.last_error_at = v["last_error_at"].as_i64();
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&st).expect("serializes"));
     } else {
@@ -71,6 +86,20 @@ pub fn main(config: Option<&Path>, json: bool, max_age: i64, offline: bool) -> i
                 .map_or("-".into(), |a| format!("{a} s old"))
         );
         println!("rejected events:  {}", st.rejected);
+        let ago = |t: Option<i64>| {
+            t.map_or("never".to_string(), |t| {
+                format!(
+                    "{} ({} s ago)",
+                    crate::timefmt::format_epoch(t).unwrap_or_default(),
+                    crate::timefmt::now_epoch() - t
+                )
+            })
+        };
+        println!("last delivery:    {}", ago(st.last_delivery));
+        match &st.last_error {
+            Some(e) => println!("last error:       {} at {}", e, ago(st.last_error_at)),
+            None => println!("last error:       none"),
+        }
         println!(
             "CloudVision:      {} ({})",
             st.api_server.as_deref().unwrap_or("not configured"),

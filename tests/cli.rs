@@ -268,7 +268,7 @@ fn config_errors_are_usage_errors_naming_file_line_and_key() {
     assert_eq!(
         stderr(&out).trim(),
         format!(
-            "cvslurm: {}:10: PollInterval: \"soon\" is not a duration (seconds, or 500ms, 30s, 5m)",
+            "cvslurm: {}:10: PollInterval: \"soon\" is not a duration (seconds, or 500ms, 30s, 5m, 12h, 1d)",
             site.conf.display()
         )
     );
