@@ -22,6 +22,9 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// A temp file older than this is from a writer that died (hooks live for seconds).
+const STALE_TMP: Duration = Duration::from_secs(60);
+
 /// What one event asks CloudVision to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -315,10 +318,24 @@ impl Outbox {
         Ok(())
     }
 
-    /// After a crash: puts every in-flight event back in the outbox (unless superseded).
+    /// After a crash: puts every in-flight event back in the outbox (unless superseded), and
+    /// removes temp files that writers killed mid-write left behind.
     pub fn recover(&self) -> Result<usize, String> {
         self.ensure_dirs()?;
         let _lock = self.lock()?;
+        for d in ["outbox", "inflight", "rejected", "jobs"] {
+            for e in fs::read_dir(self.dir(d)).into_iter().flatten().flatten() {
+                let stale = e.file_name().to_string_lossy().starts_with(".tmp.")
+                    && e.metadata()
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > STALE_TMP);
+                if stale {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
         let mut n = 0;
         for p in list_dir(&self.dir("inflight")) {
             let name = p.file_name().unwrap_or_default().to_owned();

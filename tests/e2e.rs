@@ -157,6 +157,17 @@ fn sbatch(args: &[&str]) -> String {
     stdout(&out).trim().split(';').next().unwrap().to_string()
 }
 
+/// Runs a cluster.sh command when dropped: puts a node back even when a test fails midway.
+struct Restore(&'static [&'static str]);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+            .args(self.0)
+            .output();
+    }
+}
+
 fn key(id: &str) -> String {
     format!("{id}@{CLUSTER}")
 }
@@ -344,16 +355,18 @@ fn srun_and_salloc_jobs() {
     hosts.sort();
     let out = slurm("salloc", &["-J", "e2e-salloc", "-N1", "-x", "n4", "true"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // Accounting records reach slurmdbd asynchronously: wait for them.
     let ids = |name: &str| -> String {
-        let out = slurm(
-            "sacct",
-            &["-n", "-X", "-P", "--name", name, "--format=JobIDRaw"],
-        );
-        stdout(&out)
-            .lines()
-            .last()
-            .unwrap_or_else(|| panic!("no {name} in sacct"))
-            .to_string()
+        let mut id = None;
+        wait_until(&format!("{name} in sacct"), Duration::from_secs(60), || {
+            let out = slurm(
+                "sacct",
+                &["-n", "-X", "-P", "--name", name, "--format=JobIDRaw"],
+            );
+            id = stdout(&out).lines().last().map(String::from);
+            id.is_some()
+        });
+        id.unwrap()
     };
     let v = wait_job(
         f,
@@ -521,6 +534,7 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
     }
     // A node whose slurmd is dead is reported unavailable; the others are still sent.
     cluster_sh(&["stop-slurmd", "n4"], &[]);
+    let _restore = Restore(&["start-slurmd", "n4"]);
     wait_until("n4 to be not responding", Duration::from_secs(60), || {
         node_state("n4").ends_with('*')
     });
@@ -563,6 +577,9 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
 fn requeued_job_ends_right() {
     let (f, _g) = exclusive();
     f.cv.set_mode(json!({"mode": "ok"}));
+    // The first run outlives the node's death (slurmstepd would report a short job's end by
+    // itself); the rerun after the requeue ends at once.
+    let script = r#"if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 1; else sleep 300; fi"#;
     let id = sbatch(&[
         "-J",
         "e2e-requeue",
@@ -570,17 +587,19 @@ fn requeued_job_ends_right() {
         "-w",
         "n4",
         "--wrap",
-        "sleep 8",
+        script,
     ]);
     wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(30));
     cluster_sh(&["stop-slurmd", "n4"], &[]);
+    let _restore = Restore(&["start-slurmd", "n4"]);
     // slurmctld declares n4 down and requeues the job under the same id.
     wait_until("the job to be requeued", Duration::from_secs(90), || {
         let s = stdout(&slurm("scontrol", &["show", "job", "-o", &id]));
         s.contains("Restarts=1") || s.contains("JobState=PENDING")
     });
     cluster_sh(&["start-slurmd", "n4"], &[]);
-    let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(180));
+    // Slurm holds a requeued job about 2 minutes before it may run again.
+    let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(300));
     check_times(&v);
     let states: Vec<String> = job_events(f, &id)
         .iter()
@@ -703,6 +722,7 @@ fn monitor_follows_nodes_that_appear_leave_and_return() {
         || (1..=NODES).all(|i| nodes(f)[format!("n{i}")].is_object()),
     );
     cluster_sh(&["add-node", "n5"], &[]);
+    let _cleanup = Restore(&["del-node", "n5"]);
     wait_until("n5's NodeConfig", Duration::from_secs(60), || {
         nodes(f)["n5"].is_object()
     });
@@ -717,9 +737,16 @@ fn monitor_follows_nodes_that_appear_leave_and_return() {
             .filter(|n| n["key"]["id"] == "n5")
             .count();
     cluster_sh(&["stop-slurmd", "n5"], &[]);
-    wait_until("n5 to be not responding", Duration::from_secs(60), || {
-        node_state("n5").ends_with('*')
-    });
+    // Wait until the service itself saw n5 unavailable (a blip shorter than a poll goes unseen).
+    wait_until(
+        "the service to see n5 unavailable",
+        Duration::from_secs(60),
+        || {
+            fs::read_to_string(&f.log_file)
+                .unwrap_or_default()
+                .contains("node n5: now ")
+        },
+    );
     cluster_sh(&["start-slurmd", "n5"], &[]);
     wait_until("n5 to be sent again", Duration::from_secs(90), || {
         f.cv.accepted("NodeConfig")

@@ -111,8 +111,24 @@ impl Standin {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// A control call. Answers can be large (the whole request log), larger than the product
+    /// client reads, so GETs go through curl.
     fn control(&self, method: &str, path: &str, body: Option<Value>) -> Value {
         let url = format!("https://127.0.0.1:{}/_standin/{path}", self.port);
+        if method == "GET" {
+            let out = Command::new("curl")
+                .args(["-sS", "--fail", "--cacert"])
+                .arg(self.ca())
+                .arg(&url)
+                .output()
+                .expect("curl runs");
+            assert!(
+                out.status.success(),
+                "curl {url}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return serde_json::from_slice(&out.stdout).expect("stand-in answers JSON");
+        }
         let bytes = body.map(|b| serde_json::to_vec(&b).unwrap());
         let a = self
             .client
@@ -214,8 +230,11 @@ impl Site {
     /// A symlink to the binary named `name` (argv[0] dispatch).
     pub fn link(&self, name: &str) -> PathBuf {
         let p = self.dir.path().join(name);
-        let _ = fs::remove_file(&p);
-        std::os::unix::fs::symlink(bin(), &p).unwrap();
+        match std::os::unix::fs::symlink(bin(), &p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => panic!("symlink {}: {e}", p.display()),
+        }
         p
     }
 
@@ -224,7 +243,10 @@ impl Site {
         let mut v: Vec<(u128, Value)> = fs::read_dir(self.state_dir.join("outbox"))
             .map(|rd| {
                 rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                    .filter(|e| {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        n.ends_with(".json") && !n.starts_with('.')
+                    })
                     .map(|e| {
                         let v: Value =
                             serde_json::from_slice(&fs::read(e.path()).unwrap()).unwrap();
