@@ -158,8 +158,7 @@ impl ClientOptions {
 ///
 /// Trust: the server must chain to the system CA bundle or to `CaFile`. When a `CaFile` is
 /// given, the client first trusts only it (parsing the ~150-certificate system bundle costs
-/// more CPU than the whole request); if the server's chain does not reach it (rustls says
-/// `UnknownIssuer`), the client loads system bundle + `CaFile` once, retries the request, and
+/// more CPU than the whole request); if the server's chain does not verify against it, the client loads system bundle + `CaFile` once, retries the request, and
 /// keeps using that set. What is accepted is exactly what system bundle + `CaFile` accepts.
 #[derive(Clone)]
 pub struct Client {
@@ -167,7 +166,6 @@ pub struct Client {
     /// Set when `agent` trusts `CaFile` only: the agent trusting system bundle + `CaFile`.
     wide: Option<Arc<WideTrust>>,
     base: String,
-    token: Option<Token>,
     timeout: Duration,
     /// `Bearer <token>`, built once.
     auth: String,
@@ -250,12 +248,15 @@ fn system_bundle() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// True when TLS failed because the chain reached no trusted root.
+/// True when TLS failed on the server's certificate chain. With only `CaFile` trusted, a chain
+/// to a system root fails as `UnknownIssuer`, or as `BadSignature` when a `CaFile` certificate
+/// has the same subject as the real issuer; any certificate failure is retried with the wider
+/// set so that exactly what system bundle + `CaFile` accepts is accepted.
 fn unknown_issuer(e: &ureq::Error) -> bool {
     // rustls is not a direct dependency, so its error is recognised by its text
     // ("invalid peer certificate: UnknownIssuer"); the unit test `falls_back_to_system_roots`
     // keeps this honest.
-    e.to_string().contains("UnknownIssuer")
+    e.to_string().contains("invalid peer certificate")
 }
 
 impl fmt::Debug for Client {
@@ -318,7 +319,6 @@ impl Client {
             job_url: format!("{base}{JOB_CONFIG_PATH}"),
             node_url: format!("{base}{NODE_CONFIG_PATH}"),
             base,
-            token: opts.token,
             timeout: opts.timeout,
         })
     }
@@ -535,7 +535,7 @@ fn error_message(body: &str) -> String {
 fn root_certs(system: Option<&Path>, ca_file: Option<&Path>) -> Result<RootCerts, String> {
     let mut certs: Vec<Certificate<'static>> = Vec::new();
     if let Some(p) = system {
-        if let Ok(pem) = std::fs::read(&p) {
+        if let Ok(pem) = std::fs::read(p) {
             certs.extend(pem_certs(&pem));
         }
     }
@@ -582,6 +582,62 @@ mod tests {
     fn encodes_query_values() {
         assert_eq!(url_encode("gpu-node-1"), "gpu-node-1");
         assert_eq!(url_encode("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+    }
+
+    /// CaFile-first trust: a server whose chain reaches only the "system" bundle is still
+    /// accepted (after the retry with system bundle + CaFile), one reaching neither is not.
+    #[test]
+    fn falls_back_to_system_roots() {
+        use std::process::{Command, Stdio};
+        let root = std::env::temp_dir().join(format!("cvslurm-ut-roots-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (a, b) = (root.join("a"), root.join("b"));
+        let standin = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/standin/cv_standin.py");
+        let gen = Command::new("python3")
+            .args([standin, "--dir", b.to_str().unwrap(), "--gen-certs-only"])
+            .status();
+        if !gen.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: python3 or openssl missing");
+            return;
+        }
+        let mut server = Command::new("python3")
+            .args([standin, "--dir", a.to_str().unwrap(), "--port", "0"])
+            .args(["--token", "t"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(20);
+        let port = loop {
+            if let Some(p) = std::fs::read_to_string(a.join("port"))
+                .ok()
+                .and_then(|s| s.trim().parse::<u16>().ok())
+            {
+                break p;
+            }
+            assert!(Instant::now() < until, "stand-in did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let client = |system: &Path| {
+            Client::with_system_bundle(
+                ClientOptions {
+                    server: format!("127.0.0.1:{port}"),
+                    token: Token::new("t"),
+                    ca_file: Some(b.join("ca.pem")), // not the server's CA
+                    insecure: false,
+                    timeout: Duration::from_secs(10),
+                },
+                Some(system.to_path_buf()),
+            )
+            .unwrap()
+        };
+        let good = client(&a.join("ca.pem")).probe(None);
+        let bad = client(&b.join("ca.pem")).probe(None);
+        let _ = server.kill();
+        let _ = server.wait();
+        let _ = std::fs::remove_dir_all(&root);
+        assert_eq!(good.map(|a| a.status).map_err(|e| e.to_string()), Ok(200));
+        let bad = bad.unwrap_err().to_string();
+        assert!(bad.contains("invalid peer certificate"), "{bad}");
     }
 
     #[test]

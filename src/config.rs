@@ -140,7 +140,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(10),
             state_dir: PathBuf::from("/var/spool/cvslurm"),
             slurm_bin_dir: None,
-            max_concurrent_requests: 16,
+            max_concurrent_requests: 32,
             reconcile_interval: Duration::from_secs(300),
             node_reassert_interval: Duration::from_secs(86_400),
             outbox_max_events: 100_000,

@@ -330,6 +330,11 @@ fn run(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>, t0
     };
     if env.phase == Phase::Epilog {
         outbox.forget_start(&key);
+        if state == JobState::Completed {
+            if let Err(e) = outbox.mark_for_verification(&job, env.restart_count) {
+                log::warn!("job {key}: cannot mark its end for verification: {e}");
+            }
+        }
     }
     let token = match cfg.token() {
         Ok(t) => t,

@@ -4,7 +4,7 @@
 
 use crate::cloudvision::Client;
 use crate::config::Config;
-use crate::delivery::{self, backoff, parallel_map};
+use crate::delivery::{self, backoff};
 use crate::discover::DiscoverRecord;
 use crate::outbox::{Event, Item, Outbox};
 use crate::reconcile;
@@ -206,9 +206,10 @@ impl Inventory<'_> {
                 }
             }
             Some(c) => {
-                let results = parallel_map(&ok_nodes, self.cfg.max_concurrent_requests, |n| {
-                    c.post_node(n, None)
-                });
+                let results =
+                    delivery::send_all(&ok_nodes, self.cfg.max_concurrent_requests, |n| {
+                        c.post_node(n, None)
+                    });
                 for (n, r) in ok_nodes.iter().zip(results) {
                     match r {
                         Ok(_) => sent += 1,
@@ -300,11 +301,12 @@ impl Inventory<'_> {
             }
             if !self.cfg.reconcile_interval.is_zero() && Instant::now() >= next_reconcile {
                 match reconcile::reconcile(self.cfg, &self.slurm, &self.cluster, outbox) {
-                    Ok(r) if r.started + r.ended > 0 => {
+                    Ok(r) if r.started + r.ended + r.corrected > 0 => {
                         log::info!(
-                            "reconcile: {} RUNNING and {} end(s) queued",
+                            "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
                             r.started,
-                            r.ended
+                            r.ended,
+                            r.corrected
                         );
                         next_drain = Instant::now();
                     }

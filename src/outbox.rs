@@ -270,7 +270,8 @@ impl Outbox {
                 if let Ok(f) = File::open(&to) {
                     let _ = f.set_modified(SystemTime::now());
                 }
-                sync_dir(&self.dir("inflight"));
+                // No directory fsync: if a crash loses this move, the event is simply still
+                // pending; recover() undoes a move that survived.
                 Ok(Some(cur))
             }
             _ => Ok(None),
@@ -285,7 +286,10 @@ impl Outbox {
         let inflight = self.dir("inflight").join(&name);
         match outcome {
             Finish::Delivered => {
+                // No fsync: if a crash loses this unlink, recover() puts the event back and it
+                // is sent again, which is harmless (a POST replaces the record of its key).
                 let _ = fs::remove_file(&inflight);
+                return Ok(());
             }
             Finish::Retry => {
                 let pending = self.dir("outbox").join(&name);
@@ -372,6 +376,59 @@ impl Outbox {
     /// Forgets a job's start record.
     pub fn forget_start(&self, key: &str) {
         let _ = fs::remove_file(self.dir("jobs").join(safe_name(key)));
+    }
+
+    /// Marks an epilog's COMPLETED for verification: on Slurm 22.05 a job cancelled in its
+    /// first second reaches the epilog looking exactly like a success, and Slurm records the
+    /// truth only after the epilog. Reconciliation checks Slurm's final state later and
+    /// corrects CloudVision. Not fsynced: losing a mark only loses a check.
+    pub fn mark_for_verification(&self, job: &JobConfig, restart_count: u32) -> Result<(), String> {
+        let dir = self.dir("verify");
+        if !dir.is_dir() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            if let Some((uid, gid)) = self.owner {
+                let _ = std::os::unix::fs::chown(&dir, Some(uid), Some(gid));
+            }
+        }
+        let rec = serde_json::json!({"job": job, "restart_count": restart_count});
+        let path = dir.join(safe_name(&job.key.id));
+        let tmp = dir.join(format!(".tmp.{}", std::process::id()));
+        fs::write(&tmp, rec.to_string())
+            .and_then(|_| fs::rename(&tmp, &path))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    /// Jobs marked for verification: `(job sent, restart count, age of the mark)`.
+    pub fn to_verify(&self) -> Vec<(JobConfig, u32, Duration)> {
+        let Ok(rd) = fs::read_dir(self.dir("verify")) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with(".tmp."))
+            .filter_map(|e| {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&fs::read(e.path()).ok()?).ok()?;
+                let job: JobConfig = serde_json::from_value(v["job"].clone()).ok()?;
+                let restarts = v["restart_count"].as_u64().unwrap_or(0) as u32;
+                let age = e
+                    .metadata()
+                    .ok()?
+                    .modified()
+                    .ok()?
+                    .elapsed()
+                    .unwrap_or_default();
+                Some((job, restarts, age))
+            })
+            .collect()
+    }
+
+    /// Removes a verification mark.
+    pub fn verified(&self, key: &str) {
+        let _ = fs::remove_file(self.dir("verify").join(safe_name(key)));
     }
 
     /// The jobs whose start a prolog recorded and whose end no epilog has handled yet:

@@ -85,6 +85,79 @@ pub struct Report {
     pub ended: usize,
     /// Recorded jobs whose end could not be learned yet.
     pub unknown: usize,
+    /// Ends corrected after Slurm recorded a different final state than the epilog saw.
+    pub corrected: usize,
+}
+
+/// How long after the epilog Slurm's final state of a job is trusted to be recorded.
+pub const VERIFY_AFTER: Duration = Duration::from_secs(15);
+
+/// Checks the COMPLETED ends the epilogs marked for verification against Slurm's final state
+/// (slurmctld while it remembers the job, else accounting), in one scontrol and one sacct
+/// call, and queues a correction where they differ.
+pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {
+    let marks: Vec<_> = outbox
+        .to_verify()
+        .into_iter()
+        .filter(|(_, _, age)| *age >= VERIFY_AFTER)
+        .collect();
+    if marks.is_empty() {
+        return Ok(0);
+    }
+    let ctl = slurm
+        .run("scontrol", &["show", "job", "-o"], COMMAND_TIMEOUT)
+        .unwrap_or_default();
+    let ids: Vec<&str> = marks.iter().map(|(j, _, _)| j.job_id()).collect();
+    let acct = slurm
+        .run(
+            "sacct",
+            &[
+                "-j",
+                &ids.join(","),
+                "-X",
+                "-P",
+                "-n",
+                &format!("--format={}", crate::slurm::SACCT_FORMAT),
+            ],
+            COMMAND_TIMEOUT,
+        )
+        .unwrap_or_default();
+    let mut corrected = 0;
+    for (job, restarts, age) in marks {
+        let id = job.job_id().to_string();
+        let info = crate::slurm::parse_scontrol_job(&ctl, &id)
+            .filter(|i| !i.state.starts_with("COMPLETING"))
+            .or_else(|| crate::slurm::parse_sacct(&acct, &id));
+        let Some(info) = info else {
+            if age > GIVE_UP_AFTER {
+                outbox.verified(&job.key.id);
+            }
+            continue;
+        };
+        if info.restarts.is_some_and(|r| r > restarts) {
+            outbox.verified(&job.key.id); // requeued since: the rerun reports itself
+            continue;
+        }
+        match JobState::from_slurm(&info.state) {
+            Some(state) if state.is_terminal() => {
+                if state != job.state {
+                    log::info!(
+                        "reconcile: job {} ended {} in Slurm's record, not {} as its epilog saw; correcting",
+                        job.key.id,
+                        info.state,
+                        job.state
+                    );
+                    let mut fixed = job.clone();
+                    fixed.state = state;
+                    outbox.enqueue(&Event::new(Item::Job { job: fixed }, (restarts, 2)))?;
+                    corrected += 1;
+                }
+                outbox.verified(&job.key.id);
+            }
+            _ => {}
+        }
+    }
+    Ok(corrected)
 }
 
 /// How old a prolog record must be before its job's absence from squeue means it ended
@@ -194,6 +267,7 @@ pub fn reconcile(
             }
         }
     }
+    report.corrected = verify_ends(slurm, outbox)?;
     Ok(report)
 }
 

@@ -96,7 +96,8 @@ fn fixture() -> &'static Fixture {
             &conf,
             format!(
                 "# cvslurm end-to-end tests\nApiServer={}\nApiTokenFile={}\nCaFile={}\nStateDir={}\nLogFile={}\n\
-                 LogLevel=debug\nHookTimeout=2\nPollInterval=2\nDiscoveryTimeout=30\nInterfacePhysicalOnly=no\n",
+                 LogLevel=debug\nHookTimeout=2\nPollInterval=2\nDiscoveryTimeout=30\nInterfacePhysicalOnly=no\n\
+                 ReconcileInterval=3\n",
                 cv.server(),
                 token.display(),
                 ca.display(),
@@ -261,7 +262,9 @@ fn scancel_while_running_is_cancelled() {
     let id = sbatch(&["-J", "e2e-cancel", "--wrap", "sleep 300"]);
     wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(30));
     assert!(slurm("scancel", &[&id]).status.success());
-    let v = wait_job(f, &id, "JOB_STATE_CANCELLED", Duration::from_secs(60));
+    // A cancel in the job's first second reaches the epilog looking like a success on 22.05;
+    // then reconciliation corrects it from Slurm's record within a few seconds.
+    let v = wait_job(f, &id, "JOB_STATE_CANCELLED", Duration::from_secs(90));
     check_times(&v);
 }
 
@@ -814,4 +817,55 @@ fn monitor_stops_cleanly_on_sigterm() {
         "stopping took {:?}",
         t.elapsed()
     );
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn reconciliation_reports_what_no_hook_did() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    // A finished job whose epilog never reported (its prolog record left behind, aged).
+    let ended = sbatch(&["-J", "e2e-noepilog", "--wrap", "exit 4"]);
+    wait_job(f, &ended, "JOB_STATE_FAILED", Duration::from_secs(60));
+    // A running job no hook reported (as if cvslurm was installed mid-job).
+    let running = sbatch(&["-J", "e2e-nohook", "--wrap", "sleep 300"]);
+    wait_job(f, &running, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    // CloudVision forgets both (a reset), then the records say what no hook did.
+    f.cv.reset();
+    let record = f.state_dir.join("jobs").join(key(&ended));
+    fs::write(&record, "1700000000\n").unwrap();
+    chown_slurm(&record);
+    let old = std::time::SystemTime::now() - Duration::from_secs(600);
+    fs::File::options()
+        .write(true)
+        .open(&record)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    fs::remove_file(f.state_dir.join("jobs").join(key(&running))).unwrap();
+    let r = wait_job(f, &running, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    assert_eq!(r["name"], "e2e-nohook@debug");
+    let e = wait_job(f, &ended, "JOB_STATE_FAILED", Duration::from_secs(30));
+    assert_eq!(
+        e["start_time"], "2023-11-14T22:13:20Z",
+        "the recorded start is kept"
+    );
+    assert!(!f.state_dir.join("jobs").join(key(&ended)).exists());
+    let log = fs::read_to_string(&f.log_file).unwrap();
+    assert!(
+        log.contains(&format!(
+            "reconcile: job {} runs but no hook reported it",
+            key(&running)
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "reconcile: job {} ended (FAILED) but no epilog reported it",
+            key(&ended)
+        )),
+        "{log}"
+    );
+    slurm("scancel", &[&running]);
+    wait_job(f, &running, "JOB_STATE_CANCELLED", Duration::from_secs(90));
 }

@@ -167,7 +167,7 @@ impl Standin {
     }
 
     pub fn reset(&self) {
-        self.control("POST", "reset", Some(serde_json::json!({"all": true})));
+        self.control("POST", "reset", Some(serde_json::json!({})));
     }
 }
 
