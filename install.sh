@@ -34,7 +34,7 @@ set -euo pipefail
 readonly MARK="# added by cvslurm install.sh"
 readonly MARK_RE=' # added by cvslurm install\.sh$'
 readonly MODES=(cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover cvslurm-flush
-    cvslurm-status cv-job-hook cv-job-send cv-node-inventory interface_discovery
+    cvslurm-status cvslurm-check cv-job-hook cv-job-send cv-node-inventory interface_discovery
     cv-job-hook.py cv-job-send.py cv-node-inventory.py interface_discovery.py)
 SRC_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly SRC_DIR

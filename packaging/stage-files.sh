@@ -8,7 +8,7 @@ stage_files() {
         "$d/etc/logrotate.d" "$d/usr/share/man/man8" "$d/usr/share/man/man5" \
         "$d/usr/share/bash-completion/completions" "$d/usr/share/doc/cvslurm"
     install -m 0755 "$bin" "$d/opt/slurm/cloudvision/cvslurm"
-    for m in cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover cvslurm-flush \
+    for m in cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover cvslurm-flush cvslurm-check \
         cvslurm-status cv-job-hook cv-job-send cv-node-inventory interface_discovery \
         cv-job-hook.py cv-job-send.py cv-node-inventory.py interface_discovery.py; do
         ln -sfn cvslurm "$d/opt/slurm/cloudvision/$m"

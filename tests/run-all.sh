@@ -28,6 +28,14 @@ else
   failures+=("static build"); BIN=""
 fi
 
+if [ -n "$BIN" ]; then
+  step "packages (.deb and .rpm), built and inspected"
+  CVSLURM_BIN="$PWD/$BIN" packaging/build-deb.sh >"$LOG_DIR/deb.log" 2>&1 \
+    && tail -5 "$LOG_DIR/deb.log" || { tail -20 "$LOG_DIR/deb.log"; failures+=("deb package"); }
+  CVSLURM_BIN="$PWD/$BIN" packaging/build-rpm.sh >"$LOG_DIR/rpm.log" 2>&1 \
+    && tail -5 "$LOG_DIR/rpm.log" || { tail -20 "$LOG_DIR/rpm.log"; failures+=("rpm package"); }
+fi
+
 step "unit and integration tests"
 cargo test 2>&1 | tee "$LOG_DIR/cargo-test.log" | grep -E '^(test |test result|failures:|---- )' 
 [ "${PIPESTATUS[0]}" = 0 ] || failures+=("cargo test")
