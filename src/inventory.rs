@@ -504,7 +504,9 @@ pub fn read_lines_capped(r: impl Read, max: usize, mut f: impl FnMut(&str)) {
             overlong = false;
         }
     }
-    if !line.is_empty() && !overlong {
+    if overlong {
+        f("<line longer than the limit>");
+    } else if !line.is_empty() {
         f(&String::from_utf8_lossy(&line));
     }
 }
@@ -519,5 +521,11 @@ mod tests {
         let input = format!("a\n{}\nb\nlast", "x".repeat(100));
         read_lines_capped(input.as_bytes(), 10, |l| got.push(l.to_string()));
         assert_eq!(got, ["a", "<line longer than the limit>", "b", "last"]);
+        // An overlong last line without a newline is reported too, not dropped.
+        got.clear();
+        read_lines_capped(format!("a\n{}", "y".repeat(50)).as_bytes(), 10, |l| {
+            got.push(l.to_string())
+        });
+        assert_eq!(got, ["a", "<line longer than the limit>"]);
     }
 }

@@ -231,7 +231,11 @@ pub fn parse_sinfo(output: &str) -> Vec<SinfoNode> {
         let (Some(name), Some(state)) = (it.next(), it.next()) else {
             continue;
         };
-        let part = it.next().map(|p| p.trim_end_matches('*').to_string());
+        // A bare `*` (nothing but the default marker) names no partition.
+        let part = it
+            .next()
+            .map(|p| p.trim_end_matches('*').to_string())
+            .filter(|p| !p.is_empty());
         let i = *index.entry(name.to_string()).or_insert_with(|| {
             nodes.push(SinfoNode {
                 name: name.to_string(),
@@ -331,6 +335,15 @@ mod tests {
         assert_eq!(nodes[1].partitions, ["debug", "gpu"]);
         assert!(nodes[1].available());
         assert!(!nodes[2].available());
+    }
+
+    /// From fuzzing (sinfo target, minimized): a bare `*` in the partition column became an
+    /// empty partition name.
+    #[test]
+    fn sinfo_bare_default_marker_is_no_partition() {
+        let nodes = parse_sinfo("1 * *");
+        assert_eq!(nodes.len(), 1);
+        assert!(nodes[0].partitions.is_empty(), "{:?}", nodes[0].partitions);
     }
 
     #[test]

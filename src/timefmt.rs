@@ -22,25 +22,31 @@ pub fn now_epoch() -> i64 {
 pub fn parse_slurm_epoch(s: &str) -> Option<i64> {
     let s = s.trim();
     match s.parse::<i64>() {
-        Ok(n) if n > 0 => Some(n),
+        // Up to the end of year 9999: what format_epoch can write for CloudVision.
+        Ok(n) if n > 0 && n <= 253_402_300_799 => Some(n),
         _ => None,
     }
 }
 
 /// Parses a time given by a user: epoch seconds or RFC 3339 (`2025-12-05T10:30:00Z`,
-/// `2025-12-05T11:30:00+01:00`). Returns Unix seconds.
+/// `2025-12-05T11:30:00+01:00`). Returns Unix seconds, from 1970 to the end of year 9999 (what
+/// [`format_epoch`] can write for CloudVision).
 pub fn parse_user_time(s: &str) -> Result<i64, String> {
     let s = s.trim();
-    if let Ok(n) = s.parse::<i64>() {
-        if n >= 0 {
-            return Ok(n);
-        }
+    let n = match s.parse::<i64>() {
+        Ok(n) if n >= 0 => n,
+        _ => OffsetDateTime::parse(s, &Rfc3339)
+            .map(|t| t.unix_timestamp())
+            .map_err(|_| {
+                format!("time {s:?} is neither epoch seconds nor RFC 3339 (2025-12-05T10:30:00Z)")
+            })?,
+    };
+    if n < 0 || format_epoch(n).is_none() {
+        return Err(format!(
+            "time {s:?} is outside 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z"
+        ));
     }
-    OffsetDateTime::parse(s, &Rfc3339)
-        .map(|t| t.unix_timestamp())
-        .map_err(|_| {
-            format!("time {s:?} is neither epoch seconds nor RFC 3339 (2025-12-05T10:30:00Z)")
-        })
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -56,7 +62,7 @@ mod tests {
     #[test]
     fn parses_slurm_and_user_times() {
         assert_eq!(parse_slurm_epoch("1764930600"), Some(1764930600));
-        for none in ["Unknown", "None", "", "0", "N/A"] {
+        for none in ["Unknown", "None", "", "0", "N/A", "253402300800"] {
             assert_eq!(parse_slurm_epoch(none), None);
         }
         assert_eq!(parse_user_time("2025-12-05T10:30:00Z").unwrap(), 1764930600);
@@ -66,5 +72,16 @@ mod tests {
         );
         assert_eq!(parse_user_time("1764930600").unwrap(), 1764930600);
         assert!(parse_user_time("yesterday").is_err());
+    }
+
+    /// From fuzzing (times target, minimized): epoch seconds past year 9999 were accepted,
+    /// though no CloudVision timestamp can be written for them.
+    #[test]
+    fn user_time_must_be_writable() {
+        assert!(parse_user_time("900606000600").is_err());
+        assert!(parse_user_time("253402300799").is_ok());
+        assert!(parse_user_time("253402300800").is_err());
+        assert!(parse_user_time("1969-12-31T23:59:59Z").is_err());
+        assert_eq!(parse_user_time("1970-01-01T00:00:00Z"), Ok(0));
     }
 }
