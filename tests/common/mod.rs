@@ -58,6 +58,9 @@ impl Standin {
     pub fn start() -> Standin {
         let dir = Scratch::new("standin");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/standin/cv_standin.py");
+        // Its output goes to a file: a stand-in that outlives the test process (the e2e
+        // fixture's) must not hold the test runner's pipes open.
+        let log = fs::File::create(dir.path().join("standin.log")).unwrap();
         let child = Command::new("python3")
             .arg(&script)
             .args([
@@ -68,8 +71,9 @@ impl Standin {
                 "--token",
                 TOKEN,
             ])
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .expect("python3 runs the stand-in");
         let port_file = dir.path().join("port");
@@ -80,7 +84,11 @@ impl Standin {
                     break p;
                 }
             }
-            assert!(Instant::now() < until, "stand-in did not start");
+            assert!(
+                Instant::now() < until,
+                "stand-in did not start: {}",
+                fs::read_to_string(dir.path().join("standin.log")).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         let client = Client::new(ClientOptions {
