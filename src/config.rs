@@ -1,4 +1,5 @@
-//! `cloudvision.conf`: slurm.conf-style `Key=Value` lines, `#` comments, case-insensitive keys.
+//! `cloudvision.conf`: slurm.conf-style `Key=Value` lines, `#` comments (`\#` for a literal
+//! `#`), case-insensitive keys.
 //!
 //! The file is found at `--config PATH`, else `$CVSLURM_CONF`, else
 //! `/etc/slurm/cloudvision.conf`. A missing default file means "all defaults" (the environment
@@ -207,7 +208,8 @@ impl Config {
             ..Config::default()
         };
         for (n, raw) in text.lines().enumerate() {
-            let line = strip_comment(raw).trim();
+            let stripped = strip_comment(raw);
+            let line = stripped.trim();
             if line.is_empty() {
                 continue;
             }
@@ -392,10 +394,22 @@ fn canonical_key(key: &str) -> Option<&'static str> {
     KEYS.iter().copied().find(|k| k.eq_ignore_ascii_case(key))
 }
 
-fn strip_comment(line: &str) -> &str {
-    match line.find('#') {
-        Some(i) => &line[..i],
-        None => line,
+/// Cuts a line at its first `#` that is not written `\#` (as in slurm.conf), and turns each
+/// `\#` into `#`.
+fn strip_comment(line: &str) -> std::borrow::Cow<'_, str> {
+    let bytes = line.as_bytes();
+    let mut cut = line.len();
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'#' && (i == 0 || bytes[i - 1] != b'\\') {
+            cut = i;
+            break;
+        }
+    }
+    let kept = &line[..cut];
+    if kept.contains("\\#") {
+        std::borrow::Cow::Owned(kept.replace("\\#", "#"))
+    } else {
+        std::borrow::Cow::Borrowed(kept)
     }
 }
 
@@ -613,6 +627,14 @@ mod tests {
             .job_wanted("cv-interface-discovery", None)
             .is_err());
         assert!(Config::default().job_wanted("x", None).is_ok());
+    }
+
+    #[test]
+    fn escaped_hash_is_not_a_comment() {
+        let c = parse("JobNameInclude=^run\\#[0-9]+ # trailing comment\n").unwrap();
+        let re = c.job_name_include.unwrap();
+        assert_eq!(re.as_str(), "^run#[0-9]+");
+        assert!(re.is_match("run#7"));
     }
 
     #[test]
