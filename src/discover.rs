@@ -49,10 +49,25 @@ impl DiscoverRecord {
         if self.node_name.is_empty() || self.node_name.len() > 255 {
             return Err("empty or overlong node_name".into());
         }
+        if self.hostname.len() > 255
+            || self
+                .hostname
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(format!("bad hostname {:?}", self.hostname));
+        }
         if self.interfaces.len() > 4096 {
             return Err("more than 4096 interfaces".into());
         }
+        let mut names = std::collections::HashSet::new();
         for i in &self.interfaces {
+            if !names.insert(i.name.as_str()) {
+                return Err(format!("interface {} listed twice", i.name));
+            }
+            if i.ip_addresses.len() > 1024 {
+                return Err(format!("interface {}: more than 1024 addresses", i.name));
+            }
             if i.name.is_empty() || i.name.len() > 64 {
                 return Err(format!("bad interface name {:?}", i.name));
             }
@@ -289,6 +304,8 @@ mod tests {
             r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[{"name":"eth0","mac_address":"ZZ","ip_addresses":[]}]}"#,
             r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[{"name":"eth0","mac_address":"02:99:00:00:01:01","ip_addresses":["300.1.1.1"]}]}"#,
             r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[],"extra":1}"#,
+            r#"{"node_name":"n1","hostname":"a b","location":null,"interfaces":[]}"#,
+            r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[{"name":"eth0","mac_address":"02:99:00:00:01:01","ip_addresses":[]},{"name":"eth0","mac_address":"02:99:00:00:01:02","ip_addresses":[]}]}"#,
         ] {
             assert!(DiscoverRecord::parse_line(bad).is_err(), "{bad}");
         }
