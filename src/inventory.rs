@@ -57,14 +57,21 @@ impl Inventory<'_> {
             let part = n.partitions.first().cloned().unwrap_or_default();
             groups.entry(part).or_default().push(n.name.clone());
         }
-        let mut out = Discovered::new();
-        for (part, names) in groups {
-            if self.stop.load(Ordering::Relaxed) {
-                break;
+        // One srun per partition, all at once: a slow partition does not hold up the others.
+        std::thread::scope(|s| {
+            let handles: Vec<_> = groups
+                .iter()
+                .map(|(part, names)| (names, s.spawn(move || self.discover_group(part, names))))
+                .collect();
+            let mut out = Discovered::new();
+            for (names, h) in handles {
+                match h.join() {
+                    Ok(d) => out.extend(d),
+                    Err(_) => out.extend(fail_all(names, "discovery failed (internal error)")),
+                }
             }
-            out.extend(self.discover_group(&part, &names));
-        }
-        out
+            out
+        })
     }
 
     fn discover_group(&self, partition: &str, names: &[String]) -> Discovered {
@@ -142,6 +149,15 @@ impl Inventory<'_> {
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
+        }
+        // srun ends soon after its output does; one that lingers (a worker that flooded past
+        // the read cap and blocks on a full pipe) is stopped.
+        let grace = (Instant::now() + Duration::from_secs(5)).min(deadline.max(Instant::now()));
+        while Instant::now() < grace && matches!(child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if matches!(child.try_wait(), Ok(None)) {
+            terminate(&mut child);
         }
         let _ = child.wait();
         let _ = reader.join();

@@ -869,3 +869,111 @@ fn reconciliation_reports_what_no_hook_did() {
     slurm("scancel", &[&running]);
     wait_job(f, &running, "JOB_STATE_CANCELLED", Duration::from_secs(90));
 }
+
+/// Makes `node`'s copy of the cvslurm binary a script (a bind mount in the mount namespace of
+/// that node's slurmd, which srun's tasks inherit), as a broken install on one worker would
+/// be. Undone on drop.
+struct BrokenWorker {
+    pid: String,
+}
+
+impl BrokenWorker {
+    fn new(f: &Fixture, node: &str, script: &str) -> BrokenWorker {
+        let pid = fs::read_to_string(format!(
+            "/var/tmp/cvslurm-cluster/run/slurmd-{node}.pid.ours"
+        ))
+        .unwrap()
+        .trim()
+        .to_string();
+        let path = PathBuf::from(WORK).join(format!("broken-{node}.sh"));
+        fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        let out = Command::new("nsenter")
+            .args(["-t", &pid, "-m", "--", "mount", "--bind"])
+            .arg(&path)
+            .arg(&f.bin)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "bind mount on {node}: {}",
+            stderr(&out)
+        );
+        BrokenWorker { pid }
+    }
+}
+
+impl Drop for BrokenWorker {
+    fn drop(&mut self) {
+        let bin = PathBuf::from(WORK).join("cvslurm");
+        let _ = Command::new("nsenter")
+            .args(["-t", &self.pid, "-m", "--", "umount"])
+            .arg(bin)
+            .output();
+    }
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn misbehaving_workers_fail_alone() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let slow = BrokenWorker::new(f, "n1", "sleep 600");
+    let garbage = BrokenWorker::new(f, "n2", "echo 'not json'; echo '{\"node_name\":\"n3\"'");
+    let flood = BrokenWorker::new(f, "n3", "head -c 100000000 /dev/zero | tr '\\000' x");
+    let conf = Scratch::new("broken");
+    let path = conf.path().join("cv.conf");
+    fs::write(
+        &path,
+        format!(
+            "{}DiscoveryTimeout=15\n",
+            fs::read_to_string(&f.conf).unwrap()
+        ),
+    )
+    .unwrap();
+    let t = Instant::now();
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{text}\n{err}");
+    assert!(
+        text.contains("1 sent, 3 failed (n1, n2, n3), 0 unavailable"),
+        "{text}\n{err}"
+    );
+    assert!(
+        err.contains(
+            "node n1: discovery failed: no discover record within 15 s (DiscoveryTimeout)"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("node n2: discovery failed"), "{err}");
+    assert!(err.contains("node n3: discovery failed"), "{err}");
+    assert!(
+        took < Duration::from_secs(60),
+        "inventory took {took:?} with a 15 s DiscoveryTimeout"
+    );
+    // n4 was sent with its own interfaces.
+    let n4 = f.cv.state()["nodes"]["n4"].clone();
+    assert_eq!(n4["data_interfaces"]["values"], expected_interfaces(4));
+    // A worker that prints nothing at all.
+    drop((slow, garbage, flood));
+    let _silent = BrokenWorker::new(f, "n2", "exit 0");
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains("3 sent, 1 failed (n2), 0 unavailable"),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("node n2: discovery failed: no discover record"),
+        "{}",
+        stderr(&out)
+    );
+}
