@@ -8,7 +8,7 @@ use crate::delivery::{self, backoff};
 use crate::discover::DiscoverRecord;
 use crate::outbox::{Event, Item, Outbox};
 use crate::reconcile;
-use crate::runner::{Slurm, MAX_OUTPUT};
+use crate::runner::Slurm;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use crate::systemd;
 use std::collections::{BTreeMap, BTreeSet};
@@ -485,9 +485,11 @@ fn terminate(child: &mut std::process::Child) {
 }
 
 /// Calls `f` on each line (without the newline) of `r`; lines longer than `max` are passed as
-/// a marker that fails to parse, and reading stops after [`MAX_OUTPUT`] bytes in all.
+/// a marker that fails to parse. Memory stays within `max` whatever the input; the total read
+/// is not capped (discovery bounds it by time), so a worker that floods cannot hide the lines
+/// of the others behind it.
 pub fn read_lines_capped(r: impl Read, max: usize, mut f: impl FnMut(&str)) {
-    let mut reader = BufReader::with_capacity(64 * 1024, r.take(MAX_OUTPUT));
+    let mut reader = BufReader::with_capacity(64 * 1024, r);
     let mut line: Vec<u8> = Vec::new();
     let mut overlong = false;
     loop {

@@ -907,7 +907,7 @@ impl Drop for BrokenWorker {
     fn drop(&mut self) {
         let bin = PathBuf::from(WORK).join("cvslurm");
         let _ = Command::new("nsenter")
-            .args(["-t", &self.pid, "-m", "--", "umount"])
+            .args(["-t", &self.pid, "-m", "--", "umount", "-l"])
             .arg(bin)
             .output();
     }
