@@ -146,10 +146,13 @@ struct DiscoverArgs {
     sys_class_net: PathBuf,
 }
 
-/// Send what the outbox holds (for sites without the cvslurm service).
+/// Reconcile with Slurm and send what the outbox holds (for sites without the cvslurm service).
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "flush", help_triggers("-h", "--help", "help"))]
 struct FlushArgs {
+    /// only send the outbox; do not compare with Slurm's jobs first
+    #[argh(switch)]
+    no_reconcile: bool,
     /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
     #[argh(option)]
     config: Option<PathBuf>,
@@ -535,6 +538,24 @@ fn run_flush(a: FlushArgs) -> i32 {
     if let Err(e) = outbox.recover() {
         log::error!("{e}");
         return 1;
+    }
+    // Sites without the service run flush from cron: reconcile here too (unless switched off
+    // or Slurm cannot be asked), so missed hooks and cancels the epilog saw as successes are
+    // still put right.
+    if !a.no_reconcile && !cfg.reconcile_interval.is_zero() {
+        let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+        match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT)
+            .and_then(|c| crate::reconcile::reconcile(&cfg, &slurm, &c, &outbox))
+        {
+            Ok(r) if r.started + r.ended + r.corrected > 0 => log::info!(
+                "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
+                r.started,
+                r.ended,
+                r.corrected
+            ),
+            Ok(_) => {}
+            Err(e) => log::debug!("reconcile skipped: {e}"),
+        }
     }
     outbox.enforce_limit(cfg.outbox_max_events);
     let r = crate::delivery::drain(&outbox, &client, cfg.max_concurrent_requests, &STOP);

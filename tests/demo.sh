@@ -24,7 +24,7 @@ cargo build --release --target x86_64-unknown-linux-musl --quiet
 down
 mkdir -p "$DEMO/cv" "$DEMO/state" "$DEMO/log"
 install -m 0755 target/x86_64-unknown-linux-musl/release/cvslurm "$DEMO/cvslurm"
-for m in hook send inventory discover flush status; do ln -sf cvslurm "$DEMO/cvslurm-$m"; done
+for m in hook send inventory discover flush status check; do ln -sf cvslurm "$DEMO/cvslurm-$m"; done
 
 echo "demo: starting the CloudVision stand-in"
 python3 tests/standin/cv_standin.py --dir "$DEMO/cv" --port 0 --token demo-token >"$DEMO/standin.out" 2>&1 &
@@ -59,6 +59,13 @@ sleep 1
 
 echo "demo: inventory of the nodes"
 "$DEMO/cvslurm-inventory"
+
+# Without the service, 'cvslurm flush' (from cron) reconciles with Slurm and sends what is
+# queued: a job cancelled while running can look like a success to the epilog on Slurm
+# 22.05; Slurm's final record corrects it.
+sleep 5
+echo "demo: cvslurm flush (reconcile with Slurm, send what is queued)"
+"$DEMO/cvslurm-flush"
 
 echo
 echo "demo: what CloudVision received (POST/DELETE, in order):"

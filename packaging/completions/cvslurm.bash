@@ -7,7 +7,7 @@ _cvslurm_mode_opts() {
         send) echo "--config --api-server --api-token --api-token-file --dry-run --verbose -v --tenant --name --location --state --start --end --nodes --interfaces --help" ;;
         inventory) echo "--config --api-server --api-token --api-token-file --dry-run --verbose -v --monitor --poll-interval --help" ;;
         discover) echo "--node-name --interface-regex --physical-only --require-ip --sys-class-net --help" ;;
-        flush) echo "--config --verbose -v --help" ;;
+        flush) echo "--config --no-reconcile --verbose -v --help" ;;
         status) echo "--config --json --max-age --offline --help" ;;
         check) echo "--config --help" ;;
     esac
