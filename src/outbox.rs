@@ -146,7 +146,7 @@ impl Outbox {
 
     /// Creates the directories (mode 0700) if missing.
     pub fn ensure_dirs(&self) -> Result<(), String> {
-        for d in ["outbox", "inflight", "rejected", "jobs"] {
+        for d in ["outbox", "inflight", "rejected", "jobs", "verify"] {
             let p = self.dir(d);
             if !p.is_dir() {
                 fs::DirBuilder::new()
@@ -327,7 +327,7 @@ impl Outbox {
     pub fn recover(&self) -> Result<usize, String> {
         self.ensure_dirs()?;
         let _lock = self.lock()?;
-        for d in ["outbox", "inflight", "rejected", "jobs"] {
+        for d in ["outbox", "inflight", "rejected", "jobs", "verify"] {
             for e in fs::read_dir(self.dir(d)).into_iter().flatten().flatten() {
                 let stale = e.file_name().to_string_lossy().starts_with(".tmp.")
                     && e.metadata()
@@ -383,17 +383,8 @@ impl Outbox {
     /// truth only after the epilog. Reconciliation checks Slurm's final state later and
     /// corrects CloudVision. Not fsynced: losing a mark only loses a check.
     pub fn mark_for_verification(&self, job: &JobConfig, restart_count: u32) -> Result<(), String> {
+        self.ensure_dirs()?;
         let dir = self.dir("verify");
-        if !dir.is_dir() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            if let Some((uid, gid)) = self.owner {
-                let _ = std::os::unix::fs::chown(&dir, Some(uid), Some(gid));
-            }
-        }
         let rec = serde_json::json!({"job": job, "restart_count": restart_count});
         let path = dir.join(safe_name(&job.key.id));
         let tmp = dir.join(format!(".tmp.{}", std::process::id()));
