@@ -395,23 +395,12 @@ impl Outbox {
 
     /// Jobs marked for verification: `(job sent, restart count, age of the mark)`.
     pub fn to_verify(&self) -> Vec<(JobConfig, u32, Duration)> {
-        let Ok(rd) = fs::read_dir(self.dir("verify")) else {
-            return Vec::new();
-        };
-        rd.flatten()
-            .filter(|e| !e.file_name().to_string_lossy().starts_with(".tmp."))
-            .filter_map(|e| {
-                let v: serde_json::Value =
-                    serde_json::from_slice(&fs::read(e.path()).ok()?).ok()?;
+        self.records("verify")
+            .into_iter()
+            .filter_map(|(_, bytes, age)| {
+                let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
                 let job: JobConfig = serde_json::from_value(v["job"].clone()).ok()?;
                 let restarts = v["restart_count"].as_u64().unwrap_or(0) as u32;
-                let age = e
-                    .metadata()
-                    .ok()?
-                    .modified()
-                    .ok()?
-                    .elapsed()
-                    .unwrap_or_default();
                 Some((job, restarts, age))
             })
             .collect()
@@ -425,7 +414,19 @@ impl Outbox {
     /// The jobs whose start a prolog recorded and whose end no epilog has handled yet:
     /// `(key, start, age of the record)`.
     pub fn started_jobs(&self) -> Vec<(String, i64, Duration)> {
-        let Ok(rd) = fs::read_dir(self.dir("jobs")) else {
+        self.records("jobs")
+            .into_iter()
+            .filter_map(|(name, bytes, age)| {
+                let start = String::from_utf8_lossy(&bytes).trim().parse().ok()?;
+                Some((unsafe_name(&name), start, age))
+            })
+            .collect()
+    }
+
+    /// The records in one of the state directories (`jobs`, `verify`): file name, contents and
+    /// age, without the temp files of writers still at work (or killed).
+    fn records(&self, dir: &str) -> Vec<(String, Vec<u8>, Duration)> {
+        let Ok(rd) = fs::read_dir(self.dir(dir)) else {
             return Vec::new();
         };
         rd.flatten()
@@ -434,7 +435,7 @@ impl Outbox {
                 if name.starts_with(".tmp.") {
                     return None;
                 }
-                let start = fs::read_to_string(e.path()).ok()?.trim().parse().ok()?;
+                let bytes = fs::read(e.path()).ok()?;
                 let age = e
                     .metadata()
                     .ok()?
@@ -442,7 +443,7 @@ impl Outbox {
                     .ok()?
                     .elapsed()
                     .unwrap_or_default();
-                Some((unsafe_name(&name), start, age))
+                Some((name, bytes, age))
             })
             .collect()
     }
