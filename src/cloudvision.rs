@@ -478,6 +478,17 @@ impl Client {
     ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let own_timeout = deadline.is_none() && budget == self.timeout;
         let auth = self.auth.as_str();
+        // DELETE and GET carry no body: one path for both.
+        let bodyless = |r: ureq::RequestBuilder<ureq::typestate::WithoutBody>| {
+            let r = if own_timeout {
+                r
+            } else {
+                r.config().timeout_global(Some(budget)).build()
+            };
+            r.header("Authorization", auth)
+                .header("Accept", "application/json")
+                .call()
+        };
         match method {
             "POST" => {
                 let r = agent.post(url);
@@ -491,28 +502,8 @@ impl Client {
                     .header("Accept", "application/json")
                     .send(body.unwrap_or(b"{}"))
             }
-            "DELETE" => {
-                let r = agent.delete(url);
-                let r = if own_timeout {
-                    r
-                } else {
-                    r.config().timeout_global(Some(budget)).build()
-                };
-                r.header("Authorization", auth)
-                    .header("Accept", "application/json")
-                    .call()
-            }
-            _ => {
-                let r = agent.get(url);
-                let r = if own_timeout {
-                    r
-                } else {
-                    r.config().timeout_global(Some(budget)).build()
-                };
-                r.header("Authorization", auth)
-                    .header("Accept", "application/json")
-                    .call()
-            }
+            "DELETE" => bodyless(agent.delete(url)),
+            _ => bodyless(agent.get(url)),
         }
     }
 }

@@ -293,10 +293,10 @@ fn run(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>, t0
     };
     let job = JobConfig {
         key: Key { id: key.clone() },
-        name: Some(match &env.partition {
-            Some(p) => format!("{}@{p}", env.name),
-            None => env.name.clone(),
-        }),
+        name: Some(crate::payload::job_name(
+            &env.name,
+            env.partition.as_deref(),
+        )),
         state,
         start_time: format_epoch(start),
         end_time: end.and_then(format_epoch),

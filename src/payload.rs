@@ -151,6 +151,14 @@ impl JobConfig {
     }
 }
 
+/// CloudVision's job name: `<jobname>@<partition>`, the bare job name without a partition.
+pub fn job_name(name: &str, partition: Option<&str>) -> String {
+    match partition.filter(|p| !p.is_empty()) {
+        Some(p) => format!("{name}@{p}"),
+        None => name.to_string(),
+    }
+}
+
 /// One data interface of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataInterface {
@@ -238,6 +246,13 @@ mod tests {
             "hostname":"gpu-node-1","data_interfaces":{"values":[{"name":"eth0",
             "mac_address":"aa:bb:cc:dd:ee:01","ip_addresses":{"values":["192.168.1.11"]}}]}});
         assert_eq!(serde_json::to_value(&node).unwrap(), seed);
+    }
+
+    #[test]
+    fn job_names() {
+        assert_eq!(job_name("train", Some("gpu")), "train@gpu");
+        assert_eq!(job_name("train", None), "train");
+        assert_eq!(job_name("train", Some("")), "train");
     }
 
     #[test]

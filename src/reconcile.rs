@@ -12,6 +12,7 @@ use crate::outbox::{Event, Item, Outbox};
 use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
 use crate::send;
+use crate::slurm::JobInfo;
 use crate::slurm::COMMAND_TIMEOUT;
 use crate::timefmt::{format_epoch, parse_slurm_epoch};
 use std::collections::HashMap;
@@ -198,7 +199,7 @@ pub fn reconcile(
         let start = j.start.unwrap_or_else(crate::timefmt::now_epoch);
         let job = JobConfig {
             key: Key { id: key.clone() },
-            name: Some(format!("{}@{}", j.name, j.partition)),
+            name: Some(crate::payload::job_name(&j.name, Some(&j.partition))),
             state: JobState::Running,
             start_time: format_epoch(start),
             end_time: None,
@@ -228,25 +229,16 @@ pub fn reconcile(
         match send::lookup(slurm, id) {
             Ok(info) => match JobState::from_slurm(&info.state) {
                 Some(state) if state.is_terminal() => {
-                    let nodes = info.nodes().ok().filter(|n| !n.is_empty());
-                    let Some(nodes) = nodes else {
-                        report.unknown += 1;
+                    // The record's start is what the prolog saw and CloudVision was told.
+                    let info = JobInfo {
+                        start: Some(*start),
+                        ..info
+                    };
+                    let Ok(mut job) = send::job_config(&info, cluster) else {
+                        report.unknown += 1; // no nodes known: look again next pass
                         continue;
                     };
-                    let job = JobConfig {
-                        key: Key { id: key.clone() },
-                        name: Some(match &info.partition {
-                            Some(p) => format!("{}@{p}", info.name),
-                            None => info.name.clone(),
-                        }),
-                        state,
-                        start_time: format_epoch(*start),
-                        end_time: format_epoch(info.end.unwrap_or_else(crate::timefmt::now_epoch)),
-                        location: Some(cluster.to_string()),
-                        job_type: None,
-                        nodes: Some(nodes.into()),
-                        interfaces: None,
-                    };
+                    job.job_type = None; // a hook's record, not a backfill
                     log::info!("reconcile: job {key} ended ({}) but no epilog reported it; sending {state}", info.state);
                     let rank = (info.restarts.unwrap_or(0), 1);
                     outbox.enqueue(&Event::new(Item::Job { job }, rank))?;

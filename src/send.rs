@@ -40,10 +40,10 @@ pub fn job_config(info: &JobInfo, cluster: &str) -> Result<JobConfig, String> {
         key: Key {
             id: format!("{}@{cluster}", info.job_id),
         },
-        name: Some(match &info.partition {
-            Some(p) => format!("{}@{p}", info.name),
-            None => info.name.clone(),
-        }),
+        name: Some(crate::payload::job_name(
+            &info.name,
+            info.partition.as_deref(),
+        )),
         state,
         start_time: format_epoch(start),
         end_time: end.and_then(format_epoch),
