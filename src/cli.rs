@@ -493,9 +493,10 @@ fn run_discover(a: DiscoverArgs) -> i32 {
     match discover::discover(a.node_name.as_deref(), &a.sys_class_net, &filter) {
         Ok(rec) => {
             use std::io::Write;
-            let mut line = serde_json::to_string(&rec).expect("serializes");
-            line.push('\n');
-            // One write, so srun never interleaves it with another node's line.
+            // One write, starting on a fresh line: srun passes each task's output through as
+            // it comes, so another node's unterminated output (a worker printing garbage
+            // without a newline) would otherwise swallow this record.
+            let line = format!("\n{}\n", serde_json::to_string(&rec).expect("serializes"));
             let mut out = std::io::stdout().lock();
             if out
                 .write_all(line.as_bytes())

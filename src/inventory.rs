@@ -113,7 +113,10 @@ impl Inventory<'_> {
         let stdout = child.stdout.take().expect("piped");
         let reader = std::thread::spawn(move || {
             read_lines_capped(stdout, MAX_RECORD_BYTES, |line| {
-                let _ = tx.send(DiscoverRecord::parse_line(line));
+                // discover starts its record on a fresh line: blank lines are not garbage.
+                if !line.trim().is_empty() {
+                    let _ = tx.send(DiscoverRecord::parse_line(line));
+                }
             });
         });
         let stderr = child.stderr.take().expect("piped");

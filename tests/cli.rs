@@ -106,8 +106,10 @@ fn discover_prints_one_json_line() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
-    assert_eq!(text.lines().count(), 1);
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // One record, on a line of its own (led by a newline so no other output can swallow it).
+    assert!(text.starts_with('\n') && text.ends_with('\n'), "{text:?}");
+    assert_eq!(text.lines().filter(|l| !l.is_empty()).count(), 1);
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
     assert_eq!(v["node_name"], "n7");
     assert_eq!(v["location"], "c1");
     assert_eq!(
