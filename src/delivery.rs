@@ -260,6 +260,11 @@ pub fn backoff(failures: u32, cap: Duration) -> Duration {
     base.mul_f64(1.0 + jitter)
 }
 
+/// Records a drain pass in the outbox's `service-status.json` for `cvslurm status`.
+pub fn record_drain(outbox: &Outbox, r: &DrainReport) {
+    outbox.record_drain(r.delivered, r.last_error.as_deref());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,22 +4,19 @@
 //! Other Rust tools can reuse the CloudVision client ([`cloudvision::Client`]) and the payload
 //! types ([`payload::JobConfig`], [`payload::NodeConfig`]).
 
-pub mod check;
 pub mod cli;
+pub mod mode;
+
 pub mod cloudvision;
 pub mod config;
 pub mod delivery;
-pub mod discover;
-pub mod hook;
 pub mod hostlist;
-pub mod inventory;
 pub mod logging;
 pub mod outbox;
 pub mod payload;
 pub mod reconcile;
 pub mod runner;
-pub mod send;
 pub mod slurm;
-pub mod status;
+pub mod slurm_conf;
 pub mod systemd;
 pub mod timefmt;

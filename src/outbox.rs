@@ -463,18 +463,18 @@ impl Outbox {
 
     /// Records the outcome of a drain pass in `service-status.json` for `cvslurm status`:
     /// the last delivery and the last error, with their times.
-    pub fn record_drain(&self, r: &crate::delivery::DrainReport) {
+    pub fn record_drain(&self, delivered: usize, last_error: Option<&str>) {
         let path = self.root.join("service-status.json");
         let mut v: serde_json::Value = fs::read(&path)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_else(|| serde_json::json!({}));
         let now = crate::timefmt::now_epoch();
-        if r.delivered > 0 {
+        if delivered > 0 {
             v["last_delivery"] = now.into();
         }
-        if let Some(e) = &r.last_error {
-            v["last_error"] = e.clone().into();
+        if let Some(e) = last_error {
+            v["last_error"] = e.into();
             v["last_error_at"] = now.into();
         }
         v["last_drain"] = now.into();

@@ -185,6 +185,48 @@ pub struct NodeConfig {
     pub data_interfaces: Values<DataInterface>,
 }
 
+/// Builds the JobConfig of a job Slurm described.
+pub fn job_config(info: &crate::slurm::JobInfo, cluster: &str) -> Result<JobConfig, String> {
+    let state = JobState::from_slurm(&info.state).ok_or_else(|| {
+        format!(
+            "job {} is {}: CloudVision has no such state; send it once it runs or ends",
+            info.job_id,
+            if info.state.is_empty() {
+                "in no known state"
+            } else {
+                &info.state
+            }
+        )
+    })?;
+    let nodes = info
+        .nodes()
+        .map_err(|e| format!("job {}: {e}", info.job_id))?;
+    if nodes.is_empty() {
+        return Err(format!("job {} has no nodes", info.job_id));
+    }
+    let start = info
+        .start
+        .ok_or_else(|| format!("job {} has no start time", info.job_id))?;
+    let end = if state.is_terminal() {
+        Some(info.end.unwrap_or_else(crate::timefmt::now_epoch))
+    } else {
+        None
+    };
+    Ok(JobConfig {
+        key: Key {
+            id: format!("{}@{cluster}", info.job_id),
+        },
+        name: Some(job_name(&info.name, info.partition.as_deref())),
+        state,
+        start_time: crate::timefmt::format_epoch(start),
+        end_time: end.and_then(crate::timefmt::format_epoch),
+        location: Some(cluster.to_string()),
+        job_type: Some(JobType::Configured),
+        nodes: Some(nodes.into()),
+        interfaces: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

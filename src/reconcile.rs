@@ -11,7 +11,7 @@ use crate::hostlist;
 use crate::outbox::{Event, Item, Outbox};
 use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
-use crate::send;
+
 use crate::slurm::JobInfo;
 use crate::slurm::COMMAND_TIMEOUT;
 use crate::timefmt::{format_epoch, parse_slurm_epoch};
@@ -226,7 +226,7 @@ pub fn reconcile(
         if rec_cluster != cluster {
             continue;
         }
-        match send::lookup(slurm, id) {
+        match crate::slurm::lookup(slurm, id) {
             Ok(info) => match JobState::from_slurm(&info.state) {
                 Some(state) if state.is_terminal() => {
                     // The record's start is what the prolog saw and CloudVision was told.
@@ -234,7 +234,7 @@ pub fn reconcile(
                         start: Some(*start),
                         ..info
                     };
-                    let Ok(mut job) = send::job_config(&info, cluster) else {
+                    let Ok(mut job) = crate::payload::job_config(&info, cluster) else {
                         report.unknown += 1; // no nodes known: look again next pass
                         continue;
                     };

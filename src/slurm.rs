@@ -291,6 +291,25 @@ pub fn sinfo_nodes(slurm: &Slurm, timeout: Duration) -> Result<Vec<SinfoNode>, S
     Ok(parse_sinfo(&out))
 }
 
+/// Finds a job in slurmctld, else in sacct.
+pub fn lookup(slurm: &Slurm, job_id: &str) -> Result<JobInfo, String> {
+    let from_ctl = scontrol_job(slurm, job_id, COMMAND_TIMEOUT);
+    if let Ok(Some(j)) = &from_ctl {
+        return Ok(j.clone());
+    }
+    match sacct_job(slurm, job_id, COMMAND_TIMEOUT) {
+        Ok(Some(j)) => Ok(j),
+        Ok(None) => Err(match from_ctl {
+            Err(e) => format!("job {job_id}: not found in accounting, and slurmctld could not be asked: {e}"),
+            Ok(_) => format!("job {job_id} not found in slurmctld (scontrol) or accounting (sacct)"),
+        }),
+        Err(e) => Err(match from_ctl {
+            Err(ce) => format!("job {job_id}: slurmctld could not be asked ({ce}) and neither could accounting ({e})"),
+            Ok(_) => format!("job {job_id} not known to slurmctld, and accounting could not be asked: {e}"),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

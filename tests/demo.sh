@@ -28,6 +28,7 @@ for m in hook send inventory discover flush status check; do ln -sf cvslurm "$DE
 
 echo "demo: starting the CloudVision stand-in"
 python3 tests/standin/cv_standin.py --dir "$DEMO/cv" --port 0 --token demo-token >"$DEMO/standin.out" 2>&1 &
+echo $! >"$DEMO/standin.pid"
 for _ in $(seq 100); do [ -s "$DEMO/cv/port" ] && break; sleep 0.1; done
 PORT=$(cat "$DEMO/cv/port")
 chmod 0644 "$DEMO/cv/ca.pem"
@@ -87,4 +88,4 @@ for r in reqs:
 PY
 echo
 echo "demo: hook log: $DEMO/log/cvjob.log; stand-in state: https://127.0.0.1:$PORT/_standin/state"
-echo "demo: the cluster stays up (try: sbatch --wrap 'sleep 5'; $DEMO/cvslurm-status); tear down with: sudo tests/demo.sh down"
+echo "demo: the cluster stays up (try: sbatch --wrap 'sleep 5'; $DEMO/cvslurm-status); tear down with: tests/demo.sh down"

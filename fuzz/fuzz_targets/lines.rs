@@ -2,7 +2,7 @@
 //! out the input in small pieces. Byte 0 is the cap, byte 1 the piece size.
 #![no_main]
 
-use cvslurm::inventory::read_lines_capped;
+use cvslurm::mode::inventory::read_lines_capped;
 use libfuzzer_sys::fuzz_target;
 use std::io::Read;
 

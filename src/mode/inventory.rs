@@ -2,21 +2,111 @@
 //! one NodeConfig per node. `--monitor` keeps doing it under systemd: nodes that appear or come
 //! back are sent, nodes that leave are deleted, and the outbox is drained.
 
+use super::common::{install_signal_handlers, usage, Common, STOP};
+use super::discover::DiscoverRecord;
 use crate::cloudvision::Client;
 use crate::config::Config;
 use crate::delivery::{self, backoff};
-use crate::discover::DiscoverRecord;
+use crate::logging::Sink;
 use crate::outbox::{Event, Item, Outbox};
 use crate::reconcile;
 use crate::runner::Slurm;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use crate::systemd;
+use argh::FromArgs;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// Send one NodeConfig per node (sinfo + srun discover); --monitor keeps it up to date.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "inventory", help_triggers("-h", "--help", "help"))]
+pub struct Args {
+    /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
+    #[argh(option)]
+    config: Option<PathBuf>,
+    /// the CloudVision server, host[:port] (overrides ApiServer)
+    #[argh(option)]
+    api_server: Option<String>,
+    /// API token (visible in ps: prefer --api-token-file or CV_API_TOKEN)
+    #[argh(option)]
+    api_token: Option<String>,
+    /// file holding the API token (mode 600)
+    #[argh(option)]
+    api_token_file: Option<PathBuf>,
+    /// print each request instead of sending it (needs no token, no network)
+    #[argh(switch)]
+    dry_run: bool,
+    /// log debug details
+    #[argh(switch, short = 'v')]
+    verbose: bool,
+    /// keep running: send nodes that appear or come back, delete nodes that leave, drain the outbox
+    #[argh(switch)]
+    monitor: bool,
+    /// seconds between polls with --monitor (overrides PollInterval)
+    #[argh(option)]
+    poll_interval: Option<u64>,
+}
+
+/// Runs `cvslurm inventory` (once, or as the service with `--monitor`).
+pub fn run(a: Args) -> i32 {
+    let common = Common {
+        config: a.config,
+        api_server: a.api_server,
+        api_token: a.api_token,
+        api_token_file: a.api_token_file,
+        dry_run: a.dry_run,
+        verbose: a.verbose,
+    };
+    // The service logs to LogFile (or the journal under systemd), not to a terminal.
+    let sink = if a.monitor { Sink::File } else { Sink::Stderr };
+    let mut cfg = match common.load(sink) {
+        Ok(c) => c,
+        Err(e) => return usage(&e),
+    };
+    if let Some(p) = a.poll_interval {
+        if p == 0 {
+            return usage("--poll-interval must be at least 1 second");
+        }
+        cfg.poll_interval = Duration::from_secs(p);
+    }
+    if a.monitor && a.dry_run {
+        return usage("--monitor and --dry-run do not go together");
+    }
+    install_signal_handlers();
+    let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+    let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {
+        Ok(c) => c,
+        Err(e) => {
+            log::error!("{e}");
+            return 1;
+        }
+    };
+    let client = match common.client(&cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            log::error!("{e}");
+            return 1;
+        }
+    };
+    let inv = Inventory {
+        cfg: &cfg,
+        slurm,
+        cluster,
+        client,
+        stop: &STOP,
+    };
+    if a.monitor {
+        let outbox = Outbox::new(&cfg.state_dir);
+        inv.monitor(&outbox)
+    } else {
+        inv.run_once()
+    }
+}
 
 /// The longest discover line accepted from a worker.
 pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
@@ -338,7 +428,7 @@ impl Inventory<'_> {
                 outbox.enforce_limit(self.cfg.outbox_max_events);
                 let r =
                     delivery::drain(outbox, client, self.cfg.max_concurrent_requests, self.stop);
-                outbox.record_drain(&r);
+                delivery::record_drain(outbox, &r);
                 if r.kept == 0 {
                     drain_failures = 0;
                     next_drain = Instant::now() + Duration::from_secs(5);

@@ -1,13 +1,95 @@
 //! `cvslurm discover`: run on a worker (through srun), print its network interfaces as one
 //! JSON line. Also the record type and its validation, used by `inventory` to read the lines.
 
+use super::common::usage;
+use crate::config::{parse_bool, Config};
+use crate::logging::{self, Sink};
 use crate::payload::{DataInterface, Key, NodeConfig};
+use argh::FromArgs;
 use regex_lite::Regex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Print this node's network interfaces as one JSON line (run on workers through srun).
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "discover", help_triggers("-h", "--help", "help"))]
+pub struct Args {
+    /// node name (default $SLURMD_NODENAME)
+    #[argh(option)]
+    node_name: Option<String>,
+    /// interface names to report (default ^(eth|eno|ens|enp|em))
+    #[argh(option)]
+    interface_regex: Option<String>,
+    /// only NICs with a device link in sysfs: yes or no (default yes)
+    #[argh(option)]
+    physical_only: Option<String>,
+    /// skip NICs without an IPv4 address: yes or no (default yes)
+    #[argh(option)]
+    require_ip: Option<String>,
+    /// where to read interfaces (default /sys/class/net)
+    #[argh(option, default = "PathBuf::from(\"/sys/class/net\")")]
+    sys_class_net: PathBuf,
+}
+
+/// Runs `cvslurm discover`: prints the record on stdout; 1 when it cannot, 2 on a usage error.
+pub fn run(a: Args) -> i32 {
+    logging::init(Sink::Stderr, Path::new("/dev/null"), log::LevelFilter::Info);
+    let d = Config::default();
+    let regex = match a.interface_regex.as_deref().map(Regex::new) {
+        None => d.interface_regex,
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return usage(&format!("--interface-regex: {e}")),
+    };
+    let flag = |v: Option<&str>, default: bool, name: &str| -> Result<bool, String> {
+        v.map_or(Ok(default), |s| {
+            parse_bool(s).map_err(|e| format!("{name}: {e}"))
+        })
+    };
+    let filter = match (
+        flag(
+            a.physical_only.as_deref(),
+            d.interface_physical_only,
+            "--physical-only",
+        ),
+        flag(
+            a.require_ip.as_deref(),
+            d.interface_require_ip,
+            "--require-ip",
+        ),
+    ) {
+        (Ok(p), Ok(r)) => Filter {
+            name_regex: regex,
+            physical_only: p,
+            require_ip: r,
+        },
+        (Err(e), _) | (_, Err(e)) => return usage(&e),
+    };
+    match discover(a.node_name.as_deref(), &a.sys_class_net, &filter) {
+        Ok(rec) => {
+            use std::io::Write;
+            // One write, starting on a fresh line: srun passes each task's output through as
+            // it comes, so another node's unterminated output (a worker printing garbage
+            // without a newline) would otherwise swallow this record.
+            let line = format!("\n{}\n", serde_json::to_string(&rec).expect("serializes"));
+            let mut out = std::io::stdout().lock();
+            if out
+                .write_all(line.as_bytes())
+                .and_then(|_| out.flush())
+                .is_err()
+            {
+                return 1;
+            }
+            0
+        }
+        Err(e) => {
+            log::error!("{e}");
+            1
+        }
+    }
+}
 
 /// One interface in a discovery record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,9 +15,19 @@ use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
 use crate::slurm::{self, JobInfo};
 use crate::timefmt::{format_epoch, now_epoch};
+use argh::FromArgs;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// PrologSlurmctld/EpilogSlurmctld: send the job's state from the SLURM_* environment (always exits 0).
+#[derive(FromArgs, Debug, Default)]
+#[argh(subcommand, name = "hook", help_triggers("-h", "--help", "help"))]
+pub struct Args {
+    /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
+    #[argh(option)]
+    pub config: Option<PathBuf>,
+}
 
 /// Which of the two hooks is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,8 +229,12 @@ pub fn epilog_state(
     }
 }
 
-/// Entry point of the hook mode. Always returns 0.
-pub fn main(config_path: Option<&Path>) -> i32 {
+/// Runs the hook. Always returns 0.
+pub fn run(args: Args) -> i32 {
+    hook_main(args.config.as_deref())
+}
+
+fn hook_main(config_path: Option<&Path>) -> i32 {
     let t0 = Instant::now();
     let (cfg, cfg_error) = match Config::load(config_path) {
         Ok(c) => (c, None),
@@ -248,11 +262,11 @@ pub fn main(config_path: Option<&Path>) -> i32 {
         log::error!("{p}");
     }
     let vars: HashMap<String, String> = std::env::vars().collect();
-    let _ = std::panic::catch_unwind(|| run(&cfg, cfg_error.as_deref(), &vars, t0));
+    let _ = std::panic::catch_unwind(|| handle(&cfg, cfg_error.as_deref(), &vars, t0));
     0
 }
 
-fn run(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>, t0: Instant) {
+fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>, t0: Instant) {
     let deadline = t0 + cfg.hook_timeout;
     if let Some(e) = cfg_error {
         log::error!("config error: {e}; using defaults for this event, fix the file");

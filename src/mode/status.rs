@@ -4,8 +4,27 @@
 use crate::cloudvision::{Client, ClientOptions};
 use crate::config::Config;
 use crate::outbox::Outbox;
+use argh::FromArgs;
 use serde::Serialize;
-use std::path::Path;
+use std::path::PathBuf;
+
+/// Show the outbox depth, the oldest event, rejected events and whether CloudVision answers.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "status", help_triggers("-h", "--help", "help"))]
+pub struct Args {
+    /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
+    #[argh(option)]
+    config: Option<PathBuf>,
+    /// print JSON instead of text
+    #[argh(switch)]
+    json: bool,
+    /// exit 1 when the oldest queued event is older than this many seconds (default 3600)
+    #[argh(option, default = "3600")]
+    max_age: i64,
+    /// do not contact CloudVision
+    #[argh(switch)]
+    offline: bool,
+}
 
 /// What `status` reports.
 #[derive(Debug, Serialize)]
@@ -32,8 +51,14 @@ pub struct Status {
 
 /// Prints the status; exit 1 when the oldest event is older than `max_age` seconds or
 /// CloudVision does not answer.
-pub fn main(config: Option<&Path>, json: bool, max_age: i64, offline: bool) -> i32 {
-    let cfg = match Config::load(config) {
+pub fn run(a: Args) -> i32 {
+    let Args {
+        config,
+        json,
+        max_age,
+        offline,
+    } = a;
+    let cfg = match Config::load(config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cvslurm: {e}");

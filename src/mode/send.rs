@@ -2,75 +2,157 @@
 //! jobs slurmctld has forgotten, the accounting database (`sacct`); or send a tenant
 //! scheduler's job given on the command line.
 
+use super::common::{usage, Common};
 use crate::cloudvision::{Client, JOB_CONFIG_PATH};
 use crate::hostlist;
+use crate::logging::Sink;
 use crate::payload::{JobConfig, JobState, JobType, Key};
 use crate::runner::Slurm;
-use crate::slurm::{self, JobInfo, COMMAND_TIMEOUT};
-use crate::timefmt::{format_epoch, now_epoch};
+use crate::slurm;
+use crate::timefmt::format_epoch;
+use argh::FromArgs;
+use std::path::PathBuf;
 
-/// Builds the JobConfig of a job Slurm described.
-pub fn job_config(info: &JobInfo, cluster: &str) -> Result<JobConfig, String> {
-    let state = JobState::from_slurm(&info.state).ok_or_else(|| {
-        format!(
-            "job {} is {}: CloudVision has no such state; send it once it runs or ends",
-            info.job_id,
-            if info.state.is_empty() {
-                "in no known state"
-            } else {
-                &info.state
-            }
-        )
-    })?;
-    let nodes = info
-        .nodes()
-        .map_err(|e| format!("job {}: {e}", info.job_id))?;
-    if nodes.is_empty() {
-        return Err(format!("job {} has no nodes", info.job_id));
-    }
-    let start = info
-        .start
-        .ok_or_else(|| format!("job {} has no start time", info.job_id))?;
-    let end = if state.is_terminal() {
-        Some(info.end.unwrap_or_else(now_epoch))
-    } else {
-        None
-    };
-    Ok(JobConfig {
-        key: Key {
-            id: format!("{}@{cluster}", info.job_id),
-        },
-        name: Some(crate::payload::job_name(
-            &info.name,
-            info.partition.as_deref(),
-        )),
-        state,
-        start_time: format_epoch(start),
-        end_time: end.and_then(format_epoch),
-        location: Some(cluster.to_string()),
-        job_type: Some(JobType::Configured),
-        nodes: Some(nodes.into()),
-        interfaces: None,
-    })
+/// Send (backfill) jobs' JobConfig from scontrol or sacct, or a tenant scheduler's job.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "send", help_triggers("-h", "--help", "help"))]
+pub struct Args {
+    /// job ids to send
+    #[argh(positional)]
+    job_ids: Vec<String>,
+    /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
+    #[argh(option)]
+    config: Option<PathBuf>,
+    /// the CloudVision server, host[:port] (overrides ApiServer)
+    #[argh(option)]
+    api_server: Option<String>,
+    /// API token (visible in ps: prefer --api-token-file or CV_API_TOKEN)
+    #[argh(option)]
+    api_token: Option<String>,
+    /// file holding the API token (mode 600)
+    #[argh(option)]
+    api_token_file: Option<PathBuf>,
+    /// print each request instead of sending it (needs no token, no network)
+    #[argh(switch)]
+    dry_run: bool,
+    /// log debug details
+    #[argh(switch, short = 'v')]
+    verbose: bool,
+    /// tenant mode: the tenant job's id (no Slurm lookup)
+    #[argh(option)]
+    tenant: Option<String>,
+    /// tenant mode: job name
+    #[argh(option)]
+    name: Option<String>,
+    /// tenant mode: location (cluster)
+    #[argh(option)]
+    location: Option<String>,
+    /// tenant mode: running, completed, failed or cancelled
+    #[argh(option)]
+    state: Option<String>,
+    /// tenant mode: start time (RFC 3339 or epoch seconds)
+    #[argh(option)]
+    start: Option<String>,
+    /// tenant mode: end time (RFC 3339 or epoch seconds), for ended jobs
+    #[argh(option)]
+    end: Option<String>,
+    /// tenant mode: the job's nodes, a hostlist
+    #[argh(option)]
+    nodes: Option<String>,
+    /// tenant mode: the job's interfaces, comma-separated MAC addresses
+    #[argh(option)]
+    interfaces: Option<String>,
 }
 
-/// Finds a job in slurmctld, else in sacct.
-pub fn lookup(slurm: &Slurm, job_id: &str) -> Result<JobInfo, String> {
-    let from_ctl = slurm::scontrol_job(slurm, job_id, COMMAND_TIMEOUT);
-    if let Ok(Some(j)) = &from_ctl {
-        return Ok(j.clone());
+/// Runs `cvslurm send`: 0 when every job was sent (or printed), 1 when any was not, 2 on
+/// a usage error.
+pub fn run(a: Args) -> i32 {
+    let common = Common {
+        config: a.config,
+        api_server: a.api_server,
+        api_token: a.api_token,
+        api_token_file: a.api_token_file,
+        dry_run: a.dry_run,
+        verbose: a.verbose,
+    };
+    let cfg = match common.load(Sink::Stderr) {
+        Ok(c) => c,
+        Err(e) => return usage(&e),
+    };
+    let tenant_flags = a.name.is_some()
+        || a.location.is_some()
+        || a.state.is_some()
+        || a.start.is_some()
+        || a.end.is_some()
+        || a.nodes.is_some()
+        || a.interfaces.is_some();
+    let jobs: Vec<JobConfig>;
+    let mut failed = 0;
+    if let Some(id) = a.tenant {
+        if !a.job_ids.is_empty() {
+            return usage("--tenant sends one tenant job; give no Slurm job ids with it");
+        }
+        let t = Tenant {
+            id,
+            name: a.name.unwrap_or_default(),
+            location: a.location.unwrap_or_default(),
+            state: a.state.unwrap_or_default(),
+            start: a.start.unwrap_or_default(),
+            end: a.end,
+            nodes: a.nodes,
+            interfaces: a.interfaces,
+        };
+        match t.job_config() {
+            Ok(j) => jobs = vec![j],
+            Err(e) => return usage(&e),
+        }
+    } else {
+        if tenant_flags {
+            return usage("--name, --location, --state, --start, --end, --nodes and --interfaces go with --tenant");
+        }
+        if a.job_ids.is_empty() {
+            return usage("give one or more job ids (cvslurm send 12345), or --tenant");
+        }
+        if let Some(bad) = a.job_ids.iter().find(|id| !slurm::valid_job_id(id)) {
+            return usage(&format!(
+                "{bad:?} is not a job id (12345, or 12345_7 for an array task)"
+            ));
+        }
+        let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+        let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!("{e}");
+                return 1;
+            }
+        };
+        let mut found = Vec::new();
+        for id in &a.job_ids {
+            match slurm::lookup(&slurm, id)
+                .and_then(|info| crate::payload::job_config(&info, &cluster))
+            {
+                Ok(j) => found.push(j),
+                Err(e) => {
+                    log::error!("{e}");
+                    failed += 1;
+                }
+            }
+        }
+        jobs = found;
     }
-    match slurm::sacct_job(slurm, job_id, COMMAND_TIMEOUT) {
-        Ok(Some(j)) => Ok(j),
-        Ok(None) => Err(match from_ctl {
-            Err(e) => format!("job {job_id}: not found in accounting, and slurmctld could not be asked: {e}"),
-            Ok(_) => format!("job {job_id} not found in slurmctld (scontrol) or accounting (sacct)"),
-        }),
-        Err(e) => Err(match from_ctl {
-            Err(ce) => format!("job {job_id}: slurmctld could not be asked ({ce}) and neither could accounting ({e})"),
-            Ok(_) => format!("job {job_id} not known to slurmctld, and accounting could not be asked: {e}"),
-        }),
+    let client = match common.client(&cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            log::error!("{e}");
+            return 1;
+        }
+    };
+    for j in &jobs {
+        if !deliver(client.as_ref(), j) {
+            failed += 1;
+        }
     }
+    i32::from(failed > 0)
 }
 
 /// Prints what a dry run would send.
@@ -161,7 +243,7 @@ impl Tenant {
                     .filter(|s| !s.is_empty())
                     .map(|s| s.to_ascii_lowercase())
                     .collect();
-                if let Some(bad) = macs.iter().find(|m| !crate::discover::is_mac(m)) {
+                if let Some(bad) = macs.iter().find(|m| !super::discover::is_mac(m)) {
                     return Err(format!(
                         "--interfaces: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
                     ));
@@ -201,6 +283,8 @@ impl Tenant {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::payload::job_config;
+    use crate::slurm::JobInfo;
 
     fn info(state: &str) -> JobInfo {
         JobInfo {

@@ -1,0 +1,85 @@
+//! `cvslurm flush`: reconcile with Slurm, then deliver what the outbox holds — for sites that do
+//! not run the cvslurm service (run it from cron), or by hand after an outage.
+
+use super::common::{client, install_signal_handlers, usage, Common, STOP};
+use crate::logging::Sink;
+use crate::outbox::Outbox;
+use crate::runner::Slurm;
+use crate::slurm;
+use argh::FromArgs;
+use std::path::PathBuf;
+
+/// Reconcile with Slurm and send what the outbox holds (for sites without the cvslurm service).
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "flush", help_triggers("-h", "--help", "help"))]
+pub struct Args {
+    /// only send the outbox; do not compare with Slurm's jobs first
+    #[argh(switch)]
+    no_reconcile: bool,
+    /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
+    #[argh(option)]
+    config: Option<PathBuf>,
+    /// log debug details
+    #[argh(switch, short = 'v')]
+    verbose: bool,
+}
+
+/// Runs `cvslurm flush`: 0 when the outbox is empty afterwards, 1 when events were kept or
+/// rejected, 2 on a usage error.
+pub fn run(a: Args) -> i32 {
+    let common = Common {
+        config: a.config,
+        verbose: a.verbose,
+        ..Common::default()
+    };
+    let cfg = match common.load(Sink::Stderr) {
+        Ok(c) => c,
+        Err(e) => return usage(&e),
+    };
+    let client = match client(&cfg, false) {
+        Ok(Some(c)) => c,
+        Ok(None) => unreachable!("not a dry run"),
+        Err(e) => {
+            log::error!("{e}");
+            return 1;
+        }
+    };
+    install_signal_handlers();
+    let outbox = Outbox::new(&cfg.state_dir);
+    if let Err(e) = outbox.recover() {
+        log::error!("{e}");
+        return 1;
+    }
+    // Sites without the service run flush from cron: reconcile here too (unless switched off
+    // or Slurm cannot be asked), so missed hooks and cancels the epilog saw as successes are
+    // still put right.
+    if !a.no_reconcile && !cfg.reconcile_interval.is_zero() {
+        let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+        match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT)
+            .and_then(|c| crate::reconcile::reconcile(&cfg, &slurm, &c, &outbox))
+        {
+            Ok(r) if r.started + r.ended + r.corrected > 0 => log::info!(
+                "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
+                r.started,
+                r.ended,
+                r.corrected
+            ),
+            Ok(_) => {}
+            Err(e) => log::debug!("reconcile skipped: {e}"),
+        }
+    }
+    outbox.enforce_limit(cfg.outbox_max_events);
+    let r = crate::delivery::drain(&outbox, &client, cfg.max_concurrent_requests, &STOP);
+    crate::delivery::record_drain(&outbox, &r);
+    println!(
+        "outbox: {} delivered, {} kept, {} rejected{}",
+        r.delivered,
+        r.kept,
+        r.rejected,
+        r.last_error
+            .as_deref()
+            .map(|e| format!(" (last error: {e})"))
+            .unwrap_or_default()
+    );
+    i32::from(r.kept > 0 || r.rejected > 0)
+}

@@ -1,0 +1,18 @@
+//! The modes of `cvslurm`, one module each, all of the same shape: an argh `Args` struct and
+//! `pub fn run(args: Args) -> i32`. [`crate::cli`] only picks the mode (from argv[0] or the
+//! subcommand) and calls its `run`.
+//!
+//! The modes sit on top of the shared pieces beside this folder: [`crate::config`],
+//! [`crate::slurm`] (with [`crate::runner`] and [`crate::hostlist`]), [`crate::payload`],
+//! [`crate::outbox`] and [`crate::delivery`], [`crate::cloudvision`], [`crate::reconcile`],
+//! [`crate::logging`], [`crate::timefmt`] and [`crate::systemd`]. Data flows one way: Slurm
+//! facts → domain records → payload → outbox → delivery.
+
+pub mod check;
+pub mod common;
+pub mod discover;
+pub mod flush;
+pub mod hook;
+pub mod inventory;
+pub mod send;
+pub mod status;
