@@ -114,6 +114,9 @@ pub struct Config {
     pub node_reassert_interval: Duration,
     /// `OutboxMaxEvents`: the most events the outbox keeps; past it the least valuable go.
     pub outbox_max_events: usize,
+    /// `JobInterfaces`: node names (`nodes`, the default) or, for jobs sharing a node's GPUs,
+    /// the MACs of the NICs nearest their GPUs (`gpu`, `auto`).
+    pub job_interfaces: crate::attribution::JobInterfaces,
 }
 
 impl Default for Config {
@@ -145,6 +148,7 @@ impl Default for Config {
             reconcile_interval: Duration::from_secs(300),
             node_reassert_interval: Duration::from_secs(86_400),
             outbox_max_events: 100_000,
+            job_interfaces: crate::attribution::JobInterfaces::Nodes,
         }
     }
 }
@@ -175,6 +179,7 @@ pub const KEYS: &[&str] = &[
     "ReconcileInterval",
     "NodeReassertInterval",
     "OutboxMaxEvents",
+    "JobInterfaces",
 ];
 
 impl Config {
@@ -298,6 +303,9 @@ impl Config {
                     .ok_or_else(|| format!("{value:?} is not a whole number from 1 to 256"))?
             }
             "ReconcileInterval" => self.reconcile_interval = parse_duration(value, 0.0)?,
+            "JobInterfaces" => {
+                self.job_interfaces = crate::attribution::JobInterfaces::parse(value)?
+            }
             "NodeReassertInterval" => self.node_reassert_interval = parse_duration(value, 0.0)?,
             "OutboxMaxEvents" => {
                 self.outbox_max_events = value

@@ -4,6 +4,7 @@
 //! Other Rust tools can reuse the CloudVision client ([`cloudvision::Client`]) and the payload
 //! types ([`payload::JobConfig`], [`payload::NodeConfig`]).
 
+pub mod attribution;
 pub mod cli;
 pub mod mode;
 
@@ -20,3 +21,4 @@ pub mod slurm;
 pub mod slurm_conf;
 pub mod systemd;
 pub mod timefmt;
+pub mod topology;

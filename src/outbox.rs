@@ -146,7 +146,7 @@ impl Outbox {
 
     /// Creates the directories (mode 0700) if missing.
     pub fn ensure_dirs(&self) -> Result<(), String> {
-        for d in ["outbox", "inflight", "rejected", "jobs", "verify"] {
+        for d in ["outbox", "inflight", "rejected", "jobs", "verify", "nodes"] {
             let p = self.dir(d);
             if !p.is_dir() {
                 fs::DirBuilder::new()
@@ -327,7 +327,7 @@ impl Outbox {
     pub fn recover(&self) -> Result<usize, String> {
         self.ensure_dirs()?;
         let _lock = self.lock()?;
-        for d in ["outbox", "inflight", "rejected", "jobs", "verify"] {
+        for d in ["outbox", "inflight", "rejected", "jobs", "verify", "nodes"] {
             for e in fs::read_dir(self.dir(d)).into_iter().flatten().flatten() {
                 let stale = e.file_name().to_string_lossy().starts_with(".tmp.")
                     && e.metadata()
@@ -354,6 +354,67 @@ impl Outbox {
         }
         sync_dir(&self.dir("outbox"));
         Ok(n)
+    }
+
+    /// Keeps the inventory's latest discover record of a node (its GPU topology included), for
+    /// `send` and the service to attribute jobs to interfaces (`JobInterfaces`).
+    pub fn save_node_record(
+        &self,
+        rec: &crate::mode::discover::DiscoverRecord,
+    ) -> Result<(), String> {
+        self.ensure_dirs()?;
+        let json = serde_json::to_vec(rec).map_err(|e| format!("cannot encode record: {e}"))?;
+        write_durably(
+            &self
+                .dir("nodes")
+                .join(format!("{}.json", safe_name(&rec.node_name))),
+            &json,
+            self.owner,
+        )
+    }
+
+    /// The inventory's record of `node`: `Ok(None)` when there is none. The file is hostile
+    /// input: a link is not followed, the size is capped, the record is validated and must
+    /// name `node`.
+    pub fn load_node_record(
+        &self,
+        node: &str,
+    ) -> Result<Option<crate::mode::discover::DiscoverRecord>, String> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let p = self.dir("nodes").join(format!("{}.json", safe_name(node)));
+        let f = match OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&p)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("cannot read {}: {e}", p.display())),
+        };
+        let max = crate::mode::inventory::MAX_RECORD_BYTES;
+        let mut s = String::new();
+        f.take(max as u64 + 1)
+            .read_to_string(&mut s)
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        if s.len() > max {
+            return Err(format!("{}: larger than {max} bytes", p.display()));
+        }
+        let rec = crate::mode::discover::DiscoverRecord::parse_line(&s)
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        if rec.node_name != node {
+            return Err(format!(
+                "{}: a record of node {:?}",
+                p.display(),
+                rec.node_name
+            ));
+        }
+        Ok(Some(rec))
+    }
+
+    /// Forgets a node's record (it left the cluster).
+    pub fn forget_node_record(&self, node: &str) {
+        let _ = fs::remove_file(self.dir("nodes").join(format!("{}.json", safe_name(node))));
     }
 
     /// Records the start time the prolog saw for a job.
@@ -784,6 +845,49 @@ mod tests {
         ] {
             assert_eq!(fs::metadata(d.join(p)).unwrap().uid(), 65534, "{p}");
         }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The inventory's node records: kept, read back, and refused when tampered with.
+    #[test]
+    fn node_records() {
+        let d = std::env::temp_dir().join(format!("cvslurm-noderec-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        let ob = Outbox::new(&d);
+        assert_eq!(ob.load_node_record("dgx1").unwrap(), None);
+        let rec = crate::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        ob.save_node_record(&rec).unwrap();
+        assert_eq!(ob.load_node_record("dgx1").unwrap(), Some(rec.clone()));
+        let p = d.join("nodes/dgx1.json");
+        // Another node's record under this name.
+        let mut other = rec.clone();
+        other.node_name = "dgx2".into();
+        fs::write(&p, serde_json::to_vec(&other).unwrap()).unwrap();
+        assert!(ob
+            .load_node_record("dgx1")
+            .unwrap_err()
+            .contains("a record of node \"dgx2\""));
+        // Garbage, an oversized file, a link.
+        fs::write(&p, b"{not json").unwrap();
+        assert!(ob
+            .load_node_record("dgx1")
+            .unwrap_err()
+            .contains("not a discover record"));
+        fs::write(&p, vec![b' '; crate::mode::inventory::MAX_RECORD_BYTES + 1]).unwrap();
+        assert!(ob
+            .load_node_record("dgx1")
+            .unwrap_err()
+            .contains("larger than"));
+        fs::remove_file(&p).unwrap();
+        ob.save_node_record(&other).unwrap();
+        std::os::unix::fs::symlink(d.join("nodes/dgx2.json"), &p).unwrap();
+        assert!(ob
+            .load_node_record("dgx1")
+            .unwrap_err()
+            .contains("cannot read"));
+        ob.forget_node_record("dgx2");
+        assert_eq!(ob.load_node_record("dgx2").unwrap(), None);
         fs::remove_dir_all(&d).unwrap();
     }
 }

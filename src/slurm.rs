@@ -253,6 +253,132 @@ pub fn parse_sinfo(output: &str) -> Vec<SinfoNode> {
     nodes
 }
 
+/// The GPU indices a job holds on each node (nodes where it holds none are absent).
+pub type JobGpus = std::collections::BTreeMap<String, std::collections::BTreeSet<u32>>;
+
+/// The highest GPU index accepted from Slurm.
+const MAX_GPU_INDEX: u32 = 1023;
+
+/// The GPU indices of one GRES string as slurmctld prints it per node (`GRES=` of
+/// `scontrol show job -d`, an entry of squeue's JSON `gres_detail`):
+/// `gpu:4(IDX:0-3)`, `gpu:a100:2(IDX:0,2)`, `gpu:2(IDX:0-1),nic:1(IDX:0)`, or empty.
+pub fn parse_gres_gpus(gres: &str) -> Result<std::collections::BTreeSet<u32>, String> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    let mut entries = Vec::new();
+    for (i, c) in gres.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                entries.push(&gres[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err(format!("unbalanced parentheses in GRES {gres:?}"));
+        }
+    }
+    entries.push(&gres[start..]);
+    for e in entries.into_iter().filter(|e| !e.is_empty()) {
+        let (head, idx) = match e.split_once('(') {
+            Some((h, rest)) => (
+                h,
+                Some(
+                    rest.strip_suffix(')')
+                        .ok_or_else(|| format!("bad GRES entry {e:?}"))?,
+                ),
+            ),
+            None => (e, None),
+        };
+        if head.split(':').next() != Some("gpu") {
+            continue;
+        }
+        let Some(idx) = idx else {
+            return Err(format!(
+                "GRES {e:?} has no IDX list: ask with scontrol show job -d"
+            ));
+        };
+        let list = idx
+            .strip_prefix("IDX:")
+            .ok_or_else(|| format!("bad GRES entry {e:?}"))?;
+        for item in list.split(',') {
+            let (a, b) = item.split_once('-').unwrap_or((item, item));
+            let (a, b) = match (a.parse::<u32>(), b.parse::<u32>()) {
+                (Ok(a), Ok(b)) if a <= b && b <= MAX_GPU_INDEX => (a, b),
+                _ => return Err(format!("bad GPU index list in GRES {e:?}")),
+            };
+            out.extend(a..=b);
+        }
+    }
+    Ok(out)
+}
+
+/// The GPUs per node of one job from its `scontrol show job -d` record (one `-o` line, or
+/// the multi-line form): the `Nodes=<hostlist> … GRES=…` groups slurmctld prints between
+/// `JOB_GRES=` and `MinCPUsNode=`. A record where either marker is missing or repeated (a job
+/// name or path can hold them) or a node is listed twice is refused.
+pub fn parse_job_gpus(record: &str) -> Result<JobGpus, String> {
+    let toks: Vec<&str> = record.split_whitespace().collect();
+    let at = |key: &str| -> Result<usize, String> {
+        let hits: Vec<usize> = toks
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.starts_with(key))
+            .map(|(i, _)| i)
+            .collect();
+        match hits[..] {
+            [i] => Ok(i),
+            [] => Err(format!("no {key} in the job record (scontrol show job -d)")),
+            _ => Err(format!(
+                "{key} appears {} times in the job record",
+                hits.len()
+            )),
+        }
+    };
+    let (from, to) = (at("JOB_GRES=")?, at("MinCPUsNode=")?);
+    if to < from {
+        return Err("MinCPUsNode= before JOB_GRES= in the job record".into());
+    }
+    let mut out = JobGpus::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut group: Vec<String> = Vec::new();
+    for t in &toks[from + 1..to] {
+        if let Some(list) = t.strip_prefix("Nodes=") {
+            group = hostlist::expand(list).map_err(|e| format!("Nodes={list}: {e}"))?;
+            for n in &group {
+                if !seen.insert(n.clone()) {
+                    return Err(format!("node {n} listed twice in the job record"));
+                }
+            }
+        } else if let Some(g) = t.strip_prefix("GRES=") {
+            if group.is_empty() {
+                return Err("GRES= without Nodes= in the job record".into());
+            }
+            let set = parse_gres_gpus(g)?;
+            if !set.is_empty() {
+                for n in group.drain(..) {
+                    out.insert(n, set.clone());
+                }
+            }
+            group.clear();
+        }
+    }
+    Ok(out)
+}
+
+/// The GPUs per node of a running job, asked of slurmctld (`scontrol show job -d -o`).
+pub fn job_gpus(slurm: &Slurm, job_id: &str, timeout: Duration) -> Result<JobGpus, String> {
+    let out = slurm.run("scontrol", &["show", "job", "-d", "-o", job_id], timeout)?;
+    let line = out
+        .lines()
+        .find(|l| record_is(&KvRecord::parse(l), job_id))
+        .ok_or_else(|| format!("job {job_id} not found in slurmctld"))?;
+    parse_job_gpus(line)
+}
+
 /// Looks up the cluster name with `scontrol show config`.
 pub fn cluster_name(slurm: &Slurm, timeout: Duration) -> Result<String, String> {
     let out = slurm.run("scontrol", &["show", "config"], timeout)?;
@@ -373,6 +499,112 @@ mod tests {
         assert_eq!((j.start, j.end), (Some(100), Some(200)));
         assert_eq!(j.nodes().unwrap(), ["n1", "n2"]);
         assert!(parse_sacct("41|x|debug|COMPLETED|1|2|n1|0:0\n", "42").is_none());
+    }
+
+    fn gres_fixture(name: &str) -> String {
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/slurm-22.05-gres/"
+        );
+        std::fs::read_to_string(format!("{p}{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    /// Real records of jobs sharing n1's 8 GPUs, a two-node job, a 6-GPU job and a job
+    /// without GPUs (tests/cluster/capture-gres.sh).
+    #[test]
+    fn job_gpus_from_real_records() {
+        let set = |v: &[u32]| {
+            v.iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<u32>>()
+        };
+        for form in ["scontrol-job-d-o-", "scontrol-job-d-"] {
+            let g =
+                |name: &str| parse_job_gpus(&gres_fixture(&format!("{form}{name}.txt"))).unwrap();
+            assert_eq!(
+                g("share-a"),
+                JobGpus::from([("n1".into(), set(&[0, 1, 2, 3]))])
+            );
+            assert_eq!(
+                g("share-b"),
+                JobGpus::from([("n1".into(), set(&[4, 5, 6, 7]))])
+            );
+            assert_eq!(
+                g("two-nodes"),
+                JobGpus::from([("n2".into(), set(&[0, 1])), ("n3".into(), set(&[0, 1]))])
+            );
+            assert_eq!(
+                g("six"),
+                JobGpus::from([("n3".into(), set(&[2, 3, 4, 5, 6, 7]))])
+            );
+            assert_eq!(g("nogpu"), JobGpus::new());
+        }
+        // squeue --json's gres_detail holds the same strings, one per node.
+        let v: serde_json::Value = serde_json::from_str(&gres_fixture("squeue.json")).unwrap();
+        let details: Vec<Vec<u32>> = v["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|j| j["gres_detail"].as_array().unwrap().clone())
+            .map(|d| {
+                parse_gres_gpus(d.as_str().unwrap())
+                    .unwrap()
+                    .into_iter()
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            details,
+            [
+                vec![0, 1, 2, 3],
+                vec![4, 5, 6, 7],
+                vec![0, 1],
+                vec![0, 1],
+                vec![2, 3, 4, 5, 6, 7]
+            ]
+        );
+    }
+
+    #[test]
+    fn gres_strings_and_hostile_records() {
+        let set = |v: &[u32]| {
+            v.iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<u32>>()
+        };
+        assert_eq!(
+            parse_gres_gpus("gpu:a100:2(IDX:0,2)").unwrap(),
+            set(&[0, 2])
+        );
+        assert_eq!(
+            parse_gres_gpus("gpu:2(IDX:0-1),nic:1(IDX:0)").unwrap(),
+            set(&[0, 1])
+        );
+        assert_eq!(parse_gres_gpus("").unwrap(), set(&[]));
+        for bad in [
+            "gpu:2(IDX:1-0)",
+            "gpu:2(IDX:0-99999)",
+            "gpu:2(IDX:x)",
+            "gpu:2((IDX:0)",
+            "gpu:2",
+        ] {
+            assert!(parse_gres_gpus(bad).is_err(), "{bad}");
+        }
+        let real = gres_fixture("scontrol-job-d-o-share-a.txt");
+        // A job name or work directory that carries the markers makes the record ambiguous.
+        let named = real.replacen(
+            "JobName=share-a",
+            "JobName=x JOB_GRES=gpu:8 Nodes=n1 GRES=gpu:8(IDX:0-7) MinCPUsNode=1",
+            1,
+        );
+        assert!(parse_job_gpus(&named)
+            .unwrap_err()
+            .contains("appears 2 times"));
+        let workdir = real.replacen("WorkDir=/tmp", "WorkDir=/tmp/a MinCPUsNode=1", 1);
+        assert!(parse_job_gpus(&workdir).is_err());
+        assert!(parse_job_gpus(&fixture("scontrol-job-gpu-shell.txt"))
+            .unwrap_err()
+            .contains("no JOB_GRES="));
     }
 
     fn fixture(name: &str) -> String {

@@ -134,6 +134,104 @@ fn discover_prints_one_json_line() {
     assert!(stderr(&out).contains("--physical-only: \"perhaps\" is not yes or no"));
 }
 
+/// `discover --sys-root` on the generated DGX A100 tree: the record's topology gives every
+/// compute NIC the two GPUs of its PCIe switch. Without `--topology` the record is the
+/// old format (no `topology` key), so older inventories still read it.
+#[test]
+fn discover_sys_root_topology() {
+    let s = Scratch::new("topo");
+    let gen = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/topology/gen.sh"
+    );
+    let st = Command::new("bash")
+        .args([gen, "dgx-a100"])
+        .arg(s.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let run = |extra: &[&str]| {
+        let out = Command::new(bin())
+            .args([
+                "discover",
+                "--node-name",
+                "dgx1",
+                "--require-ip",
+                "no",
+                "--sys-root",
+            ])
+            .arg(s.path())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        serde_json::from_str::<serde_json::Value>(stdout(&out).trim()).unwrap()
+    };
+    let plain = run(&[]);
+    assert!(plain.get("topology").is_none());
+    assert_eq!(plain["interfaces"].as_array().unwrap().len(), 10);
+    let v = run(&["--topology"]);
+    assert_eq!(v["interfaces"], plain["interfaces"]);
+    let t = &v["topology"];
+    assert_eq!(t["gpus"].as_array().unwrap().len(), 8);
+    assert_eq!(
+        t["gpus"][3],
+        json!({"index":3,"pci":"0000:4e:00.0","numa_node":0})
+    );
+    let nics: Vec<(String, Vec<u64>, String)> = t["nics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["name"].as_str().unwrap().to_string(),
+                n["gpus"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|g| g.as_u64().unwrap())
+                    .collect(),
+                n["near"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, Vec<u64>, String)> = [
+        ("enp12s0", vec![0, 1], "switch"),
+        ("enp141s0", vec![4, 5], "switch"),
+        ("enp148s0", vec![4, 5], "switch"),
+        ("enp186s0", vec![6, 7], "switch"),
+        ("enp18s0", vec![0, 1], "switch"),
+        ("enp204s0", vec![6, 7], "switch"),
+        ("enp225s0f0", vec![4, 5, 6, 7], "numa"),
+        ("enp225s0f1", vec![4, 5, 6, 7], "numa"),
+        ("enp75s0", vec![2, 3], "switch"),
+        ("enp84s0", vec![2, 3], "switch"),
+    ]
+    .into_iter()
+    .map(|(n, g, l)| (n.to_string(), g, l.to_string()))
+    .collect();
+    assert_eq!(nics, want);
+    // --sys-class-net still wins for the interface list.
+    let net = fake_sysfs(s.path());
+    let out = Command::new(bin())
+        .args([
+            "discover",
+            "--node-name",
+            "dgx1",
+            "--require-ip",
+            "no",
+            "--topology",
+        ])
+        .args(["--sys-class-net", net.to_str().unwrap(), "--sys-root"])
+        .arg(s.path())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["interfaces"][0]["name"], "ens99");
+    // ens99's device link is not a PCI device: GPUs listed, the NIC has no entry.
+    assert_eq!(v["topology"]["nics"], json!([]));
+}
+
 #[test]
 fn send_tenant_dry_run_and_real() {
     let cv = Standin::start();

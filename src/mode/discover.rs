@@ -5,6 +5,7 @@ use super::common::usage;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
 use crate::payload::{DataInterface, Key, NodeConfig};
+use crate::topology::{self, Roots, Topology};
 use argh::FromArgs;
 use regex_lite::Regex;
 use serde::{Deserialize, Serialize};
@@ -29,9 +30,15 @@ pub struct Args {
     /// skip NICs without an IPv4 address: yes or no (default yes)
     #[argh(option)]
     require_ip: Option<String>,
-    /// where to read interfaces (default /sys/class/net)
-    #[argh(option, default = "PathBuf::from(\"/sys/class/net\")")]
-    sys_class_net: PathBuf,
+    /// where to read interfaces (default <sys-root>/sys/class/net)
+    #[argh(option)]
+    sys_class_net: Option<PathBuf>,
+    /// read <DIR>/sys and <DIR>/proc instead of /sys and /proc (default /)
+    #[argh(option, default = "PathBuf::from(\"/\")")]
+    sys_root: PathBuf,
+    /// also report the GPUs and which GPUs each interface is nearest to (JobInterfaces)
+    #[argh(switch)]
+    topology: bool,
 }
 
 /// Runs `cvslurm discover`: prints the record on stdout; 1 when it cannot, 2 on a usage error.
@@ -67,7 +74,16 @@ pub fn run(a: Args) -> i32 {
         },
         (Err(e), _) | (_, Err(e)) => return usage(&e),
     };
-    match discover(a.node_name.as_deref(), &a.sys_class_net, &filter) {
+    let roots = Roots::under(&a.sys_root);
+    let sys_class_net = a
+        .sys_class_net
+        .unwrap_or_else(|| roots.sys.join("class/net"));
+    match discover(
+        a.node_name.as_deref(),
+        &sys_class_net,
+        &filter,
+        a.topology.then_some(&roots),
+    ) {
         Ok(rec) => {
             use std::io::Write;
             // One write, starting on a fresh line: srun passes each task's output through as
@@ -115,6 +131,10 @@ pub struct DiscoverRecord {
     pub location: Option<String>,
     /// The interfaces, sorted by name.
     pub interfaces: Vec<Interface>,
+    /// GPUs and the GPU nearness of the interfaces (`discover --topology` on a node with
+    /// GPUs). Never part of the NodeConfig; absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
 }
 
 impl DiscoverRecord {
@@ -142,7 +162,7 @@ impl DiscoverRecord {
         if self.interfaces.len() > 4096 {
             return Err("more than 4096 interfaces".into());
         }
-        let mut names = std::collections::HashSet::new();
+        let mut names = std::collections::BTreeSet::new();
         for i in &self.interfaces {
             if !names.insert(i.name.as_str()) {
                 return Err(format!("interface {} listed twice", i.name));
@@ -161,6 +181,9 @@ impl DiscoverRecord {
                     return Err(format!("interface {}: bad IPv4 address {ip:?}", i.name));
                 }
             }
+        }
+        if let Some(t) = &self.topology {
+            t.validate(&names)?;
         }
         Ok(())
     }
@@ -281,11 +304,13 @@ pub fn short_hostname() -> String {
         .unwrap_or_default()
 }
 
-/// Builds this node's record. `node_name` overrides `SLURMD_NODENAME`.
+/// Builds this node's record. `node_name` overrides `SLURMD_NODENAME`; with `topology`, the
+/// GPU nearness of the interfaces is read from those sysfs/procfs roots.
 pub fn discover(
     node_name: Option<&str>,
     sys_class_net: &Path,
     filter: &Filter,
+    topology: Option<&Roots>,
 ) -> Result<DiscoverRecord, String> {
     let node_name = match node_name {
         Some(n) => n.to_string(),
@@ -295,13 +320,19 @@ pub fn discover(
             .ok_or("SLURMD_NODENAME is not set: run discover through srun, or give --node-name")?,
     };
     let ipv4 = ipv4_addresses()?;
+    let interfaces = interfaces(sys_class_net, &ipv4, filter)?;
+    let topology = topology.and_then(|roots| {
+        let names: Vec<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
+        topology::read(roots, sys_class_net, &names)
+    });
     let rec = DiscoverRecord {
         node_name,
         hostname: short_hostname(),
         location: std::env::var("SLURM_CLUSTER_NAME")
             .ok()
             .filter(|c| !c.is_empty()),
-        interfaces: interfaces(sys_class_net, &ipv4, filter)?,
+        interfaces,
+        topology,
     };
     rec.validate()?;
     Ok(rec)
@@ -391,5 +422,52 @@ mod tests {
         ] {
             assert!(DiscoverRecord::parse_line(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Records with topology: older records still parse, the NodeConfig is byte-identical
+    /// with or without it, and hostile topology is refused.
+    #[test]
+    fn topology_in_records() {
+        let rec = crate::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        let line = serde_json::to_string(&rec).unwrap();
+        assert_eq!(DiscoverRecord::parse_line(&line).unwrap(), rec);
+        let mut plain = rec.clone();
+        plain.topology = None;
+        let plain_line = serde_json::to_string(&plain).unwrap();
+        assert!(!plain_line.contains("topology"));
+        assert_eq!(
+            serde_json::to_vec(&rec.to_node_config("c")).unwrap(),
+            serde_json::to_vec(&plain.to_node_config("c")).unwrap()
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut w = v.clone();
+            f(&mut w);
+            DiscoverRecord::parse_line(&w.to_string()).unwrap_err()
+        };
+        let e = bad(&|w| w["topology"]["nics"][0]["gpus"][0] = 42.into());
+        assert!(e.contains("names an unknown GPU"), "{e}");
+        let e = bad(&|w| w["topology"]["nics"][0]["name"] = "eth9".into());
+        assert!(e.contains("not a reported interface"), "{e}");
+        let e = bad(&|w| w["topology"]["gpus"][1]["index"] = 0.into());
+        assert!(e.contains("repeated GPU index"), "{e}");
+        let e = bad(&|w| w["topology"]["gpus"][0]["pci"] = "../../etc".into());
+        assert!(e.contains("bad GPU PCI address"), "{e}");
+        let e = bad(&|w| w["topology"]["nics"][0]["near"] = "adjacent".into());
+        assert!(e.contains("not a discover record"), "{e}");
+        let e = bad(&|w| w["topology"]["extra"] = 1.into());
+        assert!(e.contains("unknown field"), "{e}");
+        let e = bad(&|w| {
+            let g = w["topology"]["gpus"][0].clone();
+            let many: Vec<serde_json::Value> = (0..65)
+                .map(|i| {
+                    let mut g = g.clone();
+                    g["index"] = i.into();
+                    g
+                })
+                .collect();
+            w["topology"]["gpus"] = many.into();
+        });
+        assert!(e.contains("more than 64 GPUs"), "{e}");
     }
 }

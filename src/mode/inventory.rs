@@ -192,6 +192,10 @@ impl Inventory<'_> {
         cmd.args(["--interface-regex", cfg.interface_regex.as_str()])
             .args(["--physical-only", yes_no(cfg.interface_physical_only)])
             .args(["--require-ip", yes_no(cfg.interface_require_ip)]);
+        if cfg.job_interfaces != crate::attribution::JobInterfaces::Nodes {
+            // Only then: a worker with an older binary would refuse the flag.
+            cmd.arg("--topology");
+        }
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         log::debug!("discovery: {cmd:?}");
         let mut child = match cmd.spawn() {
@@ -297,9 +301,18 @@ impl Inventory<'_> {
         let found = self.discover(&avail);
         let mut ok_nodes = Vec::new();
         let mut failed: Vec<String> = Vec::new();
+        let outbox = self
+            .client
+            .is_some()
+            .then(|| Outbox::new(&self.cfg.state_dir));
         for (name, r) in &found {
             match r {
-                Ok(rec) => ok_nodes.push(rec.to_node_config(&self.cluster)),
+                Ok(rec) => {
+                    if let Some(o) = &outbox {
+                        save_record(o, rec);
+                    }
+                    ok_nodes.push(rec.to_node_config(&self.cluster))
+                }
                 Err(e) => {
                     log::error!("node {name}: discovery failed: {e}");
                     failed.push(name.clone());
@@ -482,6 +495,7 @@ impl Inventory<'_> {
             .collect();
         for name in gone {
             known.remove(&name);
+            outbox.forget_node_record(&name);
             log::info!("node {name}: left the cluster; deleting its NodeConfig");
             self.queue(outbox, Item::NodeDelete { name });
         }
@@ -521,6 +535,7 @@ impl Inventory<'_> {
                         rec.interfaces.len()
                     );
                     known.insert(name, Seen::Sent);
+                    save_record(outbox, &rec);
                     self.queue(
                         outbox,
                         Item::Node {
@@ -543,6 +558,21 @@ impl Inventory<'_> {
         if let Err(e) = outbox.enqueue(&Event::new(item, (0, 0))) {
             log::error!("outbox: {e}");
         }
+    }
+}
+
+/// Keeps a node's record in StateDir (for `JobInterfaces`); a failure is logged, not fatal.
+fn save_record(outbox: &Outbox, rec: &DiscoverRecord) {
+    if let Some(t) = &rec.topology {
+        log::debug!(
+            "node {}: {} GPU(s); nearest GPUs per NIC: {:?}",
+            rec.node_name,
+            t.gpus.len(),
+            crate::topology::nic_map(t)
+        );
+    }
+    if let Err(e) = outbox.save_node_record(rec) {
+        log::error!("node {}: cannot keep its record: {e}", rec.node_name);
     }
 }
 

@@ -6,6 +6,7 @@ use super::common::{usage, Common};
 use crate::cloudvision::{Client, JOB_CONFIG_PATH};
 use crate::hostlist;
 use crate::logging::Sink;
+use crate::outbox::Outbox;
 use crate::payload::{JobConfig, JobState, JobType, Key};
 use crate::runner::Slurm;
 use crate::slurm;
@@ -127,11 +128,21 @@ pub fn run(a: Args) -> i32 {
             }
         };
         let mut found = Vec::new();
+        let outbox = Outbox::new(&cfg.state_dir);
         for id in &a.job_ids {
             match slurm::lookup(&slurm, id)
                 .and_then(|info| crate::payload::job_config(&info, &cluster))
             {
-                Ok(j) => found.push(j),
+                Ok(mut j) => {
+                    if cfg.job_interfaces != crate::attribution::JobInterfaces::Nodes {
+                        let rule =
+                            crate::attribution::enrich(cfg.job_interfaces, &slurm, &outbox, &mut j);
+                        if a.dry_run {
+                            println!("# job {}: {rule}", j.job_id());
+                        }
+                    }
+                    found.push(j)
+                }
                 Err(e) => {
                     log::error!("{e}");
                     failed += 1;
@@ -170,12 +181,13 @@ pub fn deliver(client: Option<&Client>, job: &JobConfig) -> bool {
         }
         Some(c) => match c.post_job(job, None) {
             Ok(a) => {
+                let place = match (&job.nodes, &job.interfaces) {
+                    (_, Some(i)) => format!("{} interface(s)", i.values.len()),
+                    (n, None) => format!("{} node(s)", n.as_ref().map_or(0, |n| n.values.len())),
+                };
                 println!(
-                    "job {}: sent {} on {} node(s) (HTTP {})",
-                    job.key.id,
-                    job.state,
-                    job.nodes.as_ref().map_or(0, |n| n.values.len()),
-                    a.status
+                    "job {}: sent {} on {place} (HTTP {})",
+                    job.key.id, job.state, a.status
                 );
                 true
             }

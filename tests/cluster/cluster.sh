@@ -21,6 +21,7 @@
 #   CLUSTER_NAME         default cvtest
 #   MIN_JOB_AGE          default 5 (seconds a finished job stays visible to scontrol)
 #   SLURMD_TIMEOUT       default 5 (seconds until a silent slurmd makes its node DOWN)
+#   WITH_GPUS=1          8 GPUs per static node as GRES (gres.conf over device nodes in the work dir)
 #   FORCE=1              overwrite an unmanaged /etc/slurm/slurm.conf (backed up, restored on down)
 #
 # Node I (index I, static nodes 1..N, dynamic nodes get the next free index) has:
@@ -212,7 +213,7 @@ kill_netns_pids() {
 }
 
 # ---------- /etc/slurm management ----------
-managed_files() { printf '%s\n' slurm.conf cgroup.conf slurmdbd.conf; }
+managed_files() { printf '%s\n' slurm.conf cgroup.conf slurmdbd.conf gres.conf; }
 
 claim_etc_file() { # refuse to overwrite unmanaged files unless FORCE=1
     local f="$ETC/$1"
@@ -479,6 +480,20 @@ EOF
         printf 'PartitionName=gpu Nodes=%s MaxTime=INFINITE State=UP\n' "$gpu"
     } >"$ETC/slurm.conf"
     chmod 0644 "$ETC/slurm.conf"
+    # WITH_GPUS=1: every static node has 8 GPUs as GRES (gres.conf Name=gpu File=..., no
+    # autodetection) over character devices made here (major 195 as /dev/nvidiaN; nothing
+    # opens them: TaskPlugin=task/none).
+    if [[ "${WITH_GPUS:-0}" == 1 ]]; then
+        claim_etc_file gres.conf
+        mkdir -p "$W/dev"
+        for i in 0 1 2 3 4 5 6 7; do
+            [[ -c "$W/dev/nvidia$i" ]] || mknod -m 0666 "$W/dev/nvidia$i" c 195 "$i"
+        done
+        sed -i 's/ RealMemory=1000 State=UNKNOWN$/ RealMemory=1000 Gres=gpu:8 State=UNKNOWN/' "$ETC/slurm.conf"
+        printf 'GresTypes=gpu\n' >>"$ETC/slurm.conf"
+        printf '%s\nAutoDetect=off\nName=gpu File=%s/dev/nvidia[0-7]\n' "$MARKER" "$W" >"$ETC/gres.conf"
+        chmod 0644 "$ETC/gres.conf"
+    fi
     printf '%s\nCgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' "$MARKER" >"$ETC/cgroup.conf"
     chmod 0644 "$ETC/cgroup.conf"
     if [[ "$dbd" == 1 ]]; then
