@@ -104,15 +104,8 @@ pub fn attribute(
     for node in job_nodes {
         let held = gpus.get(node).unwrap_or(&none);
         let Some(rec) = records.get(node) else {
-            if held.is_empty() {
-                // No record and no GPUs: a node inventory has not seen; nothing to refine.
-                parts.push(format!("{node}: no GPU held, no inventory record"));
-                continue;
-            }
-            return by_nodes(format!(
-                "nodes ({m}): no inventory record of {node}, where the job holds GPUs {}",
-                format_indices(held)
-            ));
+            // Its MACs are unknown: leaving the node out would hide the job's use of it.
+            return by_nodes(format!("nodes ({m}): no inventory record of {node}"));
         };
         let all_macs = rec.interfaces.iter().map(|i| i.mac_address.clone());
         let Some(topo) = &rec.topology else {
@@ -488,6 +481,13 @@ mod tests {
             &recs,
         );
         assert!(a.rule.contains("no inventory record of dgx9"), "{}", a.rule);
+        let a = attribute(
+            JobInterfaces::Gpu,
+            &names(&["dgx2", "cpu1"]),
+            &gpus(&[("dgx2", &[0])]),
+            &recs,
+        );
+        assert_eq!(a.rule, "nodes (gpu): no inventory record of cpu1");
         let a = attribute(
             JobInterfaces::Gpu,
             &names(&["dgx2"]),

@@ -48,6 +48,10 @@ if [ -n "$BIN" ]; then
   for p in /var/tmp/cvslurm-e2e/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
   rm -f /etc/slurm/cloudvision.conf
+  step "end-to-end test of JobInterfaces on GPU nodes"
+  cargo test --release --test e2e_gpu -- --ignored 2>&1 \
+    | tee "$LOG_DIR/e2e-gpu.log" | grep -E '^(test |test result|failures:|---- )'
+  [ "${PIPESTATUS[0]}" = 0 ] || failures+=("GPU end-to-end test")
   if [ -x tests/install/test_install.sh ]; then
     step "install.sh on the real cluster"
     tests/cluster/cluster.sh up 2 >"$LOG_DIR/install-cluster.log" 2>&1 \
@@ -59,7 +63,7 @@ if [ -n "$BIN" ]; then
 fi
 
 passed=0; failed=0
-for f in "$LOG_DIR/cargo-test.log" "$LOG_DIR/e2e.log"; do
+for f in "$LOG_DIR/cargo-test.log" "$LOG_DIR/e2e.log" "$LOG_DIR/e2e-gpu.log"; do
   [ -f "$f" ] || continue
   while read -r p q; do passed=$((passed + p)); failed=$((failed + q)); done < <(
     sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' "$f")

@@ -1,0 +1,283 @@
+//! End-to-end test of `JobInterfaces` on a real Slurm 22.05 cluster whose nodes have 8 GPUs
+//! as GRES (`cluster.sh` with `WITH_GPUS=1`). The harness's nodes have no GPUs in sysfs, so the
+//! DGX A100 tree of `tests/fixtures/topology/gen.sh` is bind-mounted over `/sys` and
+//! `/proc/driver` inside each node's slurmd mount namespace: the discover steps slurmd starts
+//! see that node as a DGX A100, and nothing ships a test-only setting.
+//!
+//! Needs root and the cluster to itself; run by `tests/run-all.sh`, or by hand:
+//! `cargo test --release --test e2e_gpu -- --ignored`.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const CLUSTER: &str = "cvtest";
+const CLUSTER_DIR: &str = "/var/tmp/cvslurm-cluster";
+const WORK: &str = "/var/tmp/cvslurm-e2e-gpu";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cluster_sh(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let out = Command::new(repo().join("tests/cluster/cluster.sh"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster.sh {args:?} failed:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    out
+}
+
+/// Takes the cluster down when the test ends, passed or not.
+struct Down;
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+            .arg("down")
+            .output();
+    }
+}
+
+/// Makes `node` a DGX A100 for the processes its slurmd starts: a generated tree (NIC MACs
+/// starting with `mac_prefix`) bind-mounted over `/sys` (keeping the real `/sys/fs`, where
+/// the cgroups are) and `/proc/driver`, in slurmd's own mount namespace only.
+fn mount_topology(node: &str, mac_prefix: &str) {
+    let dir = PathBuf::from(WORK).join(format!("topo-{node}"));
+    let st = Command::new("bash")
+        .arg(repo().join("tests/fixtures/topology/gen.sh"))
+        .arg("dgx-a100")
+        .arg(&dir)
+        .arg(mac_prefix)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::create_dir_all(dir.join("sys/fs")).unwrap();
+    let pid = fs::read_to_string(format!("{CLUSTER_DIR}/run/slurmd-{node}.pid")).unwrap();
+    let d = dir.display();
+    let out = Command::new("nsenter")
+        .args(["-t", pid.trim(), "-m", "sh", "-c"])
+        .arg(format!(
+            "mount --rbind /sys/fs {d}/sys/fs && mount --rbind {d}/sys /sys && \
+             mount --bind {d}/proc/driver /proc/driver"
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "nsenter mount: {}", stderr(&out));
+}
+
+fn sbatch(args: &[&str]) -> String {
+    let mut a = vec!["--parsable", "-o", "/dev/null", "-e", "/dev/null"];
+    a.extend(args);
+    let out = Command::new("sbatch")
+        .args(&a)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "sbatch {a:?}: {}", stderr(&out));
+    stdout(&out).trim().split(';').next().unwrap().to_string()
+}
+
+fn wait_running(ids: &[&str]) {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = Command::new("squeue")
+            .args(["-h", "-t", "RUNNING", "-o", "%i"])
+            .output()
+            .unwrap();
+        let running: BTreeSet<String> = stdout(&out).lines().map(String::from).collect();
+        if ids.iter().all(|i| running.contains(*i)) {
+            return;
+        }
+        assert!(Instant::now() < until, "jobs {ids:?} not all running");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The GPU indices slurmctld gave `job` on `node`, read with the library's own parser.
+fn gpus_of(job: &str, node: &str) -> Vec<u32> {
+    let out = Command::new("scontrol")
+        .args(["show", "job", "-d", "-o", job])
+        .output()
+        .unwrap();
+    let g = cvslurm::slurm::parse_job_gpus(&stdout(&out)).unwrap();
+    g.get(node)
+        .map(|s| s.iter().copied().collect())
+        .unwrap_or_default()
+}
+
+/// The MACs the DGX A100 layout puts nearest a block of 4 GPUs (gen.sh: MAC = prefix, PCI
+/// bus, function): the compute NICs behind their two PCIe switches, and for GPUs 4-7 also
+/// the storage NIC's two ports on their NUMA node.
+fn dgx_macs(prefix: &str, gpus: &[u32]) -> Vec<String> {
+    let buses: &[&str] = match gpus {
+        [0, 1, 2, 3] => &["0c:00", "12:00", "4b:00", "54:00"],
+        [4, 5, 6, 7] => &["8d:00", "94:00", "ba:00", "cc:00", "e1:00", "e1:01"],
+        other => panic!("slurmctld gave GPUs {other:?}, not a block of 4 this test knows"),
+    };
+    let mut v: Vec<String> = buses.iter().map(|b| format!("{prefix}:{b}")).collect();
+    v.sort();
+    v
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
+    let _ = fs::remove_dir_all(WORK);
+    fs::create_dir_all(WORK).unwrap();
+    let _down = Down;
+    cluster_sh(
+        &["up", "2"],
+        &[("WITH_GPUS", "1"), ("CLUSTER_NAME", CLUSTER)],
+    );
+    mount_topology("n1", "02:dd:00:01");
+    mount_topology("n2", "02:dd:00:02");
+    let cv = Standin::start();
+    // The DGX's NICs have no IPv4 address in the nodes' network namespaces.
+    let site = Site::new(
+        &cv.server(),
+        &cv.ca(),
+        "SlurmBinDir=/usr/bin\nJobInterfaces=auto\nInterfaceRequireIp=no\nDiscoveryTimeout=30",
+    );
+
+    // Inventory: NodeConfigs as always (no topology in the payload), records in StateDir.
+    let out = site.run(&["inventory"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    for body in cv.accepted("NodeConfig") {
+        assert!(body.get("topology").is_none(), "{body}");
+    }
+    let n1 = cv.state()["nodes"]["n1"].clone();
+    assert_eq!(
+        n1["data_interfaces"]["values"].as_array().unwrap().len(),
+        10,
+        "{n1}"
+    );
+    let rec: Value =
+        serde_json::from_slice(&fs::read(site.state_dir.join("nodes/n1.json")).unwrap()).unwrap();
+    assert_eq!(
+        rec["topology"]["gpus"].as_array().unwrap().len(),
+        8,
+        "{rec}"
+    );
+
+    // Two 4-GPU jobs on n1, one whole-node job on n2.
+    let a = sbatch(&[
+        "-w",
+        "n1",
+        "--gres=gpu:4",
+        "-J",
+        "share-a",
+        "--wrap",
+        "sleep 120",
+    ]);
+    let b = sbatch(&[
+        "-w",
+        "n1",
+        "--gres=gpu:4",
+        "-J",
+        "share-b",
+        "--wrap",
+        "sleep 120",
+    ]);
+    let c = sbatch(&[
+        "-w",
+        "n2",
+        "--gres=gpu:8",
+        "-J",
+        "whole",
+        "--wrap",
+        "sleep 120",
+    ]);
+    wait_running(&[&a, &b, &c]);
+    let want_a = dgx_macs("02:dd:00:01", &gpus_of(&a, "n1"));
+    let want_b = dgx_macs("02:dd:00:01", &gpus_of(&b, "n1"));
+
+    // The dry run shows the rule for each job.
+    let out = site.run(&["send", "--dry-run", &a, &c]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("# job {a}: interfaces (auto): n1: GPUs ")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "# job {c}: nodes (auto): the job holds whole nodes (no node's GPUs are shared)"
+        )),
+        "{text}"
+    );
+
+    // Sent for real: CloudVision holds disjoint MAC sets, and the whole-node job by name.
+    let out = site.run(&["send", &a, &b, &c]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "job {a}@{CLUSTER}: sent RUNNING on 4 interface(s)"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("job {c}@{CLUSTER}: sent RUNNING on 1 node(s)")),
+        "{text}"
+    );
+    let jobs = cv.state()["jobs"].clone();
+    let got_a = strings(&jobs[format!("{a}@{CLUSTER}")]["interfaces"]["values"]);
+    let got_b = strings(&jobs[format!("{b}@{CLUSTER}")]["interfaces"]["values"]);
+    assert_eq!(got_a, want_a);
+    assert_eq!(got_b, want_b);
+    assert!(
+        got_a.iter().all(|m| !got_b.contains(m)),
+        "{got_a:?} {got_b:?}"
+    );
+    assert!(jobs[format!("{a}@{CLUSTER}")].get("nodes").is_none());
+    assert_eq!(
+        strings(&jobs[format!("{c}@{CLUSTER}")]["nodes"]["values"]),
+        ["n2"]
+    );
+
+    // JobInterfaces=nodes: the same job by node name, no rule line.
+    let nodes_site = Site::new(&cv.server(), &cv.ca(), "SlurmBinDir=/usr/bin");
+    let out = nodes_site.run(&["send", "--dry-run", &a]);
+    let text = stdout(&out);
+    assert!(!text.contains("# job"), "{text}");
+    let body: Value = serde_json::from_str(
+        text.trim_start_matches("POST /api/resources/computejob/v1/JobConfig\n"),
+    )
+    .unwrap();
+    assert_eq!(strings(&body["nodes"]["values"]), ["n1"]);
+    assert!(body.get("interfaces").is_none());
+
+    let _ = Command::new("scancel").args([&a, &b, &c]).status();
+}
