@@ -134,6 +134,19 @@ fn discover_prints_one_json_line() {
     assert!(stderr(&out).contains("--physical-only: \"perhaps\" is not yes or no"));
 }
 
+/// The one record in discover's output, put together from its parts when it was split.
+fn record_of(text: &str) -> serde_json::Value {
+    let mut r = cvslurm::mode::discover::RecordReader::new(1 << 20, 1 << 20);
+    let recs: Vec<_> = text
+        .lines()
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| r.push(l))
+        .map(|x| x.unwrap())
+        .collect();
+    assert_eq!(recs.len(), 1, "{text}");
+    serde_json::to_value(&recs[0]).unwrap()
+}
+
 /// `discover --sys-root` on the generated DGX A100 tree: the record's topology gives every
 /// compute NIC the two GPUs of its PCIe switch. Without `--topology` the record is the
 /// old format (no `topology` key), so older inventories still read it.
@@ -165,7 +178,7 @@ fn discover_sys_root_topology() {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        serde_json::from_str::<serde_json::Value>(stdout(&out).trim()).unwrap()
+        record_of(&stdout(&out))
     };
     let plain = run(&[]);
     assert!(plain.get("topology").is_none());
@@ -226,7 +239,7 @@ fn discover_sys_root_topology() {
         .arg(s.path())
         .output()
         .unwrap();
-    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let v = record_of(&stdout(&out));
     assert_eq!(v["interfaces"][0]["name"], "ens99");
     // ens99's device link is not a PCI device: GPUs listed, the NIC has no entry.
     assert_eq!(v["topology"]["nics"], json!([]));

@@ -89,7 +89,13 @@ pub fn run(a: Args) -> i32 {
             // One write, starting on a fresh line: srun passes each task's output through as
             // it comes, so another node's unterminated output (a worker printing garbage
             // without a newline) would otherwise swallow this record.
-            let line = format!("\n{}\n", serde_json::to_string(&rec).expect("serializes"));
+            let json = serde_json::to_string(&rec).expect("serializes");
+            let line = if rec.topology.is_some() {
+                // Only inventories that asked for --topology read parts.
+                format!("\n{}", to_parts(&rec.node_name, &json))
+            } else {
+                format!("\n{json}\n")
+            };
             let mut out = std::io::stdout().lock();
             if out
                 .write_all(line.as_bytes())
@@ -207,6 +213,116 @@ impl DiscoverRecord {
                 .collect::<Vec<_>>()
                 .into(),
         }
+    }
+}
+
+/// The prefix of the lines a long record is split into ([`to_parts`]).
+pub const PART_PREFIX: &str = "cvslurm-part ";
+/// The longest line [`to_parts`] writes. slurmstepd forwards a task's output to srun in
+/// messages of at most 1024 bytes, cut at the last newline: a longer line is cut and, when
+/// several nodes answer one srun, interleaved with theirs. Shorter lines arrive whole.
+const PART_LINE_MAX: usize = 1000;
+/// The most parts one record may have.
+const MAX_PARTS: usize = 4096;
+
+/// Splits a record's JSON into lines `cvslurm-part <node> <i> <n> <chunk>` of at most
+/// [`PART_LINE_MAX`] bytes each, newline included (chunks are cut on character boundaries).
+pub fn to_parts(node: &str, json: &str) -> String {
+    let room = PART_LINE_MAX
+        .saturating_sub(PART_PREFIX.len() + node.len() + 2 * 6 + 1)
+        .max(64);
+    let mut chunks = Vec::new();
+    let mut rest = json;
+    while !rest.is_empty() {
+        let mut end = room.min(rest.len());
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        chunks.push(&rest[..end]);
+        rest = &rest[end..];
+    }
+    let n = chunks.len();
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{PART_PREFIX}{node} {} {n} {c}\n", i + 1))
+        .collect()
+}
+
+/// Reads discover output: whole records (one JSON line, the old form) and records split into
+/// parts by [`to_parts`], which may arrive interleaved with other nodes' lines. Memory stays
+/// bounded: each record at most `max_record` bytes, all unfinished records together at most
+/// `max_pending`.
+#[derive(Debug)]
+pub struct RecordReader {
+    max_record: usize,
+    max_pending: usize,
+    pending: BTreeMap<String, (usize, BTreeMap<usize, String>, usize)>,
+    pending_bytes: usize,
+}
+
+impl RecordReader {
+    /// A reader with these bounds.
+    pub fn new(max_record: usize, max_pending: usize) -> RecordReader {
+        RecordReader {
+            max_record,
+            max_pending,
+            pending: BTreeMap::new(),
+            pending_bytes: 0,
+        }
+    }
+
+    /// Takes one non-empty line; returns a record (or why the line or record is bad) when one
+    /// is complete, `None` while a split record still misses parts.
+    pub fn push(&mut self, line: &str) -> Option<Result<DiscoverRecord, String>> {
+        let Some(rest) = line.strip_prefix(PART_PREFIX) else {
+            return Some(DiscoverRecord::parse_line(line));
+        };
+        let mut f = rest.splitn(4, ' ');
+        let (Some(node), Some(i), Some(n), Some(chunk)) = (f.next(), f.next(), f.next(), f.next())
+        else {
+            return Some(Err("bad record part: too few fields".into()));
+        };
+        let (Ok(i), Ok(n)) = (i.parse::<usize>(), n.parse::<usize>()) else {
+            return Some(Err("bad record part: numbers expected".into()));
+        };
+        if node.is_empty() || node.len() > 255 || i == 0 || i > n || n > MAX_PARTS {
+            return Some(Err(format!("bad record part {i} of {n}")));
+        }
+        if self.pending_bytes + chunk.len() > self.max_pending {
+            return Some(Err("too much unfinished record output; part dropped".into()));
+        }
+        let entry = self
+            .pending
+            .entry(node.to_string())
+            .or_insert_with(|| (n, BTreeMap::new(), 0));
+        if entry.0 != n || entry.1.contains_key(&i) || entry.2 + chunk.len() > self.max_record {
+            let (_, _, bytes) = self.pending.remove(node).expect("present");
+            self.pending_bytes -= bytes;
+            return Some(Err(format!(
+                "record parts of node {node:?} disagree, repeat or exceed {} bytes",
+                self.max_record
+            )));
+        }
+        entry.1.insert(i, chunk.to_string());
+        entry.2 += chunk.len();
+        self.pending_bytes += chunk.len();
+        if entry.1.len() < n {
+            return None;
+        }
+        let (_, parts, bytes) = self.pending.remove(node).expect("present");
+        self.pending_bytes -= bytes;
+        let json: String = parts.into_values().collect();
+        Some(DiscoverRecord::parse_line(&json).and_then(|r| {
+            if r.node_name == node {
+                Ok(r)
+            } else {
+                Err(format!(
+                    "record parts of node {node:?} hold node {:?}",
+                    r.node_name
+                ))
+            }
+        }))
     }
 }
 
@@ -421,6 +537,75 @@ mod tests {
             r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[{"name":"eth0","mac_address":"02:99:00:00:01:01","ip_addresses":[]},{"name":"eth0","mac_address":"02:99:00:00:01:02","ip_addresses":[]}]}"#,
         ] {
             assert!(DiscoverRecord::parse_line(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A DGX record (about 2.6 kB) goes out in lines under 1000 bytes and is put together
+    /// again, even interleaved line by line with another node's parts and whole records.
+    #[test]
+    fn split_records_survive_interleaving() {
+        let a = crate::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        let b = crate::topology::fixtures::record("dgx2", "dgx-a100", "02:dd:00:02");
+        let (ja, jb) = (
+            serde_json::to_string(&a).unwrap(),
+            serde_json::to_string(&b).unwrap(),
+        );
+        assert!(ja.len() > 2000, "{}", ja.len());
+        let pa = to_parts("dgx1", &ja);
+        let pb = to_parts("dgx2", &jb);
+        assert!(pa.lines().all(|l| l.len() < PART_LINE_MAX), "{pa}");
+        assert!(pa.lines().count() >= 3);
+        let old = r#"{"node_name":"n1","hostname":"n1","location":null,"interfaces":[]}"#;
+        let mut lines: Vec<&str> = Vec::new();
+        for (x, y) in pa.lines().zip(pb.lines()) {
+            lines.extend([y, x, old]);
+        }
+        let mut r = RecordReader::new(1 << 20, 1 << 22);
+        let got: Vec<DiscoverRecord> = lines
+            .iter()
+            .filter_map(|l| r.push(l))
+            .map(|x| x.unwrap())
+            .collect();
+        let names: Vec<&str> = got.iter().map(|g| g.node_name.as_str()).collect();
+        assert_eq!(
+            names.iter().filter(|n| **n == "n1").count(),
+            pa.lines().count()
+        );
+        assert_eq!(got.iter().find(|g| g.node_name == "dgx1"), Some(&a));
+        assert_eq!(got.iter().find(|g| g.node_name == "dgx2"), Some(&b));
+        assert_eq!(r.pending_bytes, 0);
+        // Hostile parts: repeated, inconsistent, oversized, forged node, garbage numbers.
+        let first = pa.lines().next().unwrap();
+        let mut r = RecordReader::new(1 << 20, 1 << 22);
+        assert!(r.push(first).is_none());
+        assert!(r.push(first).unwrap().unwrap_err().contains("repeat"));
+        assert_eq!(r.pending_bytes, 0);
+        let forged = to_parts("dgx9", &ja);
+        let mut r = RecordReader::new(1 << 20, 1 << 22);
+        let out: Vec<_> = forged.lines().filter_map(|l| r.push(l)).collect();
+        assert!(out[0].as_ref().unwrap_err().contains("hold node \"dgx1\""));
+        let mut small = RecordReader::new(1500, 1 << 22);
+        let errs: Vec<_> = pa.lines().filter_map(|l| small.push(l)).collect();
+        assert!(errs[0].as_ref().unwrap_err().contains("exceed 1500 bytes"));
+        let mut tight = RecordReader::new(1 << 20, 1200);
+        let errs: Vec<_> = pa.lines().filter_map(|l| tight.push(l)).collect();
+        assert!(errs[0]
+            .as_ref()
+            .unwrap_err()
+            .contains("too much unfinished"));
+        for bad in [
+            "cvslurm-part n1 0 2 x",
+            "cvslurm-part n1 3 2 x",
+            "cvslurm-part n1 x 2 y",
+            "cvslurm-part n1 1",
+        ] {
+            assert!(
+                RecordReader::new(1 << 20, 1 << 20)
+                    .push(bad)
+                    .unwrap()
+                    .is_err(),
+                "{bad}"
+            );
         }
     }
 

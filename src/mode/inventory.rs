@@ -3,7 +3,7 @@
 //! back are sent, nodes that leave are deleted, and the outbox is drained.
 
 use super::common::{install_signal_handlers, usage, Common, STOP};
-use super::discover::DiscoverRecord;
+use super::discover::{DiscoverRecord, RecordReader};
 use crate::cloudvision::Client;
 use crate::config::Config;
 use crate::delivery::{self, backoff};
@@ -206,10 +206,13 @@ impl Inventory<'_> {
         let (tx, rx) = mpsc::channel::<Result<DiscoverRecord, String>>();
         let stdout = child.stdout.take().expect("piped");
         let reader = std::thread::spawn(move || {
+            let mut records = RecordReader::new(MAX_RECORD_BYTES, 64 * MAX_RECORD_BYTES);
             read_lines_capped(stdout, MAX_RECORD_BYTES, |line| {
                 // discover starts its record on a fresh line: blank lines are not garbage.
                 if !line.trim().is_empty() {
-                    let _ = tx.send(DiscoverRecord::parse_line(line));
+                    if let Some(r) = records.push(line) {
+                        let _ = tx.send(r);
+                    }
                 }
             });
         });
