@@ -6,6 +6,8 @@
 
 use crate::config::{Config, Token};
 use crate::payload::{JobConfig, NodeConfig};
+use crate::tls::{TlsConnector, TrustSpec};
+use rustls::pki_types::CertificateDer;
 use std::fmt;
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
@@ -13,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
+use ureq::tls::PemItem;
 use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
-use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
+use ureq::unversioned::transport::{ConnectProxyConnector, Connector, NextTimeout, TcpConnector};
 
 /// Path of JobConfig on the server.
 pub const JOB_CONFIG_PATH: &str = "/api/resources/computejob/v1/JobConfig";
@@ -124,8 +126,11 @@ pub struct ClientOptions {
     pub server: String,
     /// The bearer token; `None` only for dry runs.
     pub token: Option<Token>,
-    /// Extra CA certificates (PEM), added to the system roots.
+    /// Extra CA certificates (PEM), added to the system roots; a server certificate found in
+    /// it is also trusted as it is (a self-signed on-prem CloudVision).
     pub ca_file: Option<PathBuf>,
+    /// SHA-256 pins of the server's public key (`ApiServerPin`); when set, only these keys.
+    pub pins: Vec<[u8; 32]>,
     /// Turn TLS verification off.
     pub insecure: bool,
     /// Budget of one request when the caller gives no deadline.
@@ -148,6 +153,7 @@ impl ClientOptions {
             server,
             token,
             ca_file: cfg.ca_file.clone(),
+            pins: cfg.api_server_pins.clone(),
             insecure: cfg.insecure,
             timeout,
         })
@@ -185,9 +191,13 @@ impl WideTrust {
     fn agent(&self) -> Result<&ureq::Agent, SendError> {
         self.agent
             .get_or_init(|| {
-                let roots = root_certs(self.system_bundle.as_deref(), self.opts.ca_file.as_deref())
-                    .map_err(SendError::NotConfigured)?;
-                Ok(build_agent(&self.opts, roots))
+                let trust = trust_spec(
+                    &self.opts,
+                    self.system_bundle.as_deref(),
+                    self.opts.ca_file.as_deref(),
+                )
+                .map_err(SendError::NotConfigured)?;
+                Ok(build_agent(&self.opts, &trust))
             })
             .as_ref()
             .map_err(Clone::clone)
@@ -218,13 +228,8 @@ impl Resolver for LiteralFirstResolver {
     }
 }
 
-fn build_agent(opts: &ClientOptions, roots: RootCerts) -> ureq::Agent {
-    let tls = TlsConfig::builder()
-        .root_certs(roots)
-        .disable_verification(opts.insecure)
-        .build();
+fn build_agent(opts: &ClientOptions, trust: &TrustSpec) -> ureq::Agent {
     let config = ureq::Agent::config_builder()
-        .tls_config(tls)
         .http_status_as_error(false)
         .max_redirects(0)
         .user_agent(concat!("cvslurm/", env!("CARGO_PKG_VERSION")))
@@ -232,11 +237,11 @@ fn build_agent(opts: &ClientOptions, roots: RootCerts) -> ureq::Agent {
         .max_idle_connections(64)
         .max_idle_connections_per_host(64)
         .build();
-    ureq::Agent::with_parts(
-        config,
-        DefaultConnector::default(),
-        LiteralFirstResolver::default(),
-    )
+    let connector = ()
+        .chain(ConnectProxyConnector::default())
+        .chain(TcpConnector::default())
+        .chain(TlsConnector::new(crate::tls::client_config(trust)));
+    ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default())
 }
 
 /// The first system CA bundle that exists (`SSL_CERT_FILE` first).
@@ -253,10 +258,7 @@ fn system_bundle() -> Option<PathBuf> {
 /// has the same subject as the real issuer; any certificate failure is retried with the wider
 /// set so that exactly what system bundle + `CaFile` accepts is accepted.
 fn unknown_issuer(e: &ureq::Error) -> bool {
-    // rustls is not a direct dependency, so its error is recognised by its text
-    // ("invalid peer certificate: UnknownIssuer"); the unit test `falls_back_to_system_roots`
-    // keeps this honest.
-    e.to_string().contains("invalid peer certificate")
+    matches!(e, ureq::Error::Rustls(rustls::Error::InvalidCertificate(_)))
 }
 
 impl fmt::Debug for Client {
@@ -290,9 +292,18 @@ impl Client {
         system_bundle: Option<PathBuf>,
     ) -> Result<Client, SendError> {
         let (agent, wide) = if opts.insecure {
-            (build_agent(&opts, RootCerts::WebPki), None)
+            let trust = TrustSpec {
+                insecure: true,
+                ..TrustSpec::default()
+            };
+            (build_agent(&opts, &trust), None)
+        } else if !opts.pins.is_empty() {
+            // The pin is the trust: no CA bundle to parse.
+            let trust = trust_spec(&opts, None, opts.ca_file.as_deref())
+                .map_err(SendError::NotConfigured)?;
+            (build_agent(&opts, &trust), None)
         } else if let Some(ca) = opts.ca_file.as_deref() {
-            let roots = root_certs(None, Some(ca)).map_err(SendError::NotConfigured)?;
+            let roots = trust_spec(&opts, None, Some(ca)).map_err(SendError::NotConfigured)?;
             let wide = system_bundle.is_some().then(|| {
                 Arc::new(WideTrust {
                     opts: opts.clone(),
@@ -301,11 +312,11 @@ impl Client {
                     in_use: AtomicBool::new(false),
                 })
             });
-            (build_agent(&opts, roots), wide)
+            (build_agent(&opts, &roots), wide)
         } else {
-            let roots =
-                root_certs(system_bundle.as_deref(), None).map_err(SendError::NotConfigured)?;
-            (build_agent(&opts, roots), None)
+            let roots = trust_spec(&opts, system_bundle.as_deref(), None)
+                .map_err(SendError::NotConfigured)?;
+            (build_agent(&opts, &roots), None)
         };
         let base = format!("https://{}", opts.server);
         Ok(Client {
@@ -430,6 +441,10 @@ impl Client {
                 "CloudVision at {host} did not answer within {:.1} s",
                 budget.as_secs_f64()
             )),
+            ureq::Error::Rustls(r) => SendError::Unreachable(format!(
+                "cannot reach CloudVision at {host}: TLS: {}",
+                crate::tls::describe(&r)
+            )),
             other => SendError::Unreachable(format!("cannot reach CloudVision at {host}: {other}")),
         })?;
         let status = resp.status().as_u16();
@@ -522,12 +537,20 @@ fn error_message(body: &str) -> String {
     one_line.chars().take(200).collect()
 }
 
-/// The certificates of the system bundle `system` plus `ca_file`.
-fn root_certs(system: Option<&Path>, ca_file: Option<&Path>) -> Result<RootCerts, String> {
-    let mut certs: Vec<Certificate<'static>> = Vec::new();
+/// What to trust: the certificates of the system bundle `system` plus `ca_file` as roots,
+/// `ca_file`'s certificates also as exact server certificates, and the key pins.
+fn trust_spec(
+    opts: &ClientOptions,
+    system: Option<&Path>,
+    ca_file: Option<&Path>,
+) -> Result<TrustSpec, String> {
+    let mut spec = TrustSpec {
+        pins: opts.pins.clone(),
+        ..TrustSpec::default()
+    };
     if let Some(p) = system {
         if let Ok(pem) = std::fs::read(p) {
-            certs.extend(pem_certs(&pem));
+            spec.roots.extend(pem_certs(&pem));
         }
     }
     if let Some(p) = ca_file {
@@ -537,17 +560,16 @@ fn root_certs(system: Option<&Path>, ca_file: Option<&Path>) -> Result<RootCerts
         if extra.is_empty() {
             return Err(format!("CaFile {} holds no PEM certificate", p.display()));
         }
-        certs.extend(extra);
+        spec.roots.extend(extra.iter().cloned());
+        spec.exact = extra;
     }
-    if certs.is_empty() {
-        return Ok(RootCerts::WebPki);
-    }
-    Ok(RootCerts::Specific(Arc::new(certs)))
+    spec.builtin_roots = spec.roots.is_empty() && spec.pins.is_empty();
+    Ok(spec)
 }
 
-fn pem_certs(pem: &[u8]) -> impl Iterator<Item = Certificate<'static>> + '_ {
+fn pem_certs(pem: &[u8]) -> impl Iterator<Item = CertificateDer<'static>> + '_ {
     ureq::tls::parse_pem(pem).filter_map(|item| match item {
-        Ok(PemItem::Certificate(c)) => Some(c),
+        Ok(PemItem::Certificate(c)) => Some(CertificateDer::from(c.der().to_vec())),
         _ => None,
     })
 }
@@ -614,6 +636,7 @@ mod tests {
                     server: format!("127.0.0.1:{port}"),
                     token: Token::new("t"),
                     ca_file: Some(b.join("ca.pem")), // not the server's CA
+                    pins: Vec::new(),
                     insecure: false,
                     timeout: Duration::from_secs(10),
                 },
@@ -628,7 +651,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         assert_eq!(good.map(|a| a.status).map_err(|e| e.to_string()), Ok(200));
         let bad = bad.unwrap_err().to_string();
-        assert!(bad.contains("invalid peer certificate"), "{bad}");
+        assert!(
+            bad.contains("TLS: the server's certificate does not verify"),
+            "{bad}"
+        );
     }
 
     #[test]

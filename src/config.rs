@@ -70,6 +70,9 @@ pub struct Config {
     pub api_token: Option<Token>,
     /// `CaFile`: PEM file of extra CA certificates (an on-prem CA), added to the system roots.
     pub ca_file: Option<PathBuf>,
+    /// `ApiServerPin`: SHA-256 pins (`sha256//<base64>`) of the server's public key; when
+    /// set, only a server holding one of these keys is accepted, CA or not.
+    pub api_server_pins: Vec<[u8; 32]>,
     /// `Insecure`: turn TLS verification off (logged as a warning every run).
     pub insecure: bool,
     /// `LogFile`: where the hook and the service append their log lines.
@@ -127,6 +130,7 @@ impl Default for Config {
             api_token_file: None,
             api_token: None,
             ca_file: None,
+            api_server_pins: Vec::new(),
             insecure: false,
             log_file: PathBuf::from("/var/log/slurm/cvjob.log"),
             log_level: log::LevelFilter::Info,
@@ -158,6 +162,7 @@ pub const KEYS: &[&str] = &[
     "ApiServer",
     "ApiTokenFile",
     "CaFile",
+    "ApiServerPin",
     "Insecure",
     "LogFile",
     "LogLevel",
@@ -263,6 +268,14 @@ impl Config {
             }
             "ApiTokenFile" => self.api_token_file = Some(path(value)?),
             "CaFile" => self.ca_file = Some(path(value)?),
+            "ApiServerPin" => {
+                self.api_server_pins = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(crate::tls::parse_pin)
+                    .collect::<Result<_, _>>()?
+            }
             "Insecure" => self.insecure = parse_bool(value)?,
             "LogFile" => self.log_file = path(value)?,
             "LogLevel" => self.log_level = parse_level(value)?,

@@ -21,4 +21,5 @@ pub mod slurm;
 pub mod slurm_conf;
 pub mod systemd;
 pub mod timefmt;
+pub mod tls;
 pub mod topology;

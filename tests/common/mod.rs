@@ -56,6 +56,11 @@ pub struct Standin {
 
 impl Standin {
     pub fn start() -> Standin {
+        Standin::start_with(&[])
+    }
+
+    /// A stand-in started with extra command-line arguments (e.g. `--cert`, `--key`).
+    pub fn start_with(extra: &[&str]) -> Standin {
         let dir = Scratch::new("standin");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/standin/cv_standin.py");
         // Its output goes to a file: a stand-in that outlives the test process (the e2e
@@ -71,6 +76,7 @@ impl Standin {
                 "--token",
                 TOKEN,
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -95,6 +101,7 @@ impl Standin {
             server: format!("127.0.0.1:{port}"),
             token: Token::new(TOKEN),
             ca_file: Some(dir.path().join("ca.pem")),
+            pins: Vec::new(),
             insecure: false,
             timeout: Duration::from_secs(10),
         })

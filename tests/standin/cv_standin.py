@@ -759,6 +759,9 @@ def main(argv=None):
     ap.add_argument("--count", type=int, default=None, help="fault applies to this many requests")
     ap.add_argument("--record", default=None, help="write every API request as JSONL here")
     ap.add_argument("--gen-certs-only", action="store_true")
+    ap.add_argument("--cert", default=None,
+                    help="serve this certificate (PEM) instead of DIR/server.pem (with --key)")
+    ap.add_argument("--key", default=None, help="the key of --cert")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     VERBOSE = a.verbose
@@ -794,7 +797,8 @@ def main(argv=None):
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(os.path.join(d, "server.pem"), os.path.join(d, "server.key"))
+    ctx.load_cert_chain(a.cert or os.path.join(d, "server.pem"),
+                        a.key or os.path.join(d, "server.key"))
     ctx.set_alpn_protocols(["http/1.1"])
 
     srv = Server((a.host, a.port), ctx, st)
