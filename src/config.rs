@@ -62,6 +62,10 @@ impl fmt::Display for Token {
 pub struct Config {
     /// The file this came from, if any.
     pub source: Option<PathBuf>,
+    /// Lines of the file that were ignored (unknown key, bad value), each naming the file,
+    /// line and key. Every other line applies; `cvslurm check` fails on these, the other
+    /// modes log them.
+    pub problems: Vec<ConfigError>,
     /// `ApiServer`: CloudVision host, optionally `host:port` (no scheme needed).
     pub api_server: Option<String>,
     /// `ApiTokenFile`: file holding the token; must not be readable by group or others.
@@ -126,6 +130,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             source: None,
+            problems: Vec::new(),
             api_server: None,
             api_token_file: None,
             api_token: None,
@@ -190,6 +195,9 @@ pub const KEYS: &[&str] = &[
 impl Config {
     /// Loads the configuration: `explicit` path, else `$CVSLURM_CONF`, else the default path
     /// (which may be absent), then applies the environment overrides.
+    ///
+    /// A bad line does not spoil the others: it is skipped and listed in
+    /// [`Config::problems`]. Only a file that cannot be read is an error.
     pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
         let env_path = std::env::var_os("CVSLURM_CONF").filter(|p| !p.is_empty());
         let (path, required) = match (explicit, env_path) {
@@ -198,7 +206,7 @@ impl Config {
             (None, None) => (PathBuf::from(DEFAULT_PATH), false),
         };
         let mut cfg = match fs::read_to_string(&path) {
-            Ok(text) => Config::parse(&text, &path)?,
+            Ok(text) => Config::parse_lenient(&text, &path),
             Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Config::default(),
             Err(e) => {
                 return Err(ConfigError(format!(
@@ -211,12 +219,24 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Parses the text of a config file; `origin` names it in error messages.
+    /// Parses the text of a config file strictly: the first bad line is the error. `origin`
+    /// names the file in error messages.
     pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let mut cfg = Config::parse_lenient(text, origin);
+        match cfg.problems.is_empty() {
+            true => Ok(cfg),
+            false => Err(cfg.problems.remove(0)),
+        }
+    }
+
+    /// Parses the text of a config file, applying every valid line and listing each bad one
+    /// in [`Config::problems`]. A leading UTF-8 byte-order mark is ignored.
+    pub fn parse_lenient(text: &str, origin: &Path) -> Config {
         let mut cfg = Config {
             source: Some(origin.to_path_buf()),
             ..Config::default()
         };
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (n, raw) in text.lines().enumerate() {
             let stripped = strip_comment(raw);
             let line = stripped.trim();
@@ -224,14 +244,18 @@ impl Config {
                 continue;
             }
             let at = |msg: String| ConfigError(format!("{}:{}: {msg}", origin.display(), n + 1));
-            let (key, value) = line
-                .split_once('=')
-                .ok_or_else(|| at(format!("expected Key=Value, found {line:?}")))?;
+            let Some((key, value)) = line.split_once('=') else {
+                cfg.problems
+                    .push(at(format!("expected Key=Value, found {line:?}")));
+                continue;
+            };
             let (key, value) = (key.trim(), unquote(value.trim()));
-            cfg.set(key, value)
-                .map_err(|msg| at(format!("{}: {msg}", canonical_key(key).unwrap_or(key))))?;
+            if let Err(msg) = cfg.set(key, value) {
+                let e = at(format!("{}: {msg}", canonical_key(key).unwrap_or(key)));
+                cfg.problems.push(e);
+            }
         }
-        Ok(cfg)
+        cfg
     }
 
     /// Sets one key from its text value (key case-insensitive).
@@ -656,6 +680,37 @@ mod tests {
         let re = c.job_name_include.unwrap();
         assert_eq!(re.as_str(), "^run#[0-9]+");
         assert!(re.is_match("run#7"));
+    }
+
+    #[test]
+    fn one_bad_line_spoils_only_itself() {
+        let text = "\u{feff}StateDir=/var/spool/site\nLogFile=/tmp/site.log\nBogus=1\n\
+                    HookTimeout=soon\nApiServer=cv.example.com\njust words\n";
+        let c = Config::parse_lenient(text, Path::new("/etc/cv.conf"));
+        assert_eq!(c.state_dir, Path::new("/var/spool/site"));
+        assert_eq!(c.log_file, Path::new("/tmp/site.log"));
+        assert_eq!(c.api_server.as_deref(), Some("cv.example.com"));
+        assert_eq!(
+            c.hook_timeout,
+            Duration::from_secs(2),
+            "the bad value keeps the default"
+        );
+        let p: Vec<String> = c.problems.iter().map(|e| e.to_string()).collect();
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(
+            p[0].starts_with("/etc/cv.conf:3: Bogus: unknown key"),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with("/etc/cv.conf:4: HookTimeout: \"soon\""),
+            "{p:?}"
+        );
+        assert!(
+            p[2].starts_with("/etc/cv.conf:6: expected Key=Value"),
+            "{p:?}"
+        );
+        // The BOM is not part of the first key.
+        assert!(parse("\u{feff}ApiServer=cv\n").is_ok());
     }
 
     #[test]

@@ -193,7 +193,16 @@ pub fn run(a: Args) -> i32 {
 fn config_loads(ctx: &mut Context, r: &mut Report) {
     match Config::load(ctx.config_arg.as_deref()) {
         Ok(c) => {
+            for p in &c.problems {
+                r.fail(&format!(
+                    "config: {p}: fix that line (see cloudvision.conf(5)); the hook and the service ignore it and use the others"
+                ));
+            }
             match &c.source {
+                Some(p) if !c.problems.is_empty() => r.ok(&format!(
+                    "config {}: every other line loads",
+                    p.display()
+                )),
                 Some(p) => r.ok(&format!("config {} loads", p.display())),
                 None => r.ok(&format!(
                     "config: {} absent, using defaults and the environment",

@@ -36,6 +36,9 @@ impl Common {
         if let Some(problem) = logging::init(sink, &cfg.log_file, cfg.log_level) {
             log::error!("{problem}");
         }
+        for p in &cfg.problems {
+            log::error!("config: {p}; this line is ignored, the others apply (cvslurm check)");
+        }
         if let Some(s) = &self.api_server {
             cfg.set("ApiServer", s)
                 .map_err(|e| format!("--api-server: {e}"))?;

@@ -271,6 +271,9 @@ fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>,
     if let Some(e) = cfg_error {
         log::error!("config error: {e}; using defaults for this event, fix the file");
     }
+    for p in &cfg.problems {
+        log::error!("config: {p}; this line is ignored, the others apply (cvslurm check)");
+    }
     let env = match HookEnv::from_vars(vars) {
         Ok(e) => e,
         Err(e) => {

@@ -65,6 +65,9 @@ pub fn run(a: Args) -> i32 {
             return 2;
         }
     };
+    for p in &cfg.problems {
+        eprintln!("cvslurm: config: {p}; this line is ignored, the others apply (cvslurm check)");
+    }
     let outbox = Outbox::new(&cfg.state_dir);
     let (depth, oldest) = outbox.depth();
     let cv = if offline {
