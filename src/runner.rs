@@ -54,10 +54,13 @@ impl Slurm {
             .unwrap_or_else(|| PathBuf::from(name))
     }
 
-    /// A `Command` for a Slurm tool with `SLURM_TIME_FORMAT=%s` set.
+    /// A `Command` for a Slurm tool with `SLURM_TIME_FORMAT=%s` set and without
+    /// `CV_API_TOKEN`: srun forwards its environment to every worker, and no Slurm command
+    /// needs the token.
     pub fn command(&self, name: &str) -> Command {
         let mut c = Command::new(self.path_of(name));
         c.env("SLURM_TIME_FORMAT", "%s");
+        c.env_remove("CV_API_TOKEN");
         c.stdin(Stdio::null());
         c
     }

@@ -47,3 +47,37 @@ fn a_bad_config_line_is_skipped_and_reported_the_rest_applies() {
         "{text}"
     );
 }
+
+/// Slurm commands (and so srun's workers) never see `CV_API_TOKEN`. The `scontrol` here only
+/// records the environment it was given.
+#[test]
+fn slurm_commands_do_not_get_the_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let env_file = site.dir.path().join("scontrol.env");
+    for name in ["scontrol", "sacct", "squeue", "sinfo", "srun"] {
+        let p = site.bin_dir.join(name);
+        fs::write(
+            &p,
+            format!("#!/bin/sh\nenv >> {}\nexit 1\n", env_file.display()),
+        )
+        .unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = std::process::Command::new(bin())
+        .args(["send", "42"])
+        .env("CVSLURM_CONF", &site.conf)
+        .env("CV_API_TOKEN", "s3cret-from-env")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let seen = fs::read_to_string(&env_file).unwrap();
+    assert!(
+        seen.contains("SLURM_TIME_FORMAT=%s"),
+        "scontrol ran: {seen}"
+    );
+    assert!(
+        !seen.contains("s3cret"),
+        "the token reached a Slurm command"
+    );
+}
