@@ -15,6 +15,7 @@ pub mod hostlist;
 pub mod logging;
 pub mod outbox;
 pub mod payload;
+pub mod privilege;
 pub mod reconcile;
 pub mod runner;
 pub mod slurm;

@@ -29,9 +29,8 @@ pub fn init(sink: Sink, file: &Path, level: log::LevelFilter) -> Option<String> 
     let mut problem = None;
     let to_file = sink == Sink::File && !journald;
     if to_file {
-        match OpenOptions::new().create(true).append(true).open(file) {
+        match open_log(file) {
             Ok(f) => {
-                give_to_dir_owner(&f, file);
                 builder.target(env_logger::Target::Pipe(Box::new(f)));
             }
             Err(e) => {
@@ -76,6 +75,42 @@ pub fn init(sink: Sink, file: &Path, level: log::LevelFilter) -> Option<String> 
     problem
 }
 
+/// Opens (creating with mode 0640) the log file for appending.
+///
+/// Never through a symbolic link, never a FIFO or device (an open that could hang, or
+/// write somewhere else), and as root never chowning a file it did not just create: a file
+/// root creates in a directory owned by someone else (SlurmUser's log directory) takes that
+/// owner, so the hooks can append too.
+fn open_log(file: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let flags = nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK;
+    let created = OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .mode(0o640)
+        .custom_flags(flags)
+        .open(file);
+    let f = match created {
+        Ok(f) => {
+            give_to_dir_owner(&f, file);
+            f
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => OpenOptions::new()
+            .append(true)
+            .custom_flags(flags)
+            .open(file)
+            .map_err(|e| match e.raw_os_error() {
+                Some(nix::libc::ELOOP) => std::io::Error::other("it is a symbolic link"),
+                _ => e,
+            })?,
+        Err(e) => return Err(e),
+    };
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("it is not a regular file"));
+    }
+    Ok(f)
+}
+
 /// When root creates the log file in a directory that belongs to someone else (SlurmUser's log
 /// directory), the file takes that owner, so the hooks (running as SlurmUser) can append too.
 fn give_to_dir_owner(f: &std::fs::File, path: &Path) {
@@ -106,19 +141,24 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
         let p = d.join("cvjob.log");
-        let f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&p)
-            .unwrap();
-        give_to_dir_owner(&f, &p);
+        open_log(&p).unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().uid(), 65534);
-        // An existing root file with content is left alone.
+        // An existing root file is left alone, even an empty one.
         let q = d.join("other.log");
-        std::fs::write(&q, "x").unwrap();
-        let f = OpenOptions::new().append(true).open(&q).unwrap();
-        give_to_dir_owner(&f, &q);
+        std::fs::write(&q, "").unwrap();
+        open_log(&q).unwrap();
         assert_eq!(std::fs::metadata(&q).unwrap().uid(), 0);
+        // A link the directory's owner planted is not followed, even to a file to be created.
+        let target = std::env::temp_dir().join(format!("cvslurm-logown-t-{}", std::process::id()));
+        let l = d.join("link.log");
+        std::os::unix::fs::symlink(&target, &l).unwrap();
+        let e = open_log(&l).unwrap_err().to_string();
+        assert_eq!(e, "it is a symbolic link");
+        assert!(!target.exists());
+        // A FIFO is refused at once instead of hanging the open.
+        let fifo = d.join("fifo.log");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(open_log(&fifo).is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -448,9 +448,7 @@ impl Outbox {
         let dir = self.dir("verify");
         let rec = serde_json::json!({"job": job, "restart_count": restart_count});
         let path = dir.join(safe_name(&job.key.id));
-        let tmp = dir.join(format!(".tmp.{}", std::process::id()));
-        fs::write(&tmp, rec.to_string())
-            .and_then(|_| fs::rename(&tmp, &path))
+        write_private(&path, rec.to_string().as_bytes())
             .map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 
@@ -541,7 +539,7 @@ impl Outbox {
         v["last_drain"] = now.into();
         if let Ok(bytes) = serde_json::to_vec(&v) {
             // Not fsynced: it is a report, not an event.
-            let _ = fs::write(&path, bytes);
+            let _ = write_private(&path, &bytes);
         }
     }
 
@@ -648,6 +646,25 @@ pub fn write_durably(path: &Path, data: &[u8], owner: Option<(u32, u32)>) -> Res
     }
     sync_dir(dir);
     Ok(())
+}
+
+/// Writes a file (mode 0600, whatever the umask) through a fresh temp file and a rename, not
+/// fsynced: for records whose loss costs nothing but a check.
+fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".tmp.{}.private", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    let res = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(data))
+        .and_then(|()| fs::rename(&tmp, path));
+    if res.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    res
 }
 
 /// The owner new files must get: StateDir's, when we are root and it belongs to someone else.

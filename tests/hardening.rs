@@ -81,3 +81,99 @@ fn slurm_commands_do_not_get_the_token() {
         "the token reached a Slurm command"
     );
 }
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn owner(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(p).unwrap().uid()
+}
+
+/// Root (`cvslurm flush` by hand) with StateDir owned by SlurmUser (here `nobody`): the links
+/// SlurmUser planted there lead root nowhere.
+#[test]
+fn root_never_follows_links_in_a_directory_another_user_controls() {
+    use std::os::unix::fs::symlink;
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let nobody = 65534;
+    let cv = Standin::start();
+    // CloudVision unreachable: the flush keeps what it holds.
+    let site = Site::new("127.0.0.1:1", &cv.ca(), "");
+    let root_dir = site.dir.path();
+    let victim = root_dir.join("victim");
+    fs::write(&victim, "root's own\n").unwrap();
+    let elsewhere = root_dir.join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    fs::create_dir(&site.state_dir).unwrap();
+    std::os::unix::fs::chown(&site.state_dir, Some(nobody), Some(nobody)).unwrap();
+    symlink(&victim, site.state_dir.join("outbox.lock")).unwrap();
+    symlink(&victim, site.state_dir.join("service-status.json")).unwrap();
+    symlink(&elsewhere, site.state_dir.join("rejected")).unwrap();
+    let out = site.run(&["flush", "--no-reconcile"]);
+    let said = stderr(&out);
+    assert_eq!(
+        fs::read_to_string(&victim).unwrap(),
+        "root's own\n",
+        "{said}"
+    );
+    assert_eq!(owner(&victim), 0, "victim chowned: {said}");
+    assert_eq!(
+        owner(&elsewhere),
+        0,
+        "a directory outside StateDir chowned: {said}"
+    );
+}
+
+/// Files cvslurm creates get explicit modes, whatever the umask: nothing in StateDir is open
+/// to group or others, the log is at most 0640.
+#[test]
+fn created_files_have_explicit_modes_under_umask_zero() {
+    use std::os::unix::fs::PermissionsExt;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let link = site.link("cvslurm-hook");
+    let with_umask_0 = |vars: &[(&str, &str)], args: &[&str]| {
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c")
+            .arg("umask 000; exec \"$@\"")
+            .arg("sh")
+            .args(args)
+            .env_clear()
+            .env("CVSLURM_CONF", &site.conf);
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let link = link.to_str().unwrap();
+    with_umask_0(&job_env("prolog_slurmctld", "70", &[]), &[link]);
+    with_umask_0(
+        &job_env("epilog_slurmctld", "70", &[("SLURM_JOB_EXIT_CODE2", "0:0")]),
+        &[link],
+    );
+    let bin = bin();
+    with_umask_0(&[], &[bin.to_str().unwrap(), "flush", "--no-reconcile"]);
+    assert!(site.state_dir.join("verify").read_dir().unwrap().count() > 0);
+    assert!(site.state_dir.join("service-status.json").exists());
+    let mut seen = 0;
+    let mut stack = vec![site.state_dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let m = e.metadata().unwrap();
+            let mode = m.permissions().mode() & 0o777;
+            assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", e.path().display());
+            seen += 1;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    assert!(seen >= 7, "{seen}");
+    let mode = fs::metadata(&site.log_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode & !0o640, 0, "LogFile mode {mode:o}");
+}

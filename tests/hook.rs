@@ -401,7 +401,7 @@ fn broken_config_still_exits_zero_and_says_why() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains(&format!(
-            "config error: {}:10: Bogus: unknown key",
+            "config: {}:10: Bogus: unknown key",
             site.conf.display()
         )),
         "{text}"

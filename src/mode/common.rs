@@ -33,12 +33,6 @@ impl Common {
         if self.verbose {
             cfg.log_level = log::LevelFilter::Debug;
         }
-        if let Some(problem) = logging::init(sink, &cfg.log_file, cfg.log_level) {
-            log::error!("{problem}");
-        }
-        for p in &cfg.problems {
-            log::error!("config: {p}; this line is ignored, the others apply (cvslurm check)");
-        }
         if let Some(s) = &self.api_server {
             cfg.set("ApiServer", s)
                 .map_err(|e| format!("--api-server: {e}"))?;
@@ -48,10 +42,23 @@ impl Common {
             cfg.api_token = None;
         }
         if let Some(t) = &self.api_token {
+            cfg.api_token = Token::new(t);
+        }
+        // Before anything touches StateDir or LogFile (see crate::privilege).
+        let dropped = crate::privilege::drop_to_state_dir_owner(&mut cfg)?;
+        if let Some(problem) = logging::init(sink, &cfg.log_file, cfg.log_level) {
+            log::error!("{problem}");
+        }
+        if let Some(d) = dropped {
+            log::info!("{d}");
+        }
+        for p in &cfg.problems {
+            log::error!("config: {p}; this line is ignored, the others apply (cvslurm check)");
+        }
+        if self.api_token.is_some() {
             log::warn!(
                 "--api-token is visible to every user in ps; prefer --api-token-file or CV_API_TOKEN"
             );
-            cfg.api_token = Token::new(t);
         }
         Ok(cfg)
     }

@@ -58,13 +58,18 @@ pub fn run(a: Args) -> i32 {
         max_age,
         offline,
     } = a;
-    let cfg = match Config::load(config.as_deref()) {
+    let mut cfg = match Config::load(config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cvslurm: {e}");
             return 2;
         }
     };
+    // Reading the outbox may move files in StateDir: never as root there (crate::privilege).
+    if let Err(e) = crate::privilege::drop_to_state_dir_owner(&mut cfg) {
+        eprintln!("cvslurm: {e}");
+        return 2;
+    }
     for p in &cfg.problems {
         eprintln!("cvslurm: config: {p}; this line is ignored, the others apply (cvslurm check)");
     }
