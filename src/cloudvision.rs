@@ -472,7 +472,19 @@ impl Client {
         Err(match status {
             401 | 403 => SendError::TokenRefused { status, message },
             429 => SendError::RateLimited { retry_after },
-            500..=599 => SendError::Server { status, message },
+            // A redirect (cvslurm follows none: the token must not go elsewhere) or a request
+            // timeout says nothing against the payload: keep it and retry.
+            300..=399 => SendError::Server {
+                status,
+                message: match resp.headers().get("location").and_then(|v| v.to_str().ok()) {
+                    Some(l) => format!(
+                        "redirected to {}; cvslurm follows no redirect: set ApiServer to the server that answers",
+                        l.chars().take(200).collect::<String>()
+                    ),
+                    None => "a redirect; cvslurm follows none: set ApiServer to the server that answers".into(),
+                },
+            },
+            408 | 500..=599 => SendError::Server { status, message },
             _ => SendError::Rejected { status, message },
         })
     }

@@ -177,3 +177,30 @@ fn created_files_have_explicit_modes_under_umask_zero() {
     let mode = fs::metadata(&site.log_file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode & !0o640, 0, "LogFile mode {mode:o}");
 }
+
+/// A redirect or a 408 says nothing against the event: it stays queued, nothing is rejected.
+#[test]
+fn redirects_and_request_timeouts_are_retried_not_rejected() {
+    use serde_json::json;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    for (id, status) in [("31", 302), ("32", 307), ("33", 408)] {
+        cv.set_mode(json!({"mode": "status", "status": status}));
+        let (out, _) = site.hook(&job_env("prolog_slurmctld", id, &[]));
+        assert_eq!(out.status.code(), Some(0));
+    }
+    assert_eq!(site.outbox().len(), 3, "{}", site.log());
+    let out = site.run(&["flush", "--no-reconcile"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("0 delivered, 3 kept, 0 rejected"),
+        "{}",
+        stdout(&out)
+    );
+    let rejected = site.state_dir.join("rejected");
+    assert_eq!(fs::read_dir(&rejected).map(|d| d.count()).unwrap_or(0), 0);
+    cv.set_mode(json!({"mode": "ok"}));
+    let out = site.run(&["flush", "--no-reconcile"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(cv.accepted("JobConfig").len(), 3);
+}
