@@ -174,7 +174,9 @@ impl Inventory<'_> {
         let mut cmd = self.slurm.command("srun");
         let n = names.len().to_string();
         cmd.arg(format!("--job-name={}", cfg.discovery_job_name))
-            .arg(format!("--nodelist={}", names.join(",")))
+            // Compressed: thousands of names in one argument would pass the kernel's 128 KiB
+            // limit for one argument, and srun could not start.
+            .arg(format!("--nodelist={}", crate::hostlist::compress(names)))
             .args(["--nodes", &n, "--ntasks", &n, "--ntasks-per-node=1"])
             .arg(format!("--time={minutes}"))
             .args(["--quiet", "--no-kill", "--kill-on-bad-exit=0"]);
