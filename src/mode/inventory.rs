@@ -108,6 +108,53 @@ pub fn run(a: Args) -> i32 {
     }
 }
 
+/// A host file for srun (`SLURM_HOSTFILE`): one node name per line, in a fresh file with an
+/// unpredictable name (created with O_EXCL, mode 0600), removed on drop.
+struct HostFile(std::path::PathBuf);
+
+impl HostFile {
+    fn create(names: &[String]) -> std::io::Result<HostFile> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = std::env::temp_dir().join(format!("cvslurm-hosts.{}", random_hex()?));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)?;
+        let h = HostFile(path);
+        let mut text = names.join("\n");
+        text.push('\n');
+        f.write_all(text.as_bytes())?;
+        Ok(h)
+    }
+}
+
+impl Drop for HostFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// 128 random bits as hex, from the kernel.
+pub fn random_hex() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Splits srun's `--label` prefix (`   12: `) off a line: (task, the rest). A line without
+/// one has no task.
+fn split_label(line: &str) -> (Option<usize>, &str) {
+    if let Some((head, rest)) = line.split_once(": ") {
+        if let Ok(t) = head.trim_start().parse::<usize>() {
+            return (Some(t), rest);
+        }
+    }
+    (None, line)
+}
+
 /// The longest discover line accepted from a worker.
 pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
 
@@ -171,23 +218,31 @@ impl Inventory<'_> {
             Err(e) => return fail_all(names, &format!("cannot find my own executable: {e}")),
         };
         let minutes = cfg.discovery_timeout.as_secs().div_ceil(60) + 1;
+        // Task i runs on the i-th line of the host file (`--distribution=arbitrary`), and
+        // `--label` makes srun prefix every line with the task that printed it: a record is
+        // believed only for the node its task ran on. The file also keeps thousands of node
+        // names out of the argument list.
+        let hostfile = match HostFile::create(names) {
+            Ok(h) => h,
+            Err(e) => return fail_all(names, &format!("cannot write srun's host file: {e}")),
+        };
         let mut cmd = self.slurm.command("srun");
         let n = names.len().to_string();
-        cmd.arg(format!("--job-name={}", cfg.discovery_job_name))
-            // Compressed: thousands of names in one argument would pass the kernel's 128 KiB
-            // limit for one argument, and srun could not start.
-            .arg(format!("--nodelist={}", crate::hostlist::compress(names)))
-            .args(["--nodes", &n, "--ntasks", &n, "--ntasks-per-node=1"])
+        cmd.env("SLURM_HOSTFILE", &hostfile.0)
+            .arg(format!("--job-name={}", cfg.discovery_job_name))
+            .arg("--distribution=arbitrary")
+            .args(["--nodes", &n, "--ntasks", &n])
             .arg(format!("--time={minutes}"))
-            .args(["--quiet", "--no-kill", "--kill-on-bad-exit=0"]);
+            .args(["--label", "--quiet", "--no-kill", "--kill-on-bad-exit=0"]);
         if !partition.is_empty() {
             cmd.arg(format!("--partition={partition}"));
         }
         if cfg.discovery_bcast {
-            cmd.arg(format!(
-                "--bcast=/tmp/cvslurm-discover.{}",
-                std::process::id()
-            ));
+            // An unpredictable name: no other user on a worker can create it first.
+            match random_hex() {
+                Ok(r) => cmd.arg(format!("--bcast=/tmp/cvslurm-discover.{r}")),
+                Err(e) => return fail_all(names, &format!("no random name for --bcast: {e}")),
+            };
         }
         cmd.arg(&exe).arg("discover");
         // argh takes `--option value`, not `--option=value`.
@@ -205,15 +260,23 @@ impl Inventory<'_> {
             Err(e) => return fail_all(names, &format!("cannot run srun: {e}")),
         };
         let wanted: BTreeSet<String> = names.iter().cloned().collect();
-        let (tx, rx) = mpsc::channel::<Result<DiscoverRecord, String>>();
+        let (tx, rx) = mpsc::channel::<(Option<usize>, Result<DiscoverRecord, String>)>();
         let stdout = child.stdout.take().expect("piped");
         let reader = std::thread::spawn(move || {
-            let mut records = RecordReader::new(MAX_RECORD_BYTES, 64 * MAX_RECORD_BYTES);
+            // Each task's unfinished record is bounded (4 MiB), and there is one reader per
+            // task label that appears.
+            let mut readers: std::collections::HashMap<Option<usize>, RecordReader> =
+                std::collections::HashMap::new();
             read_lines_capped(stdout, MAX_RECORD_BYTES, |line| {
+                let (task, text) = split_label(line);
                 // discover starts its record on a fresh line: blank lines are not garbage.
-                if !line.trim().is_empty() {
-                    if let Some(r) = records.push(line) {
-                        let _ = tx.send(r);
+                if !text.trim().is_empty() {
+                    // One reader per task: a worker's parts never mix with another task's.
+                    let r = readers.entry(task).or_insert_with(|| {
+                        RecordReader::new(MAX_RECORD_BYTES, 4 * MAX_RECORD_BYTES)
+                    });
+                    if let Some(r) = r.push(text) {
+                        let _ = tx.send((task, r));
                     }
                 }
             });
@@ -236,15 +299,29 @@ impl Inventory<'_> {
                 break;
             }
             match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(Ok(rec)) => {
-                    if wanted.contains(&rec.node_name) && !got.contains_key(&rec.node_name) {
+                Ok((task, Ok(rec))) => {
+                    let ran_on = task.and_then(|t| names.get(t));
+                    if ran_on != Some(&rec.node_name) {
+                        garbage += 1;
+                        last_garbage = match ran_on {
+                            Some(n) => format!(
+                                "the worker on node {n} sent a record for node {:?}; dropped",
+                                rec.node_name
+                            ),
+                            None => format!(
+                                "a record without srun's task label for node {:?}",
+                                rec.node_name
+                            ),
+                        };
+                        log::warn!("discovery: {last_garbage}");
+                    } else if wanted.contains(&rec.node_name) && !got.contains_key(&rec.node_name) {
                         got.insert(rec.node_name.clone(), Ok(rec));
                     } else {
                         garbage += 1;
                         last_garbage = format!("unexpected record for node {:?}", rec.node_name);
                     }
                 }
-                Ok(Err(e)) => {
+                Ok((_, Err(e))) => {
                     garbage += 1;
                     last_garbage = e;
                 }
