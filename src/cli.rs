@@ -53,10 +53,28 @@ pub fn main(args: Vec<String>) -> i32 {
     let implied = mode_from_argv0(&argv0);
     if let Some(mode) = implied {
         if mode == "hook" {
-            // slurmctld passes no arguments; never let a surprise argument fail a job.
-            return hook::run(hook::Args::default());
+            // slurmctld passes no arguments; never let a surprise argument fail a job. Only a
+            // lone help request, which slurmctld never makes, gets the help.
+            if !matches!(rest.as_slice(), [h] if ["-h", "--help", "help"].contains(&h.as_str())) {
+                return hook::run(hook::Args::default());
+            }
         }
         rest.insert(0, mode.to_string());
+    }
+    // Interactive output piped into `head` ends quietly, as other tools do, instead of a
+    // panic on EPIPE. Not for the hook and the service, whose output is not a pipe to a
+    // reader that may leave.
+    let service = rest.first().map(String::as_str) == Some("hook")
+        || (rest.first().map(String::as_str) == Some("inventory")
+            && rest.iter().any(|a| a == "--monitor"));
+    if !service {
+        // SAFETY: restoring the default disposition of SIGPIPE at start, before any thread.
+        unsafe {
+            let _ = nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGPIPE,
+                nix::sys::signal::SigHandler::SigDfl,
+            );
+        }
     }
     let strs: Vec<&str> = rest.iter().map(String::as_str).collect();
     let cli = match Cli::from_args(&["cvslurm"], &strs) {
@@ -68,7 +86,10 @@ pub fn main(args: Vec<String>) -> i32 {
                     0
                 }
                 Err(()) => {
-                    eprintln!("{}\nRun cvslurm help for more information.", early.output);
+                    eprintln!(
+                        "cvslurm: {}\nRun cvslurm help for more information.",
+                        early.output.trim_end()
+                    );
                     2
                 }
             };

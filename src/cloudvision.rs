@@ -63,6 +63,8 @@ pub enum SendError {
         /// CloudVision's message.
         message: String,
     },
+    /// The payload is invalid; caught before sending (what CloudVision would answer with 400).
+    Invalid(String),
     /// Any other 4xx: CloudVision will not take this payload as it is.
     Rejected {
         /// HTTP status.
@@ -89,6 +91,7 @@ impl fmt::Display for SendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SendError::NotConfigured(m) => f.write_str(m),
+            SendError::Invalid(m) => write!(f, "invalid JobConfig, not sent: {m}"),
             SendError::Unreachable(m) | SendError::Timeout(m) => f.write_str(m),
             SendError::TokenRefused { status, message } => write!(
                 f,
@@ -364,6 +367,7 @@ impl Client {
         job: &JobConfig,
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
+        job.validate().map_err(SendError::Invalid)?;
         let body = serde_json::to_vec(job).expect("JobConfig serializes");
         self.call("POST", &self.job_url, Some(&body), deadline)
     }

@@ -66,6 +66,9 @@ pub struct Config {
     /// line and key. Every other line applies; `cvslurm check` fails on these, the other
     /// modes log them.
     pub problems: Vec<ConfigError>,
+    /// A bad value in the environment (`CV_API_SERVER`): an error for every mode but the hook,
+    /// which logs it.
+    pub env_error: Option<ConfigError>,
     /// `ApiServer`: CloudVision host, optionally `host:port` (no scheme needed).
     pub api_server: Option<String>,
     /// `ApiTokenFile`: file holding the token; must not be readable by group or others.
@@ -131,6 +134,7 @@ impl Default for Config {
         Config {
             source: None,
             problems: Vec::new(),
+            env_error: None,
             api_server: None,
             api_token_file: None,
             api_token: None,
@@ -274,9 +278,7 @@ impl Config {
             if v.is_empty() {
                 Ok(None)
             } else {
-                Regex::new(v)
-                    .map(Some)
-                    .map_err(|e| format!("bad regex {v:?}: {e}"))
+                Regex::new(v).map(Some).map_err(|e| regex_error(v, &e))
             }
         };
         match k {
@@ -315,8 +317,7 @@ impl Config {
             }
             "PollInterval" => self.poll_interval = parse_duration(value, 1.0)?,
             "InterfaceRegex" => {
-                self.interface_regex =
-                    Regex::new(value).map_err(|e| format!("bad regex {value:?}: {e}"))?
+                self.interface_regex = Regex::new(value).map_err(|e| regex_error(value, &e))?
             }
             "InterfacePhysicalOnly" => self.interface_physical_only = parse_bool(value)?,
             "InterfaceRequireIp" => self.interface_require_ip = parse_bool(value)?,
@@ -359,8 +360,9 @@ impl Config {
     /// Applies `CV_API_SERVER`, `CV_API_TOKEN` and `CV_LOG_FILE`.
     pub fn apply_env(&mut self) {
         if let Some(v) = env_nonempty("CV_API_SERVER") {
-            // A bad value here is reported when the client is built.
-            let _ = self.set("ApiServer", &v);
+            if let Err(e) = self.set("ApiServer", &v) {
+                self.env_error = Some(ConfigError(format!("CV_API_SERVER={v:?}: {e}")));
+            }
         }
         if let Some(v) = env_nonempty("CV_API_TOKEN") {
             self.api_token = Token::new(&v);
@@ -403,6 +405,18 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A regex error message; look-around (the reference's `^(?!cv-)`) gets a way to say it here.
+fn regex_error(v: &str, e: &regex_lite::Error) -> String {
+    if ["(?!", "(?=", "(?<!", "(?<="].iter().any(|l| v.contains(l)) {
+        return format!(
+            "bad regex {v:?}: look-around such as (?!...) is not supported; say it the other way \
+             round: JobNameExclude=^cv- drops the jobs whose name starts with cv- \
+             (JobNameInclude=^(?!cv-) in the reference)"
+        );
+    }
+    format!("bad regex {v:?}: {e}")
 }
 
 /// Reads a token file, refusing one that group or others can read.
@@ -711,6 +725,13 @@ mod tests {
         );
         // The BOM is not part of the first key.
         assert!(parse("\u{feff}ApiServer=cv\n").is_ok());
+    }
+
+    #[test]
+    fn lookaround_regex_says_how_to_write_it_here() {
+        let e = parse("JobNameInclude=^(?!cv-)").unwrap_err().to_string();
+        assert!(e.contains("JobNameInclude: bad regex"), "{e}");
+        assert!(e.contains("JobNameExclude=^cv-"), "{e}");
     }
 
     #[test]

@@ -142,6 +142,30 @@ pub struct JobConfig {
 }
 
 impl JobConfig {
+    /// Checks what CloudVision would refuse with a 400: an empty key, both `nodes` and
+    /// `interfaces`, a MAC that is not `aa:bb:cc:dd:ee:ff`, an ended job without `end_time`.
+    pub fn validate(&self) -> Result<(), String> {
+        let id = &self.key.id;
+        if id.trim().is_empty() {
+            return Err("empty key.id".into());
+        }
+        match (&self.nodes, &self.interfaces) {
+            (Some(_), Some(_)) => return Err(format!("job {id}: both nodes and interfaces")),
+            (None, Some(i)) => {
+                if let Some(bad) = i.values.iter().find(|m| !crate::mode::discover::is_mac(m)) {
+                    return Err(format!(
+                        "job {id}: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if self.state.is_terminal() && self.end_time.is_none() {
+            return Err(format!("job {id}: {} without end_time", self.state.word()));
+        }
+        Ok(())
+    }
+
     /// The job id part of `key.id` (before the last `@`).
     pub fn job_id(&self) -> &str {
         self.key

@@ -270,11 +270,17 @@ fn send_tenant_dry_run_and_real() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
     let (first, body) = text.split_once('\n').unwrap();
-    assert_eq!(first, "POST /api/resources/computejob/v1/JobConfig");
+    assert_eq!(
+        first,
+        format!(
+            "POST https://{}/api/resources/computejob/v1/JobConfig",
+            cv.server()
+        )
+    );
     let v: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(
         v,
-        json!({"key":{"id":"t-9@tenant-a"},"name":"train","state":"JOB_STATE_RUNNING","start_time":"2025-12-05T10:30:00Z",
+        json!({"key":{"id":"t-9"},"name":"train","state":"JOB_STATE_RUNNING","start_time":"2025-12-05T10:30:00Z",
                "location":"tenant-a","type":"JOB_TYPE_TENANT","nodes":{"values":["gpu1","gpu2"]}})
     );
     assert!(cv.requests().is_empty(), "a dry run touches no network");
@@ -282,7 +288,7 @@ fn send_tenant_dry_run_and_real() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         stdout(&out).trim(),
-        "job t-9@tenant-a: sent RUNNING on 2 node(s) (HTTP 200)"
+        "job t-9: sent RUNNING on 2 node(s) (HTTP 200)"
     );
     assert_eq!(cv.accepted("JobConfig"), vec![v]);
 }
@@ -363,7 +369,7 @@ fn send_usage_and_failures() {
         "{err}"
     );
     assert!(
-        err.contains("job x@l: not sent: CloudVision refused the token"),
+        err.contains("job x: not sent: CloudVision refused the token"),
         "{err}"
     );
     assert!(!err.contains("wrong"), "token leaked: {err}");

@@ -204,3 +204,180 @@ fn redirects_and_request_timeouts_are_retried_not_rejected() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(cv.accepted("JobConfig").len(), 3);
 }
+
+fn tenant_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "send",
+        "--tenant",
+        "tenant-unique-id",
+        "--name",
+        "train",
+        "--location",
+        "tenant-a",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+/// Parity with the reference's `send`: the tenant id is key.id as given, a dry run shows the
+/// full URL, a bad CV_API_SERVER is an error, an ended job needs its end time.
+#[test]
+fn send_parity_with_the_reference() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let running = ["--state", "running", "--start", "2025-12-05T10:30:00Z"];
+    let mut args = tenant_args(&running);
+    args.extend(["--interfaces", "aa:bb:cc:dd:ee:01", "--dry-run"]);
+    let out = site.run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with(&format!(
+            "POST https://{}/api/resources/computejob/v1/JobConfig\n",
+            cv.server()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("\"id\": \"tenant-unique-id\""), "{text}");
+    args.pop();
+    let out = site.run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(cv.accepted("JobConfig")[0]["key"]["id"], "tenant-unique-id");
+
+    // An ended job without its end: an error naming the flag, nothing sent.
+    let mut args = tenant_args(&["--state", "completed", "--start", "2025-12-05T10:30:00Z"]);
+    args.extend(["--interfaces", "aa:bb:cc:dd:ee:01"]);
+    let out = site.run(&args);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--end is needed"), "{}", stderr(&out));
+
+    // An invalid CV_API_SERVER is an error, not silently ignored.
+    let out = std::process::Command::new(bin())
+        .args(tenant_args(&running))
+        .args(["--nodes", "a1"])
+        .env("CVSLURM_CONF", &site.conf)
+        .env("CV_API_SERVER", "http://cv.example.com")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "CV_API_SERVER=\"http://cv.example.com\": CloudVision is reached over HTTPS only"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The library refuses an ended interface-mode job without end_time before sending.
+#[test]
+fn invalid_job_configs_are_refused_before_sending() {
+    use cvslurm::cloudvision::{Client, ClientOptions, SendError};
+    use cvslurm::payload::{JobConfig, JobState, Key};
+    let cv = Standin::start();
+    let client = Client::new(ClientOptions {
+        server: cv.server(),
+        token: cvslurm::config::Token::new(TOKEN),
+        ca_file: Some(cv.ca()),
+        pins: Vec::new(),
+        insecure: false,
+        timeout: std::time::Duration::from_secs(10),
+    })
+    .unwrap();
+    let job = JobConfig {
+        key: Key { id: "t-1".into() },
+        name: Some("n".into()),
+        state: JobState::Completed,
+        start_time: Some("2025-12-05T10:30:00Z".into()),
+        end_time: None,
+        location: Some("l".into()),
+        job_type: None,
+        nodes: None,
+        interfaces: Some(vec!["aa:bb:cc:dd:ee:01".to_string()].into()),
+    };
+    let e = client.post_job(&job, None).unwrap_err();
+    assert!(matches!(e, SendError::Invalid(_)), "{e}");
+    assert!(e.to_string().contains("completed without end_time"), "{e}");
+    assert!(cv.requests().is_empty(), "nothing reached CloudVision");
+}
+
+/// The command line: `cvslurm-hook --help`, argh's errors with the prefix, help into a closed
+/// pipe, the monitor saying where it logs, and the reference's look-ahead filter.
+#[test]
+fn command_line_details() {
+    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let hook = site.link("cvslurm-hook");
+    let out = std::process::Command::new(&hook)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        stdout(&out).starts_with("Usage: cvslurm hook"),
+        "{}",
+        stdout(&out)
+    );
+    // Any other argument still runs the hook, which exits 0.
+    let out = std::process::Command::new(&hook)
+        .arg("--bogus")
+        .env_clear()
+        .env("CVSLURM_CONF", &site.conf)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty());
+
+    let out = std::process::Command::new(bin())
+        .args(["send", "--frob"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).starts_with("cvslurm: Unrecognized argument: --frob"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Help written into a pipe nobody reads: no panic.
+    let (r, w) = nix::unistd::pipe().unwrap();
+    drop(r);
+    let out = std::process::Command::new(bin())
+        .arg("help")
+        .stdout(std::process::Stdio::from(w))
+        .output()
+        .unwrap();
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        out.status.signal() == Some(13) || out.status.code() == Some(0),
+        "{:?}",
+        out.status
+    );
+
+    let out = std::process::Command::new(bin())
+        .args(["inventory", "--monitor"])
+        .env("CVSLURM_CONF", &site.conf)
+        .env_remove("JOURNAL_STREAM")
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).contains(&format!(
+            "inventory --monitor logs to {}",
+            site.log_file.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+
+    let bad = Site::new(
+        "127.0.0.1:1",
+        std::path::Path::new("/nonexistent"),
+        "JobNameInclude=^(?!cv-)",
+    );
+    let out = bad.run(&["check"]);
+    assert!(
+        stdout(&out).contains("JobNameExclude=^cv-"),
+        "{}",
+        stdout(&out)
+    );
+}

@@ -199,10 +199,9 @@ fn config_loads(ctx: &mut Context, r: &mut Report) {
                 ));
             }
             match &c.source {
-                Some(p) if !c.problems.is_empty() => r.ok(&format!(
-                    "config {}: every other line loads",
-                    p.display()
-                )),
+                Some(p) if !c.problems.is_empty() => {
+                    r.ok(&format!("config {}: every other line loads", p.display()))
+                }
                 Some(p) => r.ok(&format!("config {} loads", p.display())),
                 None => r.ok(&format!(
                     "config: {} absent, using defaults and the environment",
@@ -410,6 +409,7 @@ fn probe_hint(e: &crate::cloudvision::SendError) -> &'static str {
         }
         E::RateLimited { .. } | E::Server { .. } => "CloudVision is busy or failing; try again later",
         E::Rejected { .. } => "is ApiServer really CloudVision (with the computejob API)?",
+        E::Invalid(_) => "this is a bug in cvslurm, please report it",
     }
 }
 

@@ -30,6 +30,9 @@ impl Common {
     /// An error is a usage error (exit 2).
     pub fn load(&self, sink: Sink) -> Result<Config, String> {
         let mut cfg = Config::load(self.config.as_deref()).map_err(|e| e.to_string())?;
+        if let Some(e) = &cfg.env_error {
+            return Err(e.to_string());
+        }
         if self.verbose {
             cfg.log_level = log::LevelFilter::Debug;
         }

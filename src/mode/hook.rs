@@ -274,6 +274,9 @@ fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>,
     for p in &cfg.problems {
         log::error!("config: {p}; this line is ignored, the others apply (cvslurm check)");
     }
+    if let Some(e) = &cfg.env_error {
+        log::error!("environment: {e}; ignored");
+    }
     let env = match HookEnv::from_vars(vars) {
         Ok(e) => e,
         Err(e) => {

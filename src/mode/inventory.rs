@@ -68,6 +68,13 @@ pub fn run(a: Args) -> i32 {
         Ok(c) => c,
         Err(e) => return usage(&e),
     };
+    if a.monitor && std::env::var_os("JOURNAL_STREAM").is_none() {
+        // Started by hand (or by a supervisor without the journal): say where the log goes.
+        eprintln!(
+            "cvslurm: inventory --monitor logs to {} (under systemd: the journal)",
+            cfg.log_file.display()
+        );
+    }
     if let Some(p) = a.poll_interval {
         if p == 0 {
             return usage("--poll-interval must be at least 1 second");
@@ -405,7 +412,12 @@ impl Inventory<'_> {
         match &self.client {
             None => {
                 for n in &ok_nodes {
-                    println!("POST {}", crate::cloudvision::NODE_CONFIG_PATH);
+                    match &self.cfg.api_server {
+                        Some(s) => {
+                            println!("POST https://{s}{}", crate::cloudvision::NODE_CONFIG_PATH)
+                        }
+                        None => println!("POST {}", crate::cloudvision::NODE_CONFIG_PATH),
+                    }
                     println!("{}", serde_json::to_string_pretty(n).expect("serializes"));
                 }
             }

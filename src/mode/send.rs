@@ -159,24 +159,27 @@ pub fn run(a: Args) -> i32 {
         }
     };
     for j in &jobs {
-        if !deliver(client.as_ref(), j) {
+        if !deliver(client.as_ref(), cfg.api_server.as_deref(), j) {
             failed += 1;
         }
     }
     i32::from(failed > 0)
 }
 
-/// Prints what a dry run would send.
-pub fn print_dry_run(job: &JobConfig) {
-    println!("POST {JOB_CONFIG_PATH}");
+/// Prints what a dry run would send: the full URL when the server is known.
+pub fn print_dry_run(job: &JobConfig, server: Option<&str>) {
+    match server {
+        Some(s) => println!("POST https://{s}{JOB_CONFIG_PATH}"),
+        None => println!("POST {JOB_CONFIG_PATH}"),
+    }
     println!("{}", serde_json::to_string_pretty(job).expect("serializes"));
 }
 
 /// Sends (or, without a client, prints) one JobConfig; returns whether it went out.
-pub fn deliver(client: Option<&Client>, job: &JobConfig) -> bool {
+pub fn deliver(client: Option<&Client>, server: Option<&str>, job: &JobConfig) -> bool {
     match client {
         None => {
-            print_dry_run(job);
+            print_dry_run(job, server);
             true
         }
         Some(c) => match c.post_job(job, None) {
@@ -202,7 +205,7 @@ pub fn deliver(client: Option<&Client>, job: &JobConfig) -> bool {
 /// A tenant scheduler's job, given on the command line.
 #[derive(Debug, Clone)]
 pub struct Tenant {
-    /// The job id (`key.id` is `<id>@<location>`).
+    /// The job id, used as `key.id` exactly as given.
     pub id: String,
     /// The job name.
     pub name: String,
@@ -278,7 +281,8 @@ impl Tenant {
         }
         Ok(JobConfig {
             key: Key {
-                id: format!("{}@{}", self.id, self.location),
+                // The id exactly as the tenant scheduler gave it (the reference's job_id).
+                id: self.id.clone(),
             },
             name: Some(self.name.clone()),
             state,
