@@ -381,3 +381,50 @@ fn command_line_details() {
         stdout(&out)
     );
 }
+
+/// `check` looks at what a hook path really is, not at its name: the Python reference under
+/// `cv-job-hook.py` is not cvslurm; a link to this binary is.
+#[test]
+fn check_looks_at_what_the_hook_is_not_its_name() {
+    use std::os::unix::fs::PermissionsExt;
+    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let py = site.dir.path().join("cv-job-hook.py");
+    fs::write(
+        &py,
+        "#!/usr/bin/env python3\n\"\"\"cv-job-hook: the reference\"\"\"\nimport os\n",
+    )
+    .unwrap();
+    fs::set_permissions(&py, fs::Permissions::from_mode(0o755)).unwrap();
+    let link = site.link("cvslurm-hook");
+    let slurm_conf = site.dir.path().join("slurm.conf");
+    fs::write(
+        &slurm_conf,
+        format!(
+            "ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=root\nPrologSlurmctld={}\nEpilogSlurmctld={}\n",
+            py.display(),
+            link.display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin())
+        .arg("check")
+        .env("CVSLURM_CONF", &site.conf)
+        .env("SLURM_CONF", &slurm_conf)
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "FAIL PrologSlurmctld: {} is a Python script that does not call cvslurm-hook",
+            py.display()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "ok   EpilogSlurmctld={} runs cvslurm (",
+            link.display()
+        )) && text.contains("this very binary"),
+        "{text}"
+    );
+}

@@ -23,72 +23,149 @@ pub fn is_hook_name(name: &str) -> bool {
 /// How a configured hook program reaches cvslurm, or why it does not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HookTarget {
-    /// A cvslurm hook name (possibly through symlinks) that resolves to an executable.
-    Cvslurm(PathBuf),
-    /// A site script that calls a cvslurm hook name.
+    /// Called by a hook name, the program is (through any symlinks) a cvslurm binary: this
+    /// very binary (`true`, same file or same bytes) or another cvslurm build (`false`).
+    Cvslurm(PathBuf, bool),
+    /// A site script that calls a cvslurm hook (checked the same way).
     SiteScript(PathBuf),
-    /// Something else.
+    /// Something else, and why.
     Other(String),
 }
 
-/// Follows `program` through its symlinks: it is a cvslurm hook when any name on the way is a
-/// hook name and the end is an executable file; a script that mentions a hook name calls it.
+/// What a file really is.
+enum Identity {
+    /// The binary running this check (same inode or same bytes).
+    ThisBinary,
+    /// Another build of cvslurm (an ELF file with cvslurm's hook and API strings).
+    OtherCvslurm,
+    /// A script (text), with its first 256 KiB.
+    Script(String),
+    /// Any other executable.
+    OtherBinary,
+}
+
+fn identify(path: &Path) -> Identity {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::env::current_exe().ok();
+    if let (Some(me), Ok(a)) = (&me, fs::metadata(path)) {
+        if let Ok(b) = fs::metadata(me) {
+            if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+                return Identity::ThisBinary;
+            }
+        }
+    }
+    let mut text = Vec::new();
+    if let Ok(f) = fs::File::open(path) {
+        use std::io::Read;
+        let _ = f.take(64 * 1024 * 1024).read_to_end(&mut text);
+    }
+    if text.starts_with(b"\x7fELF") {
+        if me.and_then(|m| fs::read(m).ok()).is_some_and(|b| b == text) {
+            return Identity::ThisBinary;
+        }
+        let has = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
+        if has(b"cvslurm-hook") && has(crate::cloudvision::JOB_CONFIG_PATH.as_bytes()) {
+            return Identity::OtherCvslurm;
+        }
+        return Identity::OtherBinary;
+    }
+    let head = &text[..text.len().min(256 * 1024)];
+    if head.contains(&0) {
+        return Identity::OtherBinary;
+    }
+    Identity::Script(String::from_utf8_lossy(head).into_owned())
+}
+
+/// Checks what `program` really is: the path's own name must select the hook mode (argv[0]
+/// is how cvslurm knows), and the file it leads to, through any symlinks, must be a cvslurm
+/// binary — compared with the running one by inode or content — or a script that calls one.
+/// A file name alone proves nothing (the Python reference is also `cv-job-hook.py`).
 pub fn resolve_hook(program: &str) -> HookTarget {
-    let mut cur = PathBuf::from(program);
-    if !cur.is_absolute() {
+    resolve_hook_at(program, 0)
+}
+
+fn resolve_hook_at(program: &str, depth: usize) -> HookTarget {
+    let path = Path::new(program);
+    if !path.is_absolute() {
         return HookTarget::Other(format!(
             "{program} is not an absolute path (slurmctld runs hooks without a search path)"
         ));
     }
-    let mut named_hook = false;
-    for _ in 0..40 {
-        if cur
-            .file_name()
-            .is_some_and(|n| is_hook_name(&n.to_string_lossy()))
-        {
-            named_hook = true;
+    let target = match fs::canonicalize(path) {
+        Ok(t) => t,
+        Err(e) => return HookTarget::Other(format!("{program}: {e}")),
+    };
+    match fs::metadata(&target) {
+        Ok(m) if m.is_file() && m.mode() & 0o111 != 0 => {}
+        _ => return HookTarget::Other(format!("{} is not an executable file", target.display())),
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let shown = if target == path {
+        program.to_string()
+    } else {
+        format!("{program} (-> {})", target.display())
+    };
+    let is_cvslurm = |this: bool| {
+        if is_hook_name(&name) {
+            HookTarget::Cvslurm(target.clone(), this)
+        } else {
+            HookTarget::Other(format!(
+                "{shown} is cvslurm under the name {name:?}, which selects no mode: it would exit 2 and fail every job; use a link named cvslurm-hook"
+            ))
         }
-        match fs::symlink_metadata(&cur) {
-            Err(e) => return HookTarget::Other(format!("{}: {e}", cur.display())),
-            Ok(m) if m.file_type().is_symlink() => {
-                let Ok(next) = fs::read_link(&cur) else {
-                    return HookTarget::Other(format!("cannot read symlink {}", cur.display()));
-                };
-                cur = if next.is_absolute() {
-                    next
-                } else {
-                    cur.parent().unwrap_or(Path::new("/")).join(next)
-                };
-            }
-            Ok(m) => {
-                if !m.is_file() || m.mode() & 0o111 == 0 {
-                    return HookTarget::Other(format!(
-                        "{} is not an executable file",
-                        cur.display()
-                    ));
-                }
-                if named_hook {
-                    return HookTarget::Cvslurm(cur);
-                }
-                // A site's own script that ends with a call to cvslurm-hook.
-                let text = fs::read(&cur).unwrap_or_default();
-                let head = &text[..text.len().min(256 * 1024)];
-                if !head.contains(&0) {
-                    let s = String::from_utf8_lossy(head);
-                    if s.lines()
-                        .map(|l| l.split('#').next().unwrap_or(""))
-                        .any(|l| l.contains("cvslurm-hook") || l.contains("cv-job-hook"))
-                    {
-                        return HookTarget::SiteScript(cur);
+    };
+    match identify(&target) {
+        Identity::ThisBinary => is_cvslurm(true),
+        Identity::OtherCvslurm => is_cvslurm(false),
+        Identity::OtherBinary => {
+            HookTarget::Other(format!("{shown} is an executable that is not cvslurm"))
+        }
+        Identity::Script(text) => {
+            if depth < 4 {
+                for line in text.lines().map(|l| l.split('#').next().unwrap_or("")) {
+                    let words: Vec<&str> = line
+                        .split(|c: char| c.is_whitespace() || "'\";&|()`".contains(c))
+                        .filter(|w| !w.is_empty())
+                        .collect();
+                    for (i, w) in words.iter().enumerate() {
+                        let base = Path::new(w).file_name().map(|n| n.to_string_lossy());
+                        let calls = match base.as_deref() {
+                            Some(b) if is_hook_name(b) => resolve_hook_at(w, depth + 1),
+                            // `/opt/slurm/cloudvision/cvslurm hook`
+                            Some("cvslurm") if words.get(i + 1) == Some(&"hook") => {
+                                match identify(Path::new(w)) {
+                                    Identity::ThisBinary | Identity::OtherCvslurm => {
+                                        HookTarget::Cvslurm(PathBuf::from(w), true)
+                                    }
+                                    _ => HookTarget::Other(String::new()),
+                                }
+                            }
+                            _ => continue,
+                        };
+                        if matches!(calls, HookTarget::Cvslurm(..)) {
+                            return HookTarget::SiteScript(target.clone());
+                        }
                     }
                 }
-                return HookTarget::Other(format!(
-                    "{program} is not a cvslurm hook and does not call one"
-                ));
             }
+            let python = text
+                .lines()
+                .next()
+                .is_some_and(|l| l.starts_with("#!") && l.contains("python"));
+            HookTarget::Other(format!(
+                "{shown} is a {} that does not call cvslurm-hook{}",
+                if python { "Python script" } else { "script" },
+                if python {
+                    " (the Python reference hook? replace it by /opt/slurm/cloudvision/cvslurm-hook)"
+                } else {
+                    ""
+                }
+            ))
         }
     }
-    HookTarget::Other(format!("{program}: too many levels of symlinks"))
 }
 
 /// Whether a user (uid, gid) may write a file with this metadata; root may always.
@@ -424,8 +501,16 @@ fn check_hook(r: &mut Report, sc: &SlurmConf, key: &str) {
     let mut why = Vec::new();
     for p in &programs {
         match resolve_hook(p) {
-            HookTarget::Cvslurm(bin) => {
-                r.ok(&format!("{key}={p} runs cvslurm ({})", bin.display()));
+            HookTarget::Cvslurm(bin, this) => {
+                r.ok(&format!(
+                    "{key}={p} runs cvslurm ({}{})",
+                    bin.display(),
+                    if this {
+                        ", this very binary"
+                    } else {
+                        ": another cvslurm build than the one running this check"
+                    }
+                ));
                 return;
             }
             HookTarget::SiteScript(s) => {
@@ -529,36 +614,67 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("cvslurm-check-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
+        // The running binary stands for cvslurm: a link to it, and a copy of it.
+        let me = std::env::current_exe().unwrap();
         let bin = dir.join("cvslurm");
-        fs::write(&bin, b"\x7fELF\0").unwrap();
-        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        symlink(&me, &bin).unwrap();
         symlink("cvslurm", dir.join("cvslurm-hook")).unwrap();
         symlink(dir.join("cvslurm-hook"), dir.join("site-prolog")).unwrap();
+        let copy = dir.join("copy");
+        fs::create_dir(&copy).unwrap();
+        fs::copy(&me, copy.join("cvslurm-hook")).unwrap();
+        // An executable merely named like the hook.
+        let fake = dir.join("fake");
+        fs::create_dir(&fake).unwrap();
+        fs::write(fake.join("cvslurm-hook"), b"\x7fELF\0").unwrap();
+        fs::set_permissions(fake.join("cvslurm-hook"), fs::Permissions::from_mode(0o755)).unwrap();
+        // The Python reference under its own name.
+        let py = dir.join("cv-job-hook.py");
+        fs::write(
+            &py,
+            "#!/usr/bin/env python3\n\"\"\"cv-job-hook: send the job\"\"\"\nimport os\n",
+        )
+        .unwrap();
+        fs::set_permissions(&py, fs::Permissions::from_mode(0o755)).unwrap();
         let script = dir.join("prolog.sh");
         fs::write(
             &script,
-            "#!/bin/sh\n/usr/local/bin/x\n/opt/slurm/cloudvision/cvslurm-hook\n",
+            format!(
+                "#!/bin/sh\n/usr/local/bin/x\n{}\n",
+                dir.join("cvslurm-hook").display()
+            ),
         )
         .unwrap();
         fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+        let names_only = dir.join("names-only.sh");
+        fs::write(&names_only, "#!/bin/sh\n/opt/nowhere/cvslurm-hook\n").unwrap();
+        fs::set_permissions(&names_only, fs::Permissions::from_mode(0o755)).unwrap();
         let other = dir.join("other.sh");
         fs::write(&other, "#!/bin/sh\n# cvslurm-hook is not called\nexit 0\n").unwrap();
         fs::set_permissions(&other, fs::Permissions::from_mode(0o755)).unwrap();
         let s = |p: &Path| p.to_str().unwrap().to_string();
+        let real = fs::canonicalize(&me).unwrap();
         assert_eq!(
             resolve_hook(&s(&dir.join("cvslurm-hook"))),
-            HookTarget::Cvslurm(bin.clone())
+            HookTarget::Cvslurm(real.clone(), true)
         );
         assert_eq!(
-            resolve_hook(&s(&dir.join("site-prolog"))),
-            HookTarget::Cvslurm(bin.clone())
+            resolve_hook(&s(&copy.join("cvslurm-hook"))),
+            HookTarget::Cvslurm(fs::canonicalize(copy.join("cvslurm-hook")).unwrap(), true)
         );
+        let why = |p: &Path| match resolve_hook(&s(p)) {
+            HookTarget::Other(w) => w,
+            t => panic!("{} resolved to {t:?}", p.display()),
+        };
+        assert!(why(&dir.join("site-prolog")).contains("selects no mode"));
+        assert!(why(&fake.join("cvslurm-hook")).contains("is an executable that is not cvslurm"));
+        assert!(why(&py).contains("is a Python script that does not call cvslurm-hook"));
         assert_eq!(
             resolve_hook(&s(&script)),
-            HookTarget::SiteScript(script.clone())
+            HookTarget::SiteScript(fs::canonicalize(&script).unwrap())
         );
-        assert!(matches!(resolve_hook(&s(&other)), HookTarget::Other(_)));
-        assert!(matches!(resolve_hook(&s(&bin)), HookTarget::Other(_)));
+        assert!(why(&names_only).contains("does not call cvslurm-hook"));
+        assert!(why(&other).contains("does not call cvslurm-hook"));
         assert!(matches!(resolve_hook("cvslurm-hook"), HookTarget::Other(_)));
         assert!(matches!(
             resolve_hook(&s(&dir.join("gone"))),
