@@ -428,3 +428,52 @@ fn check_looks_at_what_the_hook_is_not_its_name() {
         "{text}"
     );
 }
+
+/// A DiscoveryBcast copy runs only if it is byte for byte what inventory sent, and removes
+/// itself.
+#[test]
+fn broadcast_copy_verifies_itself_and_is_removed() {
+    let tmp = Scratch::new("bcast");
+    let sys = tmp.path().join("sys");
+    fs::create_dir(&sys).unwrap();
+    let copy =
+        std::path::PathBuf::from(format!("/tmp/cvslurm-discover.test{}", std::process::id()));
+    fs::copy(bin(), &copy).unwrap();
+    let sum = std::process::Command::new("sha256sum")
+        .arg(bin())
+        .output()
+        .unwrap();
+    let sum = stdout(&sum).split_whitespace().next().unwrap().to_string();
+    let run = |expect: &str| {
+        std::process::Command::new(&copy)
+            .args(["discover", "--node-name", "n1", "--sys-class-net"])
+            .arg(&sys)
+            .args(["--expect-sha256", expect])
+            .output()
+            .unwrap()
+    };
+    let out = run(&"0".repeat(64));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("is not the one inventory sent"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
+    let out = run(&sum);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("\"node_name\":\"n1\""));
+    let out = std::process::Command::new(&copy)
+        .args([
+            "discover",
+            "--node-name",
+            "n1",
+            "--remove-self",
+            "--sys-class-net",
+        ])
+        .arg(&sys)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!copy.exists(), "the copy removed itself");
+}

@@ -244,14 +244,21 @@ impl Inventory<'_> {
         if !partition.is_empty() {
             cmd.arg(format!("--partition={partition}"));
         }
+        let mut copy_checks: Vec<String> = Vec::new();
         if cfg.discovery_bcast {
-            // An unpredictable name: no other user on a worker can create it first.
-            match random_hex() {
-                Ok(r) => cmd.arg(format!("--bcast=/tmp/cvslurm-discover.{r}")),
-                Err(e) => return fail_all(names, &format!("no random name for --bcast: {e}")),
+            // An unpredictable name in the workers' /tmp: no other user there can create it
+            // first (and /tmp's sticky bit keeps them from replacing SlurmUser's copy). The
+            // copy checks that it is byte for byte what was sent, then removes itself.
+            let (r, sum) = match (random_hex(), super::discover::own_sha256()) {
+                (Ok(r), Ok(s)) => (r, s),
+                (Err(e), _) | (_, Err(e)) => {
+                    return fail_all(names, &format!("cannot prepare --bcast: {e}"))
+                }
             };
+            cmd.arg(format!("--bcast=/tmp/cvslurm-discover.{r}"));
+            copy_checks = vec!["--expect-sha256".into(), sum, "--remove-self".into()];
         }
-        cmd.arg(&exe).arg("discover");
+        cmd.arg(&exe).arg("discover").args(&copy_checks);
         // argh takes `--option value`, not `--option=value`.
         cmd.args(["--interface-regex", cfg.interface_regex.as_str()])
             .args(["--physical-only", yes_no(cfg.interface_physical_only)])
