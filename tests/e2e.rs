@@ -977,3 +977,39 @@ fn misbehaving_workers_fail_alone() {
         stderr(&out)
     );
 }
+
+/// A worker whose discover lies about its node name (here n2 claiming to be n3, with made-up
+/// interfaces) cannot set another node's NodeConfig: the record is bound to the node srun
+/// ran the task on, the lie is dropped and only n2 fails.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn lying_worker_cannot_speak_for_another_node() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let lie = r#"{"node_name":"n3","hostname":"n3","location":"cvtest","interfaces":[{"name":"eth0","mac_address":"de:ad:be:ef:00:03","ip_addresses":["6.6.6.6"]}]}"#;
+    let _liar = BrokenWorker::new(f, "n2", &format!("echo '{lie}'; echo '{lie}'"));
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", f.conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(
+        text.contains("3 sent, 1 failed (n2), 0 unavailable"),
+        "{text}\n{err}"
+    );
+    assert!(
+        err.contains("the worker on node n2 sent a record for node \"n3\"; dropped"),
+        "{err}"
+    );
+    let n3 = f.cv.state()["nodes"]["n3"].clone();
+    assert_eq!(
+        n3["data_interfaces"]["values"],
+        expected_interfaces(3),
+        "{n3}"
+    );
+    let bodies = f.cv.accepted("NodeConfig");
+    assert!(
+        !bodies.iter().any(|b| b.to_string().contains("de:ad:be:ef")),
+        "the lie reached CloudVision"
+    );
+}

@@ -237,9 +237,12 @@ fn api_server_pin_trusts_the_key_and_refuses_another() {
         )),
         "{text}"
     );
-    // A malformed pin is a config error naming the key.
+    // A malformed pin is a bad line: reported with file:line:key and skipped (the CA or
+    // CaFile trust, still verified, applies), and `check` fails on it.
     let site = Site::new(&cv.server(), &cert, "ApiServerPin=sha1//abc");
     let (code, text) = send(&site);
-    assert_eq!(code, Some(2), "{text}");
-    assert!(text.contains("ApiServerPin"), "{text}");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(":10: ApiServerPin: \"sha1//abc\" is not sha256//"), "{text}");
+    let out = site.run(&["check"]);
+    assert!(stdout(&out).contains("FAIL config:"), "{}", stdout(&out));
 }
