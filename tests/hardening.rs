@@ -429,10 +429,9 @@ fn check_looks_at_what_the_hook_is_not_its_name() {
     );
 }
 
-/// A DiscoveryBcast copy runs only if it is byte for byte what inventory sent, and removes
-/// itself.
+/// A DiscoveryBcast copy runs only if it is byte for byte what inventory sent.
 #[test]
-fn broadcast_copy_verifies_itself_and_is_removed() {
+fn broadcast_copy_verifies_itself() {
     let tmp = Scratch::new("bcast");
     let sys = tmp.path().join("sys");
     fs::create_dir(&sys).unwrap();
@@ -463,17 +462,5 @@ fn broadcast_copy_verifies_itself_and_is_removed() {
     let out = run(&sum);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("\"node_name\":\"n1\""));
-    let out = std::process::Command::new(&copy)
-        .args([
-            "discover",
-            "--node-name",
-            "n1",
-            "--remove-self",
-            "--sys-class-net",
-        ])
-        .arg(&sys)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(!copy.exists(), "the copy removed itself");
+    let _ = fs::remove_file(&copy);
 }

@@ -242,7 +242,10 @@ fn api_server_pin_trusts_the_key_and_refuses_another() {
     let site = Site::new(&cv.server(), &cert, "ApiServerPin=sha1//abc");
     let (code, text) = send(&site);
     assert_eq!(code, Some(0), "{text}");
-    assert!(text.contains(":10: ApiServerPin: \"sha1//abc\" is not sha256//"), "{text}");
+    assert!(
+        text.contains(":10: ApiServerPin: \"sha1//abc\" is not sha256//"),
+        "{text}"
+    );
     let out = site.run(&["check"]);
     assert!(stdout(&out).contains("FAIL config:"), "{}", stdout(&out));
 }

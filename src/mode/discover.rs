@@ -43,9 +43,6 @@ pub struct Args {
     /// with DiscoveryBcast, so a copy that is not what it sent never reports)
     #[argh(option)]
     expect_sha256: Option<String>,
-    /// remove this executable once started (a DiscoveryBcast copy under /tmp)
-    #[argh(switch)]
-    remove_self: bool,
 }
 
 /// SHA-256 (hex) of the running executable (`/proc/self/exe`, which still reads after the
@@ -58,19 +55,8 @@ pub fn own_sha256() -> std::io::Result<String> {
         .collect())
 }
 
-/// Checks and removes a broadcast copy of the binary; an error means: do not run.
-fn check_copy(expect: Option<&str>, remove: bool) -> Result<(), String> {
-    if remove {
-        let me = fs::read_link("/proc/self/exe").map_err(|e| format!("cannot find myself: {e}"))?;
-        let name = me
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        // Only ever a copy inventory made: /tmp/cvslurm-discover.<random>.
-        if me.parent() == Some(Path::new("/tmp")) && name.starts_with("cvslurm-discover.") {
-            let _ = fs::remove_file(&me);
-        }
-    }
+/// Checks a broadcast copy of the binary; an error means: do not run.
+fn check_copy(expect: Option<&str>) -> Result<(), String> {
     if let Some(want) = expect {
         let got = own_sha256().map_err(|e| format!("cannot read my own executable: {e}"))?;
         if !got.eq_ignore_ascii_case(want.trim()) {
@@ -85,7 +71,7 @@ fn check_copy(expect: Option<&str>, remove: bool) -> Result<(), String> {
 /// Runs `cvslurm discover`: prints the record on stdout; 1 when it cannot, 2 on a usage error.
 pub fn run(a: Args) -> i32 {
     logging::init(Sink::Stderr, Path::new("/dev/null"), log::LevelFilter::Info);
-    if let Err(e) = check_copy(a.expect_sha256.as_deref(), a.remove_self) {
+    if let Err(e) = check_copy(a.expect_sha256.as_deref()) {
         log::error!("{e}");
         return 1;
     }

@@ -248,7 +248,8 @@ impl Inventory<'_> {
         if cfg.discovery_bcast {
             // An unpredictable name in the workers' /tmp: no other user there can create it
             // first (and /tmp's sticky bit keeps them from replacing SlurmUser's copy). The
-            // copy checks that it is byte for byte what was sent, then removes itself.
+            // copy checks that it is byte for byte what was sent. It is not removed by the
+            // copy itself: where /tmp is shared, one task would remove another's binary.
             let (r, sum) = match (random_hex(), super::discover::own_sha256()) {
                 (Ok(r), Ok(s)) => (r, s),
                 (Err(e), _) | (_, Err(e)) => {
@@ -256,7 +257,7 @@ impl Inventory<'_> {
                 }
             };
             cmd.arg(format!("--bcast=/tmp/cvslurm-discover.{r}"));
-            copy_checks = vec!["--expect-sha256".into(), sum, "--remove-self".into()];
+            copy_checks = vec!["--expect-sha256".into(), sum];
         }
         cmd.arg(&exe).arg("discover").args(&copy_checks);
         // argh takes `--option value`, not `--option=value`.
