@@ -411,6 +411,36 @@ pub fn sacct_job(
     Ok(parse_sacct(&out, job_id))
 }
 
+/// The running jobs on some of `nodes`: (job id, its nodes), from
+/// `squeue -h -t RUNNING -w <nodes> -o '%A %N'` (a job id and a hostlist: no field a user
+/// can write).
+pub fn running_jobs_on(
+    slurm: &Slurm,
+    nodes: &[String],
+    timeout: Duration,
+) -> Result<Vec<(String, Vec<String>)>, String> {
+    let list = crate::hostlist::compress(nodes);
+    let out = slurm.run(
+        "squeue",
+        &["-h", "-t", "RUNNING", "-w", &list, "-o", "%A %N"],
+        timeout,
+    )?;
+    Ok(parse_running_jobs(&out))
+}
+
+fn parse_running_jobs(out: &str) -> Vec<(String, Vec<String>)> {
+    out.lines()
+        .filter_map(|l| {
+            let (id, nodes) = l.trim().split_once(' ')?;
+            if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let nodes = crate::hostlist::expand(nodes.trim()).ok()?;
+            Some((id.to_string(), nodes))
+        })
+        .collect()
+}
+
 /// Lists the nodes (`sinfo -h -N -o '%N %T %P'`).
 pub fn sinfo_nodes(slurm: &Slurm, timeout: Duration) -> Result<Vec<SinfoNode>, String> {
     let out = slurm.run("sinfo", &["-h", "-N", "-o", SINFO_FORMAT], timeout)?;
@@ -762,5 +792,21 @@ mod tests {
             }
         }
         assert!(compared >= 20, "only {compared} expressions compared");
+    }
+
+    #[test]
+    fn running_jobs_on_nodes() {
+        // squeue -h -t RUNNING -o '%A %N' on the e2e cluster with every node allocated.
+        let got = parse_running_jobs("14 n[1-4]\n15 n2\nbad line\n");
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "14".to_string(),
+                    vec!["n1".into(), "n2".into(), "n3".into(), "n4".into()]
+                ),
+                ("15".to_string(), vec!["n2".to_string()]),
+            ]
+        );
     }
 }

@@ -1013,3 +1013,66 @@ fn lying_worker_cannot_speak_for_another_node() {
         "the lie reached CloudVision"
     );
 }
+
+/// Every CPU of every node allocated (one exclusive job on all nodes): discovery does not
+/// wait for resources (a new srun would pend until DiscoveryTimeout); it runs as an
+/// overlapping step inside the job that holds the nodes.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn discovery_reaches_fully_allocated_nodes() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let all = format!("n[1-{NODES}]");
+    let job = sbatch(&[
+        "--exclusive",
+        "-w",
+        &all,
+        "-N",
+        &NODES.to_string(),
+        "--wrap",
+        "sleep 300",
+    ]);
+    struct Cancel(String);
+    impl Drop for Cancel {
+        fn drop(&mut self) {
+            let _ = slurm("scancel", &[&self.0]);
+        }
+    }
+    let _cancel = Cancel(job.clone());
+    wait_until("every node allocated", Duration::from_secs(30), || {
+        (1..=NODES).all(|i| node_state(&format!("n{i}")) == "allocated")
+    });
+    let conf = Scratch::new("busy");
+    let path = conf.path().join("cv.conf");
+    fs::write(
+        &path,
+        format!(
+            "{}DiscoveryTimeout=20\n",
+            fs::read_to_string(&f.conf).unwrap()
+        ),
+    )
+    .unwrap();
+    let t = Instant::now();
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(
+        text.contains(&format!("{NODES} sent, 0 failed, 0 unavailable")),
+        "{text}\n{err}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t.elapsed()
+    );
+    for i in 1..=NODES {
+        let n = f.cv.state()["nodes"][format!("n{i}")].clone();
+        assert_eq!(
+            n["data_interfaces"]["values"],
+            expected_interfaces(i),
+            "{n}"
+        );
+    }
+}

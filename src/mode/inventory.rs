@@ -115,6 +115,13 @@ pub fn run(a: Args) -> i32 {
     }
 }
 
+/// Where a discovery srun runs: a new job in a partition, or a step inside a running job.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Target {
+    Partition(String),
+    Job(String),
+}
+
 /// A host file for srun (`SLURM_HOSTFILE`): one node name per line, in a fresh file with an
 /// unpredictable name (created with O_EXCL, mode 0600), removed on drop.
 struct HostFile(std::path::PathBuf);
@@ -196,16 +203,47 @@ pub type Discovered = BTreeMap<String, Result<DiscoverRecord, String>>;
 impl Inventory<'_> {
     /// Runs discovery on `nodes` (grouped by partition, one srun per group).
     pub fn discover(&self, nodes: &[&SinfoNode]) -> Discovered {
-        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for n in nodes {
-            let part = n.partitions.first().cloned().unwrap_or_default();
-            groups.entry(part).or_default().push(n.name.clone());
+        // A node whose every CPU is allocated cannot take a new job, however short: srun
+        // would wait for it until DiscoveryTimeout. It is reached through a step inside a job
+        // that runs there (`srun --jobid=J --overlap`, no resources taken).
+        let busy: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.state.eq_ignore_ascii_case("allocated"))
+            .map(|n| n.name.clone())
+            .collect();
+        let mut in_jobs: BTreeMap<Target, Vec<String>> = BTreeMap::new();
+        if !busy.is_empty() {
+            match slurm::running_jobs_on(&self.slurm, &busy, COMMAND_TIMEOUT) {
+                Ok(jobs) => {
+                    let mut left: BTreeSet<&str> = busy.iter().map(String::as_str).collect();
+                    for (job, job_nodes) in jobs {
+                        for n in job_nodes {
+                            if left.remove(n.as_str()) {
+                                in_jobs.entry(Target::Job(job.clone())).or_default().push(n);
+                            }
+                        }
+                    }
+                }
+                Err(e) => log::warn!("discovery: cannot list the jobs on allocated nodes: {e}"),
+            }
         }
-        // One srun per partition, all at once: a slow partition does not hold up the others.
+        let placed: BTreeSet<&String> = in_jobs.values().flatten().collect();
+        let mut groups = in_jobs.clone();
+        for n in nodes {
+            if placed.contains(&n.name) {
+                continue;
+            }
+            let part = n.partitions.first().cloned().unwrap_or_default();
+            groups
+                .entry(Target::Partition(part))
+                .or_default()
+                .push(n.name.clone());
+        }
+        // One srun per group, all at once: a slow partition does not hold up the others.
         std::thread::scope(|s| {
             let handles: Vec<_> = groups
                 .iter()
-                .map(|(part, names)| (names, s.spawn(move || self.discover_group(part, names))))
+                .map(|(t, names)| (names, s.spawn(move || self.discover_group(t, names))))
                 .collect();
             let mut out = Discovered::new();
             for (names, h) in handles {
@@ -218,7 +256,7 @@ impl Inventory<'_> {
         })
     }
 
-    fn discover_group(&self, partition: &str, names: &[String]) -> Discovered {
+    fn discover_group(&self, target: &Target, names: &[String]) -> Discovered {
         let cfg = self.cfg;
         let exe = match std::env::current_exe() {
             Ok(p) => p,
@@ -241,8 +279,14 @@ impl Inventory<'_> {
             .args(["--nodes", &n, "--ntasks", &n])
             .arg(format!("--time={minutes}"))
             .args(["--label", "--quiet", "--no-kill", "--kill-on-bad-exit=0"]);
-        if !partition.is_empty() {
-            cmd.arg(format!("--partition={partition}"));
+        match target {
+            Target::Partition(p) if !p.is_empty() => {
+                cmd.arg(format!("--partition={p}"));
+            }
+            Target::Partition(_) => {}
+            Target::Job(j) => {
+                cmd.arg(format!("--jobid={j}")).arg("--overlap");
+            }
         }
         let mut copy_checks: Vec<String> = Vec::new();
         if cfg.discovery_bcast {
