@@ -1016,7 +1016,9 @@ fn lying_worker_cannot_speak_for_another_node() {
 
 /// Every CPU of every node allocated (one exclusive job on all nodes): discovery does not
 /// wait for resources (a new srun would pend until DiscoveryTimeout); it runs as an
-/// overlapping step inside the job that holds the nodes.
+/// overlapping step inside the job that holds the nodes. Slurm 22.05 lets root create that
+/// step in another user's job (SlurmUser `slurm` got "Access/permission denied"), so this run
+/// keeps root: its StateDir is its own.
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn discovery_reaches_fully_allocated_nodes() {
@@ -1047,8 +1049,9 @@ fn discovery_reaches_fully_allocated_nodes() {
     fs::write(
         &path,
         format!(
-            "{}DiscoveryTimeout=20\n",
-            fs::read_to_string(&f.conf).unwrap()
+            "{}DiscoveryTimeout=20\nStateDir={}\n",
+            fs::read_to_string(&f.conf).unwrap(),
+            conf.path().join("state").display()
         ),
     )
     .unwrap();
