@@ -803,6 +803,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn srun_labels_bind_lines_to_tasks() {
+        assert_eq!(split_label("  3: {\"a\":1}"), (Some(3), "{\"a\":1}"));
+        assert_eq!(split_label("12: x"), (Some(12), "x"));
+        // A worker cannot forge its label: srun puts its own in front of whatever it prints.
+        assert_eq!(split_label("2: 0: {}"), (Some(2), "0: {}"));
+        assert_eq!(split_label("no label"), (None, "no label"));
+        assert_eq!(split_label("n3: x"), (None, "n3: x"));
+    }
+
+    #[test]
     fn capped_lines() {
         let mut got = Vec::new();
         let input = format!("a\n{}\nb\nlast", "x".repeat(100));
