@@ -17,6 +17,7 @@ pub mod outbox;
 pub mod payload;
 pub mod reconcile;
 pub mod runner;
+pub mod sender;
 pub mod slurm;
 pub mod slurm_conf;
 pub mod systemd;

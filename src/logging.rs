@@ -4,6 +4,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// Where log lines go.
@@ -29,7 +30,19 @@ pub fn init(sink: Sink, file: &Path, level: log::LevelFilter) -> Option<String> 
     let mut problem = None;
     let to_file = sink == Sink::File && !journald;
     if to_file {
-        match OpenOptions::new().create(true).append(true).open(file) {
+        // O_NONBLOCK: a FIFO (or device) planted at LogFile must not block the hook; only a
+        // regular file is used.
+        let opened = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(file)
+            .and_then(|f| match f.metadata() {
+                Ok(m) if m.is_file() => Ok(f),
+                Ok(_) => Err(std::io::Error::other("not a regular file")),
+                Err(e) => Err(e),
+            });
+        match opened {
             Ok(f) => {
                 give_to_dir_owner(&f, file);
                 builder.target(env_logger::Target::Pipe(Box::new(f)));
