@@ -235,6 +235,10 @@ def hook_cost(runs):
         for with_service in (True, False):
             tag = "hookcost-" + ("service" if with_service else "direct")
             state_dir, log_file = fresh_state(tag)
+            # The hooks run as root here: a StateDir of root's own, so nothing is chowned
+            # (as for SlurmUser's hooks in its own StateDir).
+            os.chown(state_dir, 0, 0)
+            os.chown(log_file, 0, 0)
             conf = os.path.join(WORK, tag + ".conf")
             bindir = os.path.join(WORK, "empty-bin")
             os.makedirs(bindir, exist_ok=True)
