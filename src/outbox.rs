@@ -90,6 +90,10 @@ pub struct Event {
     /// fix the record before the first send.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolve: Option<EndFacts>,
+    /// The job's end, queued while this RUNNING was still waiting: sent right after this one
+    /// is delivered, so CloudVision sees RUNNING then the end, never the end alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then: Option<Box<Event>>,
     /// What to send.
     #[serde(flatten)]
     pub item: Item,
@@ -107,6 +111,7 @@ impl Event {
             queued_at: now.as_secs() as i64,
             attempts: 0,
             resolve: None,
+            then: None,
             item,
         }
     }
@@ -172,6 +177,9 @@ pub enum Enqueued {
         /// A drainer holds this key in flight.
         busy: bool,
     },
+    /// Queued to go right after the job's RUNNING, which is still waiting to be sent (the
+    /// caller must not send directly: the drainer sends both, in order).
+    Chained,
     /// A pending event of higher rank is already queued; this one was dropped.
     Superseded,
 }
@@ -210,6 +218,11 @@ impl Outbox {
     /// True when an event for `item`'s key is pending (not in flight).
     pub fn is_pending(&self, item: &Item) -> bool {
         self.dir("outbox").join(item.file_name()).exists()
+    }
+
+    /// The pending event of `item`'s key, if any.
+    pub fn pending_of(&self, item: &Item) -> Option<Event> {
+        read_event(&self.dir("outbox").join(item.file_name()))
     }
 
     fn dir(&self, name: &str) -> PathBuf {
@@ -304,8 +317,18 @@ impl Outbox {
         let res = (|| {
             let _lock = self.lock_file("outbox.lock", deadline)?;
             if let Some(old) = read_event(&path) {
-                if old.rank > ev.rank {
+                let newest = old.then.as_ref().map_or(old.rank, |t| t.rank);
+                if newest > ev.rank {
                     return Ok(Enqueued::Superseded);
+                }
+                if chains_after(&old, ev) {
+                    let mut both = old;
+                    both.then = Some(Box::new(ev.clone()));
+                    let bytes = serde_json::to_vec(&both).map_err(|e| e.to_string())?;
+                    let chained = write_synced_tmp(&path, &bytes, self.owner)?;
+                    fs::rename(&chained, &path)
+                        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                    return Ok(Enqueued::Chained);
                 }
             }
             let inflight = self.dir("inflight").join(&name);
@@ -319,11 +342,11 @@ impl Outbox {
             fs::rename(&tmp, &path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             Ok(Enqueued::Queued { busy })
         })();
-        match &res {
-            Ok(Enqueued::Queued { .. }) => sync_dir(&self.dir("outbox")),
-            _ => {
-                let _ = fs::remove_file(&tmp);
-            }
+        if !matches!(res, Ok(Enqueued::Queued { .. })) {
+            let _ = fs::remove_file(&tmp);
+        }
+        if matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
+            sync_dir(&self.dir("outbox"));
         }
         res
     }
@@ -439,6 +462,21 @@ impl Outbox {
         let _lock = self.lock()?;
         let name = ev.item.file_name();
         let inflight = self.dir("inflight").join(&name);
+        if !matches!(outcome, Finish::Retry) {
+            if let Some(next) = &ev.then {
+                // The follower becomes the pending event (durably, before the in-flight file
+                // goes), unless a newer event of the key arrived meanwhile.
+                let pending = self.dir("outbox").join(&name);
+                let newer = read_event(&pending).is_some_and(|cur| cur.rank >= next.rank);
+                if !newer {
+                    write_durably(
+                        &pending,
+                        &serde_json::to_vec(next).map_err(|e| e.to_string())?,
+                        self.owner,
+                    )?;
+                }
+            }
+        }
         match outcome {
             Finish::Delivered => {
                 // No fsync: if a crash loses this unlink, recover() puts the event back and it
@@ -463,7 +501,9 @@ impl Outbox {
             }
             Finish::Reject(answer) => {
                 let to = self.dir("rejected").join(&name);
-                let mut v = serde_json::to_value(ev).map_err(|e| e.to_string())?;
+                let mut head = ev.clone();
+                head.then = None;
+                let mut v = serde_json::to_value(&head).map_err(|e| e.to_string())?;
                 v["rejected_because"] = serde_json::Value::String(answer);
                 write_durably(
                     &to,
@@ -770,6 +810,14 @@ pub enum Finish {
     Reject(String),
 }
 
+/// An end that arrives while its run's RUNNING is still pending goes after it, not over it.
+fn chains_after(old: &Event, ev: &Event) -> bool {
+    matches!(old.item, Item::Job { .. })
+        && old.rank.1 == 0
+        && ev.rank.0 == old.rank.0
+        && ev.rank.1 > 0
+}
+
 fn read_event(path: &Path) -> Option<Event> {
     let bytes = fs::read(path).ok()?;
     serde_json::from_slice(&bytes).ok()
@@ -1020,6 +1068,39 @@ mod tests {
             1,
             "no temp file left"
         );
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn an_end_waits_behind_its_pending_running() {
+        let d = tmpdir("chain");
+        let ob = Outbox::new(&d);
+        let run = Event::new(job("1@c", JobState::Running), (0, 0));
+        let end = Event::new(job("1@c", JobState::Completed), (0, 1));
+        ob.enqueue(&run).unwrap();
+        assert_eq!(ob.enqueue(&end).unwrap(), Enqueued::Chained);
+        let p = ob.pending();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].seq, run.seq);
+        assert_eq!(p[0].then.as_deref(), Some(&end));
+        // A late RUNNING of the same run is superseded by the chained end.
+        let late = Event::new(job("1@c", JobState::Running), (0, 0));
+        assert_eq!(ob.enqueue(&late).unwrap(), Enqueued::Superseded);
+        // Delivering the RUNNING makes the end the pending event, durably.
+        let t = ob.take(&p[0]).unwrap().unwrap();
+        ob.finish(&t, Finish::Delivered).unwrap();
+        assert_eq!(ob.pending(), vec![end.clone()]);
+        // A requeued run's RUNNING replaces the whole chain of the run before.
+        let run2 = Event::new(job("2@c", JobState::Running), (0, 0));
+        ob.enqueue(&run2).unwrap();
+        ob.enqueue(&Event::new(job("2@c", JobState::Failed), (0, 1)))
+            .unwrap();
+        let rerun = Event::new(job("2@c", JobState::Running), (1, 0));
+        assert_eq!(
+            ob.enqueue(&rerun).unwrap(),
+            Enqueued::Queued { busy: false }
+        );
+        assert_eq!(ob.pending_of(&rerun.item), Some(rerun));
         fs::remove_dir_all(&d).unwrap();
     }
 

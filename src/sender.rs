@@ -355,7 +355,7 @@ fn scan(sh: &Shared, outbox: &Outbox, slurm: &Slurm, max_events: usize, dispatch
         .collect();
     let ids: Vec<String> = fresh
         .iter()
-        .filter(|e| e.resolve.is_some())
+        .filter(|e| e.resolve.is_some() || e.then.as_ref().is_some_and(|t| t.resolve.is_some()))
         .filter_map(|e| match &e.item {
             Item::Job { job } => Some(job.job_id().to_string()),
             _ => None,
@@ -382,29 +382,38 @@ fn scan(sh: &Shared, outbox: &Outbox, slurm: &Slurm, max_events: usize, dispatch
     sh.ready.notify_all();
 }
 
-/// Turns an epilog's provisional event into its final one (state from slurmctld's answer,
-/// Slurm's own start and end times), writes it back, and marks a COMPLETED for verification.
-/// `None` when the event changed meanwhile (the next scan sees the new one).
+/// Turns an epilog's provisional event (itself, or the end chained after a RUNNING) into its
+/// final one (state from slurmctld's answer, Slurm's own start and end times), writes it
+/// back, and marks a COMPLETED for verification. `None` when the event changed meanwhile (the
+/// next scan sees the new one).
 fn resolve(outbox: &Outbox, ev: Event, ctl: &HashMap<String, JobInfo>) -> Option<Event> {
-    let Some(facts) = ev.resolve else {
-        return Some(ev);
-    };
-    let Item::Job { job } = &ev.item else {
-        return Some(ev);
-    };
-    let info = ctl.get(job.job_id());
-    let fixed = hook::finish_end(job, &facts, info);
     let mut new = ev.clone();
-    new.resolve = None;
-    new.item = Item::Job { job: fixed.clone() };
+    let changed = match new.then.as_deref_mut() {
+        Some(next) => settle(outbox, next, ctl),
+        None => settle(outbox, &mut new, ctl),
+    };
+    if !changed {
+        return Some(ev);
+    }
     match outbox.replace_if_same(&ev, &new) {
-        Ok(true) => {}
-        Ok(false) => return None,
+        Ok(true) => Some(new),
+        Ok(false) => None,
         Err(e) => {
             log::error!("outbox: {e}");
-            return None;
+            None
         }
     }
+}
+
+/// Settles one provisional end in place; false when it was not provisional.
+fn settle(outbox: &Outbox, ev: &mut Event, ctl: &HashMap<String, JobInfo>) -> bool {
+    let Some(facts) = ev.resolve.take() else {
+        return false;
+    };
+    let Item::Job { job } = &ev.item else {
+        return false;
+    };
+    let fixed = hook::finish_end(job, &facts, ctl.get(job.job_id()));
     if fixed.state != job.state {
         log::info!(
             "job {}: slurmctld says it ended {}, not {} as its exit codes say",
@@ -421,7 +430,8 @@ fn resolve(outbox: &Outbox, ev: Event, ctl: &HashMap<String, JobInfo>) -> Option
             );
         }
     }
-    Some(new)
+    ev.item = Item::Job { job: fixed };
+    true
 }
 
 fn worker(sh: &Shared, outbox: &Outbox, client: &Client) {

@@ -429,7 +429,7 @@ fn handle(
         return;
     }
     if let Some(sock) = &service {
-        if queued == Queue::Queued && sender::wake(sock) {
+        if matches!(queued, Queue::Queued | Queue::Behind) && sender::wake(sock) {
             PROGRESS.store(QUEUED, Ordering::SeqCst);
             if env.phase == Phase::Epilog {
                 outbox.forget_start(&key);
@@ -446,7 +446,7 @@ fn handle(
         log::warn!("job {key}: the cvslurm service did not take the event; sending directly");
         if event.resolve.is_some() {
             event = build_event(cfg, &env, start_rec, false, deadline);
-            if queued == Queue::Queued {
+            if queued != Queue::Failed {
                 queued = queue(cfg, &outbox, &event, queue_by);
                 if queued == Queue::Stop {
                     return;
@@ -454,7 +454,8 @@ fn handle(
             }
         }
     }
-    let queued = queued == Queue::Queued;
+    let behind = queued == Queue::Behind;
+    let queued = matches!(queued, Queue::Queued | Queue::Behind);
     if queued {
         PROGRESS.store(QUEUED, Ordering::SeqCst);
     }
@@ -469,6 +470,11 @@ fn handle(
                 log::warn!("job {key}: cannot mark its end for verification: {e}");
             }
         }
+    }
+    if behind {
+        // A drainer sends the earlier event of this job, then this one: sending it here
+        // could put it before the earlier one.
+        return;
     }
     let what = if queued {
         "kept in outbox"
@@ -527,7 +533,10 @@ enum Queue {
     Queued,
     /// Not in the outbox (StateDir not writable, or its lock not had in time).
     Failed,
-    /// Nothing more to do: superseded, or queued behind an event a drainer is sending.
+    /// In the outbox behind an earlier event of the job (being sent, or still waiting):
+    /// the drainer sends both in order; this hook must not send it.
+    Behind,
+    /// Nothing more to do: superseded by a later event.
     Stop,
 }
 
@@ -545,7 +554,14 @@ fn queue(cfg: &Config, outbox: &Outbox, event: &Event, by: Instant) -> Queue {
         Ok(Enqueued::Queued { busy: true }) => {
             PROGRESS.store(QUEUED, Ordering::SeqCst);
             log::info!("job {key}: {state} queued behind an event being sent now");
-            Queue::Stop
+            Queue::Behind
+        }
+        Ok(Enqueued::Chained) => {
+            PROGRESS.store(QUEUED, Ordering::SeqCst);
+            log::info!(
+                "job {key}: {state} queued after its RUNNING, which is still waiting to be sent"
+            );
+            Queue::Behind
         }
         Ok(Enqueued::Queued { busy: false }) => Queue::Queued,
         Err(e) => {

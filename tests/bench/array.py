@@ -283,6 +283,102 @@ def hook_cost(runs):
     return out
 
 
+def established_to(port):
+    """TCP connections to 127.0.0.1:port in state ESTABLISHED (client side)."""
+    n = 0
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        f = line.split()
+        if f[3] == "01" and int(f[2].split(":")[1], 16) == port:
+            n += 1
+    return n
+
+
+def burst(jobs, delay_ms, parallel=20):
+    """No cluster: `jobs` prologs then epilogs fired `parallel` at a time with the service
+    running; what CloudVision got, the delay to its 200, the most connections at once."""
+    import threading
+    st = Standin(delay_ms)
+    tag = "burst-%d" % delay_ms
+    state_dir, log_file = fresh_state(tag)
+    os.chown(state_dir, 0, 0)
+    os.chown(log_file, 0, 0)
+    conf = os.path.join(WORK, tag + ".conf")
+    bindir = os.path.join(WORK, "empty-bin")
+    os.makedirs(bindir, exist_ok=True)
+    token = os.path.join(WORK, "hookcost.token")
+    with open(token, "w") as f:
+        f.write(TOKEN + "\n")
+    os.chmod(token, 0o600)
+    with open(conf, "w") as f:
+        f.write("ApiServer=127.0.0.1:%d\nApiTokenFile=%s\nCaFile=%s\nStateDir=%s\nLogFile=%s\n"
+                "SlurmBinDir=%s\n" % (st.port, token, st.ca, state_dir, log_file, bindir))
+    svc = subprocess.Popen([os.path.join(WORK, "cvslurm"), "inventory", "--monitor"],
+                           env={"CVSLURM_CONF": conf, "PATH": "/usr/bin:/bin"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not os.path.exists(os.path.join(state_dir, "wake.sock")):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        peak = [0]
+        done = threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], established_to(st.port))
+                time.sleep(0.01)
+        threading.Thread(target=sample, daemon=True).start()
+        work = [("prolog_slurmctld", i) for i in range(jobs)] + \
+               [("epilog_slurmctld", i) for i in range(jobs)]
+        lock = threading.Lock()
+        walls = []
+
+        def hooks():
+            while True:
+                with lock:
+                    if not work:
+                        return
+                    ctx, i = work.pop(0)
+                env = {"CVSLURM_CONF": conf, "SLURM_SCRIPT_CONTEXT": ctx,
+                       "SLURM_JOB_ID": str(200000 + i), "SLURM_CLUSTER_NAME": "bench",
+                       "SLURM_JOB_NAME": "bench", "SLURM_JOB_PARTITION": "debug",
+                       "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_EXIT_CODE2": "0:0"}
+                t = time.perf_counter()
+                subprocess.run([os.path.join(WORK, "cvslurm-hook")], env=env, check=True)
+                with lock:
+                    walls.append((time.perf_counter() - t) * 1000)
+        t0 = time.time()
+        threads = [threading.Thread(target=hooks) for _ in range(parallel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        fired = time.time() - t0
+        until = time.time() + 120
+        while time.time() < until:
+            per = events(st)
+            if sum(len(v) for v in per.values()) >= 2 * jobs:
+                break
+            time.sleep(0.2)
+        done.set()
+        per = events(st)
+        text = open(log_file, errors="replace").read()
+        delays = [int(m) for m in re.findall(r"\(HTTP 200, (\d+) ms after it was queued", text)]
+        return {
+            "setup": "burst %d jobs, CloudVision %d ms" % (jobs, delay_ms),
+            "fired_s": fired,
+            "events": sum(len(v) for v in per.values()),
+            "right": sum(1 for v in per.values()
+                         if v == ["JOB_STATE_RUNNING", "JOB_STATE_COMPLETED"]),
+            "p50": pct(delays, 50), "p99": pct(delays, 99),
+            "hook_p50": pct(walls, 50), "hook_p99": pct(walls, 99),
+            "peak_conns": peak[0], "jobs": jobs,
+        }
+    finally:
+        svc.send_signal(signal.SIGTERM)
+        svc.wait()
+        st.stop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -311,7 +407,7 @@ def main():
     results = []
     try:
         for item in only:
-            if item == "hookcost":
+            if item == "hookcost" or item.startswith("burst"):
                 continue
             kind, _, d = item.partition("-")
             delay = int(d or 0)
@@ -322,7 +418,7 @@ def main():
     finally:
         for s in standins.values():
             s.stop()
-        if any(i != "hookcost" for i in only):
+        if any(i != "hookcost" and not i.startswith("burst") for i in only):
             sh([CLUSTER_SH, "down"], check=False)
         if saved is not None:
             with open(CONF, "w") as f:
@@ -345,6 +441,17 @@ def main():
             else:
                 delay = "-"
             print("| %s | %s | %s | %s | %s | %s |" % (r["setup"], secs, ratio, ev, right, delay))
+    bursts = [b for b in only if b.startswith("burst")]
+    if bursts:
+        print()
+        print("| burst (no cluster; %d hooks at a time) | events accepted | jobs RUNNING→COMPLETED "
+              "| delay hook→200 p50 / p99 | hook wall p50 / p99 | most connections at once |" % 20)
+        print("|---|---|---|---|---|---|")
+        for b in bursts:
+            r = burst(a.tasks, int(b.partition("-")[2] or 0))
+            print("| %s | %d / %d | %d / %d | %d / %d ms | %.1f / %.1f ms | %d |" % (
+                r["setup"], r["events"], 2 * r["jobs"], r["right"], r["jobs"], r["p50"], r["p99"],
+                r["hook_p50"], r["hook_p99"], r["peak_conns"]))
     if "hookcost" in only:
         print()
         print("| hook alone (%d calls) | median wall | p90 wall | median CPU |" % a.runs)
