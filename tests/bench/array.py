@@ -444,13 +444,14 @@ def main():
     bursts = [b for b in only if b.startswith("burst")]
     if bursts:
         print()
-        print("| burst (no cluster; %d hooks at a time) | events accepted | jobs RUNNING→COMPLETED "
-              "| delay hook→200 p50 / p99 | hook wall p50 / p99 | most connections at once |" % 20)
-        print("|---|---|---|---|---|---|")
+        print("| burst (no cluster; %d hooks at a time) | hooks fired in | events accepted "
+              "| jobs RUNNING→COMPLETED | delay hook→200 p50 / p99 | hook wall p50 / p99 "
+              "| most connections at once |" % 20)
+        print("|---|---|---|---|---|---|---|")
         for b in bursts:
             r = burst(a.tasks, int(b.partition("-")[2] or 0))
-            print("| %s | %d / %d | %d / %d | %d / %d ms | %.1f / %.1f ms | %d |" % (
-                r["setup"], r["events"], 2 * r["jobs"], r["right"], r["jobs"], r["p50"], r["p99"],
+            print("| %s | %.1f s | %d / %d | %d / %d | %d / %d ms | %.1f / %.1f ms | %d |" % (
+                r["setup"], r["fired_s"], r["events"], 2 * r["jobs"], r["right"], r["jobs"], r["p50"], r["p99"],
                 r["hook_p50"], r["hook_p99"], r["peak_conns"]))
     if "hookcost" in only:
         print()
