@@ -301,19 +301,27 @@ impl Outbox {
 
     /// Writes `ev` durably unless a pending event of higher rank for the same key exists.
     pub fn enqueue(&self, ev: &Event) -> Result<Enqueued, String> {
-        self.enqueue_by(ev, None)
+        self.enqueue_by(ev, None, true)
     }
 
     /// [`enqueue`](Self::enqueue), giving up (with an error, nothing written) when the outbox
-    /// lock cannot be had before `deadline`. The data is on disk (`fsync`) before the lock is
-    /// taken and the directory is synced after it is released: the lock is held for a read,
-    /// a compare and a rename, never across a disk wait.
-    pub fn enqueue_by(&self, ev: &Event, deadline: Option<Instant>) -> Result<Enqueued, String> {
+    /// lock cannot be had before `deadline`. With `sync`, the data is on disk (`fsync`) before
+    /// the lock is taken and the directory is synced after it is released: the lock is held
+    /// for a read, a compare and a rename, never across a disk wait. Without `sync` (a hook
+    /// that hands the event to the running service, which syncs the whole outbox before it
+    /// sends: [`sync_events`](Self::sync_events)) the event is in the page cache: it survives the
+    /// kill of any process, not yet a power loss.
+    pub fn enqueue_by(
+        &self,
+        ev: &Event,
+        deadline: Option<Instant>,
+        sync: bool,
+    ) -> Result<Enqueued, String> {
         self.ensure_dirs()?;
         let name = ev.item.file_name();
         let path = self.dir("outbox").join(&name);
         let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
-        let tmp = write_synced_tmp(&path, &bytes, self.owner)?;
+        let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
         let res = (|| {
             let _lock = self.lock_file("outbox.lock", deadline)?;
             if let Some(old) = read_event(&path) {
@@ -325,7 +333,7 @@ impl Outbox {
                     let mut both = old;
                     both.then = Some(Box::new(ev.clone()));
                     let bytes = serde_json::to_vec(&both).map_err(|e| e.to_string())?;
-                    let chained = write_synced_tmp(&path, &bytes, self.owner)?;
+                    let chained = write_tmp(&path, &bytes, self.owner, sync)?;
                     fs::rename(&chained, &path)
                         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                     return Ok(Enqueued::Chained);
@@ -345,10 +353,29 @@ impl Outbox {
         if !matches!(res, Ok(Enqueued::Queued { .. })) {
             let _ = fs::remove_file(&tmp);
         }
-        if matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
+        if sync && matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
             sync_dir(&self.dir("outbox"));
         }
         res
+    }
+
+    /// Makes the pending files of `events` durable (`fdatasync` each, then the directory):
+    /// the service calls it before sending what hooks queued without syncing.
+    pub fn sync_events(&self, events: &[&Event]) {
+        if events.is_empty() {
+            return;
+        }
+        for ev in events {
+            let p = self.dir("outbox").join(ev.item.file_name());
+            if let Ok(f) = OpenOptions::new()
+                .read(true)
+                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                .open(&p)
+            {
+                let _ = f.sync_data();
+            }
+        }
+        sync_dir(&self.dir("outbox"));
     }
 
     /// Replaces the pending event `old` by `new` (same key) if `old` is still the pending one;
@@ -859,6 +886,16 @@ fn write_synced_tmp(
     data: &[u8],
     owner: Option<(u32, u32)>,
 ) -> Result<PathBuf, String> {
+    write_tmp(path, data, owner, true)
+}
+
+/// Writes `data` to a fresh temp file beside `path` (`fdatasync`ed with `sync`).
+fn write_tmp(
+    path: &Path,
+    data: &[u8],
+    owner: Option<(u32, u32)>,
+    sync: bool,
+) -> Result<PathBuf, String> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -879,7 +916,10 @@ fn write_synced_tmp(
             std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
         }
         f.write_all(data)?;
-        f.sync_data()
+        if sync {
+            f.sync_data()?;
+        }
+        Ok(())
     })();
     match res {
         Ok(()) => Ok(tmp),

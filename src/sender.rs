@@ -295,6 +295,7 @@ fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, State> {
 fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, max_events: usize) {
     let mut buf = [0u8; 64];
     let mut next_scan = Instant::now();
+    let mut synced = HashSet::new();
     while !sh.stop.load(Ordering::Relaxed) {
         // Sleep until woken, the next periodic scan, or the end of a pause (at most 200 ms,
         // to see `stop`).
@@ -326,7 +327,7 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
         if paused_now {
             // Sending waits, but ends are settled now, while slurmctld still knows the jobs.
             if woken {
-                scan(sh, outbox, slurm, max_events, false);
+                scan(sh, outbox, slurm, max_events, false, &mut synced);
             }
             continue;
         }
@@ -334,7 +335,7 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
             continue;
         }
         lock(sh).rescan = false;
-        scan(sh, outbox, slurm, max_events, true);
+        scan(sh, outbox, slurm, max_events, true, &mut synced);
         next_scan = Instant::now() + RESCAN_EVERY;
         let report = std::mem::take(&mut lock(sh).report);
         if report != DrainReport::default() {
@@ -345,9 +346,28 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
 
 /// One look at the outbox: fix the ends that need slurmctld's word, and (`dispatch`) hand
 /// the events to the workers.
-fn scan(sh: &Shared, outbox: &Outbox, slurm: &Slurm, max_events: usize, dispatch: bool) {
+/// `synced`: the pending files (name, seq) already made durable.
+fn scan(
+    sh: &Shared,
+    outbox: &Outbox,
+    slurm: &Slurm,
+    max_events: usize,
+    dispatch: bool,
+    synced: &mut HashSet<(String, u128)>,
+) {
     outbox.enforce_limit(max_events);
     let pending = outbox.pending();
+    // The hooks that handed their events over did not sync them: the new ones are synced
+    // here, together, before anything is sent (group commit, off slurmctld's critical path).
+    let new: Vec<&Event> = pending
+        .iter()
+        .filter(|e| !synced.contains(&(e.item.file_name(), e.seq)))
+        .collect();
+    outbox.sync_events(&new);
+    *synced = pending
+        .iter()
+        .map(|e| (e.item.file_name(), e.seq))
+        .collect();
     let busy: HashSet<String> = lock(sh).busy.clone();
     let fresh: Vec<Event> = pending
         .into_iter()

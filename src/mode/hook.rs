@@ -424,7 +424,7 @@ fn handle(
     // Half the budget for queueing at most: the rest is for sending directly if it fails.
     let queue_by = t0 + cfg.hook_timeout / 2;
     let mut event = build_event(cfg, &env, start_rec, service.is_some(), deadline);
-    let mut queued = queue(cfg, &outbox, &event, queue_by);
+    let mut queued = queue(cfg, &outbox, &event, queue_by, service.is_none());
     if queued == Queue::Stop {
         return;
     }
@@ -446,11 +446,12 @@ fn handle(
         log::warn!("job {key}: the cvslurm service did not take the event; sending directly");
         if event.resolve.is_some() {
             event = build_event(cfg, &env, start_rec, false, deadline);
-            if queued != Queue::Failed {
-                queued = queue(cfg, &outbox, &event, queue_by);
-                if queued == Queue::Stop {
-                    return;
-                }
+        }
+        if queued != Queue::Failed {
+            // Again, synced this time: nobody else will sync it.
+            queued = queue(cfg, &outbox, &event, queue_by, true);
+            if queued == Queue::Stop {
+                return;
             }
         }
     }
@@ -540,13 +541,14 @@ enum Queue {
     Stop,
 }
 
-fn queue(cfg: &Config, outbox: &Outbox, event: &Event, by: Instant) -> Queue {
+/// Queues the event; `sync` unless the running service takes it (it syncs before sending).
+fn queue(cfg: &Config, outbox: &Outbox, event: &Event, by: Instant, sync: bool) -> Queue {
     let key = match &event.item {
         Item::Job { job } => job.key.id.clone(),
         other => other.describe(),
     };
     let state = event_state(event);
-    match outbox.enqueue_by(event, Some(by)) {
+    match outbox.enqueue_by(event, Some(by), sync) {
         Ok(Enqueued::Superseded) => {
             log::info!("job {key}: {state} superseded by a later event already queued; not sent");
             Queue::Stop
