@@ -309,7 +309,7 @@ impl Outbox {
     /// the lock is taken and the directory is synced after it is released: the lock is held
     /// for a read, a compare and a rename, never across a disk wait. Without `sync` (a hook
     /// that hands the event to the running service, which syncs the whole outbox before it
-    /// sends: [`sync_events`](Self::sync_events)) the event is in the page cache: it survives the
+    /// sends: [`sync_files`](Self::sync_files)) the event is in the page cache: it survives the
     /// kill of any process, not yet a power loss.
     pub fn enqueue_by(
         &self,
@@ -359,14 +359,14 @@ impl Outbox {
         res
     }
 
-    /// Makes the pending files of `events` durable (`fdatasync` each, then the directory):
-    /// the service calls it before sending what hooks queued without syncing.
-    pub fn sync_events(&self, events: &[&Event]) {
-        if events.is_empty() {
+    /// Makes pending files that hooks wrote without syncing durable (`fdatasync` each, then
+    /// the directory). A file already sent and gone is skipped.
+    pub fn sync_files(&self, names: &[String]) {
+        if names.is_empty() {
             return;
         }
-        for ev in events {
-            let p = self.dir("outbox").join(ev.item.file_name());
+        for name in names {
+            let p = self.dir("outbox").join(name);
             if let Ok(f) = OpenOptions::new()
                 .read(true)
                 .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)

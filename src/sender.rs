@@ -296,6 +296,19 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
     let mut buf = [0u8; 64];
     let mut next_scan = Instant::now();
     let mut synced = HashSet::new();
+    let (syncer, batches) = std::sync::mpsc::channel::<Vec<String>>();
+    let ob = outbox.clone();
+    let _ = std::thread::Builder::new()
+        .name("sync".into())
+        .spawn(move || {
+            while let Ok(mut names) = batches.recv() {
+                // Everything queued meanwhile goes in the same round.
+                while let Ok(more) = batches.try_recv() {
+                    names.extend(more);
+                }
+                ob.sync_files(&names);
+            }
+        });
     while !sh.stop.load(Ordering::Relaxed) {
         // Sleep until woken, the next periodic scan, or the end of a pause (at most 200 ms,
         // to see `stop`).
@@ -327,7 +340,7 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
         if paused_now {
             // Sending waits, but ends are settled now, while slurmctld still knows the jobs.
             if woken {
-                scan(sh, outbox, slurm, max_events, false, &mut synced);
+                scan(sh, outbox, slurm, max_events, false, &mut synced, &syncer);
             }
             continue;
         }
@@ -335,7 +348,7 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
             continue;
         }
         lock(sh).rescan = false;
-        scan(sh, outbox, slurm, max_events, true, &mut synced);
+        scan(sh, outbox, slurm, max_events, true, &mut synced, &syncer);
         next_scan = Instant::now() + RESCAN_EVERY;
         let report = std::mem::take(&mut lock(sh).report);
         if report != DrainReport::default() {
@@ -354,16 +367,23 @@ fn scan(
     max_events: usize,
     dispatch: bool,
     synced: &mut HashSet<(String, u128)>,
+    syncer: &std::sync::mpsc::Sender<Vec<String>>,
 ) {
     outbox.enforce_limit(max_events);
     let pending = outbox.pending();
-    // The hooks that handed their events over did not sync them: the new ones are synced
-    // here, together, before anything is sent (group commit, off slurmctld's critical path).
-    let new: Vec<&Event> = pending
+    // The hooks that handed their events over did not sync them: the syncer thread makes
+    // the new ones durable, batch by batch, beside the sending (sending need not wait: an
+    // event CloudVision has is safe; what matters is how soon a queued one is on disk).
+    let new: Vec<String> = pending
         .iter()
         .filter(|e| !synced.contains(&(e.item.file_name(), e.seq)))
+        .map(|e| e.item.file_name())
         .collect();
-    outbox.sync_events(&new);
+    if !new.is_empty() {
+        if let Err(unsent) = syncer.send(new) {
+            outbox.sync_files(&unsent.0); // no sync thread: here, then
+        }
+    }
     *synced = pending
         .iter()
         .map(|e| (e.item.file_name(), e.seq))
