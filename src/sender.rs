@@ -35,6 +35,9 @@ pub const WAKE_SOCKET: &str = "wake.sock";
 /// How often the dispatcher looks at the outbox even when nobody woke it.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(5);
 
+/// The shortest time between two end-state questions to slurmctld.
+pub const END_STATE_GAP: Duration = Duration::from_millis(100);
+
 /// The longest slurmctld may take to answer the batch end-state question.
 pub const END_STATE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -117,6 +120,16 @@ fn now_nanos() -> u128 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos()
+}
+
+/// The dispatcher's own state between scans.
+struct Dispatch {
+    /// The pending files (name, seq) already handed to the sync thread.
+    synced: HashSet<(String, u128)>,
+    /// The sync thread's queue.
+    syncer: std::sync::mpsc::Sender<Vec<String>>,
+    /// When slurmctld was last asked for end states.
+    last_ask: Option<Instant>,
 }
 
 /// What the dispatcher and the workers share.
@@ -295,8 +308,12 @@ fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, State> {
 fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, max_events: usize) {
     let mut buf = [0u8; 64];
     let mut next_scan = Instant::now();
-    let mut synced = HashSet::new();
     let (syncer, batches) = std::sync::mpsc::channel::<Vec<String>>();
+    let mut ds = Dispatch {
+        synced: HashSet::new(),
+        syncer,
+        last_ask: None,
+    };
     let ob = outbox.clone();
     let _ = std::thread::Builder::new()
         .name("sync".into())
@@ -340,7 +357,7 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
         if paused_now {
             // Sending waits, but ends are settled now, while slurmctld still knows the jobs.
             if woken {
-                scan(sh, outbox, slurm, max_events, false, &mut synced, &syncer);
+                scan(sh, outbox, slurm, max_events, false, &mut ds);
             }
             continue;
         }
@@ -348,7 +365,7 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
             continue;
         }
         lock(sh).rescan = false;
-        scan(sh, outbox, slurm, max_events, true, &mut synced, &syncer);
+        scan(sh, outbox, slurm, max_events, true, &mut ds);
         next_scan = Instant::now() + RESCAN_EVERY;
         let report = std::mem::take(&mut lock(sh).report);
         if report != DrainReport::default() {
@@ -366,8 +383,7 @@ fn scan(
     slurm: &Slurm,
     max_events: usize,
     dispatch: bool,
-    synced: &mut HashSet<(String, u128)>,
-    syncer: &std::sync::mpsc::Sender<Vec<String>>,
+    ds: &mut Dispatch,
 ) {
     outbox.enforce_limit(max_events);
     let pending = outbox.pending();
@@ -376,44 +392,60 @@ fn scan(
     // event CloudVision has is safe; what matters is how soon a queued one is on disk).
     let new: Vec<String> = pending
         .iter()
-        .filter(|e| !synced.contains(&(e.item.file_name(), e.seq)))
+        .filter(|e| !ds.synced.contains(&(e.item.file_name(), e.seq)))
         .map(|e| e.item.file_name())
         .collect();
     if !new.is_empty() {
-        if let Err(unsent) = syncer.send(new) {
+        if let Err(unsent) = ds.syncer.send(new) {
             outbox.sync_files(&unsent.0); // no sync thread: here, then
         }
     }
-    *synced = pending
+    ds.synced = pending
         .iter()
         .map(|e| (e.item.file_name(), e.seq))
         .collect();
     let busy: HashSet<String> = lock(sh).busy.clone();
-    let fresh: Vec<Event> = pending
+    let (provisional, ready): (Vec<Event>, Vec<Event>) = pending
         .into_iter()
         .filter(|e| !busy.contains(&e.item.file_name()))
-        .collect();
-    let ids: Vec<String> = fresh
+        .partition(|e| e.resolve.is_some());
+    // What needs no word from slurmctld goes out first (RUNNING never waits for an end).
+    if dispatch {
+        hand_out(sh, ready);
+    }
+    if provisional.is_empty() {
+        return;
+    }
+    // Ends: one slurmctld call for all of them, at most every END_STATE_GAP, so a burst of
+    // epilogs costs slurmctld a few calls, not one per wake-up.
+    if let Some(t) = ds.last_ask {
+        std::thread::sleep(END_STATE_GAP.saturating_sub(t.elapsed()));
+    }
+    let ids: Vec<String> = provisional
         .iter()
-        .filter(|e| e.resolve.is_some() || e.then.as_ref().is_some_and(|t| t.resolve.is_some()))
         .filter_map(|e| match &e.item {
             Item::Job { job } => Some(job.job_id().to_string()),
             _ => None,
         })
         .collect();
     let ctl = end_states(slurm, &ids, END_STATE_TIMEOUT);
-    let mut ready = Vec::with_capacity(fresh.len());
-    for ev in fresh {
-        match resolve(outbox, ev, &ctl) {
-            Some(ev) => ready.push(ev),
-            None => continue,
-        }
+    ds.last_ask = Some(Instant::now());
+    let settled: Vec<Event> = provisional
+        .into_iter()
+        .filter_map(|ev| resolve(outbox, ev, &ctl))
+        .collect();
+    if dispatch {
+        hand_out(sh, settled);
     }
-    if ready.is_empty() || !dispatch {
+}
+
+/// Queues events for the workers (each key once).
+fn hand_out(sh: &Shared, events: Vec<Event>) {
+    if events.is_empty() {
         return;
     }
     let mut st = lock(sh);
-    for ev in ready {
+    for ev in events {
         if st.busy.insert(ev.item.file_name()) {
             st.queue.push_back(ev);
         }
