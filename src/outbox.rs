@@ -379,11 +379,12 @@ impl Outbox {
     }
 
     /// Replaces the pending event `old` by `new` (same key) if `old` is still the pending one;
-    /// durably. `Ok(false)` when it was replaced or taken meanwhile.
-    pub fn replace_if_same(&self, old: &Event, new: &Event) -> Result<bool, String> {
+    /// durably with `sync` (else the caller syncs it: [`sync_files`](Self::sync_files)).
+    /// `Ok(false)` when it was replaced or taken meanwhile.
+    pub fn replace_if_same(&self, old: &Event, new: &Event, sync: bool) -> Result<bool, String> {
         let path = self.dir("outbox").join(old.item.file_name());
         let bytes = serde_json::to_vec(new).map_err(|e| e.to_string())?;
-        let tmp = write_synced_tmp(&path, &bytes, self.owner)?;
+        let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
         let done = (|| {
             let _lock = self.lock()?;
             match read_event(&path) {
@@ -397,7 +398,7 @@ impl Outbox {
         })();
         if done != Ok(true) {
             let _ = fs::remove_file(&tmp);
-        } else {
+        } else if sync {
             sync_dir(&self.dir("outbox"));
         }
         done
@@ -1097,11 +1098,11 @@ mod tests {
         ob.enqueue(&a).unwrap();
         let mut fixed = a.clone();
         fixed.item = job("1@c", JobState::Cancelled);
-        assert!(ob.replace_if_same(&a, &fixed).unwrap());
+        assert!(ob.replace_if_same(&a, &fixed, true).unwrap());
         assert_eq!(ob.pending(), vec![fixed.clone()]);
         let rerun = Event::new(job("1@c", JobState::Running), (1, 0));
         ob.enqueue(&rerun).unwrap();
-        assert!(!ob.replace_if_same(&fixed, &a).unwrap());
+        assert!(!ob.replace_if_same(&fixed, &a, true).unwrap());
         assert_eq!(ob.pending(), vec![rerun]);
         assert_eq!(
             fs::read_dir(d.join("outbox")).unwrap().count(),

@@ -434,6 +434,10 @@ fn scan(
         .into_iter()
         .filter_map(|ev| resolve(outbox, ev, &ctl))
         .collect();
+    let names: Vec<String> = settled.iter().map(|e| e.item.file_name()).collect();
+    if let Err(unsent) = ds.syncer.send(names) {
+        outbox.sync_files(&unsent.0);
+    }
     if dispatch {
         hand_out(sh, settled);
     }
@@ -467,7 +471,9 @@ fn resolve(outbox: &Outbox, ev: Event, ctl: &HashMap<String, JobInfo>) -> Option
     if !changed {
         return Some(ev);
     }
-    match outbox.replace_if_same(&ev, &new) {
+    // Not synced here (one fsync per end would hold up the batch): the caller hands the
+    // settled files to the sync thread.
+    match outbox.replace_if_same(&ev, &new, false) {
         Ok(true) => Some(new),
         Ok(false) => None,
         Err(e) => {
