@@ -238,8 +238,18 @@ pub fn drain(
                     }
                 };
                 drop(r);
+                let follows = taken.then.is_some() && !matches!(finish, Finish::Retry);
                 if let Err(e) = outbox.finish(&taken, finish) {
                     log::error!("outbox: {e}");
+                }
+                // The job's end, chained after its RUNNING, goes out in this pass too.
+                if follows {
+                    if let Some(next) = outbox.pending_of(&taken.item) {
+                        queue
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push_back(next);
+                    }
                 }
             });
         }

@@ -18,6 +18,7 @@ pub mod payload;
 pub mod privilege;
 pub mod reconcile;
 pub mod runner;
+pub mod sender;
 pub mod slurm;
 pub mod slurm_conf;
 pub mod systemd;

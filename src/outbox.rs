@@ -9,9 +9,14 @@
 //! - `rejected/<same name>` — events CloudVision refused as malformed (4xx), with its answer.
 //! - `jobs/<jobid>@<cluster>` — the start time the prolog saw (Slurm before 23.02 gives the
 //!   epilog no start time).
-//! - `outbox.lock` — `flock`ed for the few microseconds of each read-compare-write.
+//! - `outbox.lock` — `flock`ed for the few microseconds of each read-compare-rename (the
+//!   temp file is written and `fsync`ed before the lock is taken, the directory after it is
+//!   released: no disk wait happens under the lock).
+//! - `drainer.lock` — held (`flock`) for its whole life by the one process that sends the
+//!   outbox (the service, or a `cvslurm flush`): `inflight/` belongs to it until it dies.
+//! - `wake.sock` — the service's wake-up socket (see `crate::sender`).
 //!
-//! Every write is: temp file, `fsync`, `rename`, `fsync` of the directory.
+//! Every event write is: temp file, `fsync`, `rename`, `fsync` of the directory.
 
 use crate::payload::{JobConfig, NodeConfig};
 use nix::fcntl::{Flock, FlockArg};
@@ -20,7 +25,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A temp file older than this is from a writer that died (hooks live for seconds).
 const STALE_TMP: Duration = Duration::from_secs(60);
@@ -80,6 +85,15 @@ pub struct Event {
     /// Failed delivery attempts so far.
     #[serde(default)]
     pub attempts: u32,
+    /// Set on an epilog's event written while the service runs: its state comes from the exit
+    /// codes only, and the service must ask slurmctld how the job ended (and its times) and
+    /// fix the record before the first send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolve: Option<EndFacts>,
+    /// The job's end, queued while this RUNNING was still waiting: sent right after this one
+    /// is delivered, so CloudVision sees RUNNING then the end, never the end alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then: Option<Box<Event>>,
     /// What to send.
     #[serde(flatten)]
     pub item: Item,
@@ -96,8 +110,61 @@ impl Event {
             rank,
             queued_at: now.as_secs() as i64,
             attempts: 0,
+            resolve: None,
+            then: None,
             item,
         }
+    }
+}
+
+/// What an epilog knew of a job's end without asking slurmctld (see [`Event::resolve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndFacts {
+    /// `SLURM_JOB_EXIT_CODE2` as (exit code, signal).
+    pub exit: Option<(i32, i32)>,
+    /// `SLURM_JOB_RESTART_COUNT`.
+    pub restart_count: u32,
+    /// The start time came from Slurm's environment or the prolog's record (else: a guess).
+    pub start_known: bool,
+    /// The end time came from Slurm's environment (else: the epilog's clock).
+    pub end_known: bool,
+}
+
+/// How reading one outbox file went.
+#[derive(Debug)]
+pub enum ReadOutcome {
+    /// A valid event.
+    Event(Box<Event>),
+    /// The file could not be read now (moved by a drainer, out of file descriptors, I/O
+    /// error, not a regular file): try again later; never a reason to reject it.
+    Transient(String),
+    /// The whole file was read and is not an event: corrupt.
+    Corrupt(String),
+}
+
+/// Reads one outbox file, telling a transient failure from a corrupt file.
+pub fn read_event_checked(path: &Path) -> ReadOutcome {
+    use std::io::Read;
+    let mut f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) => return ReadOutcome::Transient(e.to_string()),
+    };
+    match f.metadata() {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return ReadOutcome::Transient("not a regular file".into()),
+        Err(e) => return ReadOutcome::Transient(e.to_string()),
+    }
+    let mut bytes = Vec::new();
+    if let Err(e) = f.read_to_end(&mut bytes) {
+        return ReadOutcome::Transient(e.to_string());
+    }
+    match serde_json::from_slice(&bytes) {
+        Ok(ev) => ReadOutcome::Event(Box::new(ev)),
+        Err(e) => ReadOutcome::Corrupt(e.to_string()),
     }
 }
 
@@ -110,6 +177,9 @@ pub enum Enqueued {
         /// A drainer holds this key in flight.
         busy: bool,
     },
+    /// Queued to go right after the job's RUNNING, which is still waiting to be sent (the
+    /// caller must not send directly: the drainer sends both, in order).
+    Chained,
     /// A pending event of higher rank is already queued; this one was dropped.
     Superseded,
 }
@@ -140,6 +210,21 @@ impl Outbox {
         &self.root
     }
 
+    /// The owner (uid, gid) new files get when running as root in another user's StateDir.
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.owner
+    }
+
+    /// True when an event for `item`'s key is pending (not in flight).
+    pub fn is_pending(&self, item: &Item) -> bool {
+        self.dir("outbox").join(item.file_name()).exists()
+    }
+
+    /// The pending event of `item`'s key, if any.
+    pub fn pending_of(&self, item: &Item) -> Option<Event> {
+        read_event(&self.dir("outbox").join(item.file_name()))
+    }
+
     fn dir(&self, name: &str) -> PathBuf {
         self.root.join(name)
     }
@@ -165,7 +250,12 @@ impl Outbox {
     }
 
     fn lock(&self) -> Result<Flock<File>, String> {
-        let p = self.root.join("outbox.lock");
+        self.lock_file("outbox.lock", None)
+    }
+
+    /// Locks `name` in StateDir; with a deadline, gives up when it passes.
+    fn lock_file(&self, name: &str, deadline: Option<Instant>) -> Result<Flock<File>, String> {
+        let p = self.root.join(name);
         let f = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -176,35 +266,142 @@ impl Outbox {
         if let Some((uid, gid)) = self.owner {
             let _ = std::os::unix::fs::fchown(&f, Some(uid), Some(gid));
         }
-        Flock::lock(f, FlockArg::LockExclusive)
-            .map_err(|(_, e)| format!("cannot lock {}: {e}", p.display()))
+        let Some(deadline) = deadline else {
+            return Flock::lock(f, FlockArg::LockExclusive)
+                .map_err(|(_, e)| format!("cannot lock {}: {e}", p.display()));
+        };
+        let mut f = f;
+        loop {
+            match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+                Ok(l) => return Ok(l),
+                Err((back, nix::errno::Errno::EWOULDBLOCK)) => {
+                    if Instant::now() >= deadline {
+                        return Err(format!("{} stayed locked past the deadline", p.display()));
+                    }
+                    f = back;
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+                Err((_, e)) => return Err(format!("cannot lock {}: {e}", p.display())),
+            }
+        }
+    }
+
+    /// Becomes the outbox's one drainer: `Ok(None)` when another live process (the service,
+    /// another `flush`) is the drainer and `wait` is false. Held until the returned lock is
+    /// dropped or the process dies; only its holder may [`recover`](Self::recover).
+    pub fn drainer_lock(&self, wait: bool) -> Result<Option<Flock<File>>, String> {
+        self.ensure_dirs()?;
+        let deadline = (!wait).then(Instant::now);
+        match self.lock_file("drainer.lock", deadline) {
+            Ok(l) => Ok(Some(l)),
+            Err(e) if !wait && e.ends_with("past the deadline") => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Writes `ev` durably unless a pending event of higher rank for the same key exists.
     pub fn enqueue(&self, ev: &Event) -> Result<Enqueued, String> {
+        self.enqueue_by(ev, None, true)
+    }
+
+    /// [`enqueue`](Self::enqueue), giving up (with an error, nothing written) when the outbox
+    /// lock cannot be had before `deadline`. With `sync`, the data is on disk (`fsync`) before
+    /// the lock is taken and the directory is synced after it is released: the lock is held
+    /// for a read, a compare and a rename, never across a disk wait. Without `sync` (a hook
+    /// that hands the event to the running service, which syncs the whole outbox before it
+    /// sends: [`sync_files`](Self::sync_files)) the event is in the page cache: it survives the
+    /// kill of any process, not yet a power loss.
+    pub fn enqueue_by(
+        &self,
+        ev: &Event,
+        deadline: Option<Instant>,
+        sync: bool,
+    ) -> Result<Enqueued, String> {
         self.ensure_dirs()?;
-        let _lock = self.lock()?;
         let name = ev.item.file_name();
         let path = self.dir("outbox").join(&name);
-        if let Some(old) = read_event(&path) {
-            if old.rank > ev.rank {
-                return Ok(Enqueued::Superseded);
+        let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
+        let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
+        let res = (|| {
+            let _lock = self.lock_file("outbox.lock", deadline)?;
+            if let Some(old) = read_event(&path) {
+                let newest = old.then.as_ref().map_or(old.rank, |t| t.rank);
+                if newest > ev.rank {
+                    return Ok(Enqueued::Superseded);
+                }
+                if chains_after(&old, ev) {
+                    let mut both = old;
+                    both.then = Some(Box::new(ev.clone()));
+                    let bytes = serde_json::to_vec(&both).map_err(|e| e.to_string())?;
+                    let chained = write_tmp(&path, &bytes, self.owner, sync)?;
+                    fs::rename(&chained, &path)
+                        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                    return Ok(Enqueued::Chained);
+                }
+            }
+            let inflight = self.dir("inflight").join(&name);
+            let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
+                Ok(t) => t
+                    .elapsed()
+                    .map(|age| age < self.inflight_stale)
+                    .unwrap_or(true),
+                Err(_) => false,
+            };
+            fs::rename(&tmp, &path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Ok(Enqueued::Queued { busy })
+        })();
+        if !matches!(res, Ok(Enqueued::Queued { .. })) {
+            let _ = fs::remove_file(&tmp);
+        }
+        if sync && matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
+            sync_dir(&self.dir("outbox"));
+        }
+        res
+    }
+
+    /// Makes pending files that hooks wrote without syncing durable (`fdatasync` each, then
+    /// the directory). A file already sent and gone is skipped.
+    pub fn sync_files(&self, names: &[String]) {
+        if names.is_empty() {
+            return;
+        }
+        for name in names {
+            let p = self.dir("outbox").join(name);
+            if let Ok(f) = OpenOptions::new()
+                .read(true)
+                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                .open(&p)
+            {
+                let _ = f.sync_data();
             }
         }
-        let inflight = self.dir("inflight").join(&name);
-        let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
-            Ok(t) => t
-                .elapsed()
-                .map(|age| age < self.inflight_stale)
-                .unwrap_or(true),
-            Err(_) => false,
-        };
-        write_durably(
-            &path,
-            &serde_json::to_vec(ev).map_err(|e| e.to_string())?,
-            self.owner,
-        )?;
-        Ok(Enqueued::Queued { busy })
+        sync_dir(&self.dir("outbox"));
+    }
+
+    /// Replaces the pending event `old` by `new` (same key) if `old` is still the pending one;
+    /// durably with `sync` (else the caller syncs it: [`sync_files`](Self::sync_files)).
+    /// `Ok(false)` when it was replaced or taken meanwhile.
+    pub fn replace_if_same(&self, old: &Event, new: &Event, sync: bool) -> Result<bool, String> {
+        let path = self.dir("outbox").join(old.item.file_name());
+        let bytes = serde_json::to_vec(new).map_err(|e| e.to_string())?;
+        let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
+        let done = (|| {
+            let _lock = self.lock()?;
+            match read_event(&path) {
+                Some(cur) if cur.seq == old.seq => {
+                    fs::rename(&tmp, &path)
+                        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })();
+        if done != Ok(true) {
+            let _ = fs::remove_file(&tmp);
+        } else if sync {
+            sync_dir(&self.dir("outbox"));
+        }
+        done
     }
 
     /// Removes the pending event of `ev`'s key if it is still `ev` (not replaced meanwhile).
@@ -221,15 +418,24 @@ impl Outbox {
         }
     }
 
-    /// Every pending event, oldest first. Unreadable files are moved to `rejected/` and logged.
+    /// Every pending event, oldest first. A file that was read whole and is not an event is
+    /// moved to `rejected/` and logged; one that cannot be read now (a drainer moved it, no
+    /// file descriptor left, an I/O error) is skipped and read again next time.
     pub fn pending(&self) -> Vec<Event> {
         let mut evs: Vec<Event> = list_dir(&self.dir("outbox"))
             .into_iter()
-            .filter_map(|p| match read_event(&p) {
-                Some(e) => Some(e),
-                None => {
+            .filter_map(|p| match read_event_checked(&p) {
+                ReadOutcome::Event(e) => Some(*e),
+                ReadOutcome::Transient(why) => {
+                    log::debug!(
+                        "outbox file {} not readable now ({why}); later",
+                        p.display()
+                    );
+                    None
+                }
+                ReadOutcome::Corrupt(why) => {
                     log::error!(
-                        "outbox file {} is unreadable; moved to rejected/",
+                        "outbox file {} is not an event ({why}); moved to rejected/",
                         p.display()
                     );
                     let _ = fs::rename(
@@ -284,6 +490,21 @@ impl Outbox {
         let _lock = self.lock()?;
         let name = ev.item.file_name();
         let inflight = self.dir("inflight").join(&name);
+        if !matches!(outcome, Finish::Retry) {
+            if let Some(next) = &ev.then {
+                // The follower becomes the pending event (durably, before the in-flight file
+                // goes), unless a newer event of the key arrived meanwhile.
+                let pending = self.dir("outbox").join(&name);
+                let newer = read_event(&pending).is_some_and(|cur| cur.rank >= next.rank);
+                if !newer {
+                    write_durably(
+                        &pending,
+                        &serde_json::to_vec(next).map_err(|e| e.to_string())?,
+                        self.owner,
+                    )?;
+                }
+            }
+        }
         match outcome {
             Finish::Delivered => {
                 // No fsync: if a crash loses this unlink, recover() puts the event back and it
@@ -308,7 +529,9 @@ impl Outbox {
             }
             Finish::Reject(answer) => {
                 let to = self.dir("rejected").join(&name);
-                let mut v = serde_json::to_value(ev).map_err(|e| e.to_string())?;
+                let mut head = ev.clone();
+                head.then = None;
+                let mut v = serde_json::to_value(&head).map_err(|e| e.to_string())?;
                 v["rejected_because"] = serde_json::Value::String(answer);
                 write_durably(
                     &to,
@@ -417,14 +640,34 @@ impl Outbox {
         let _ = fs::remove_file(self.dir("nodes").join(format!("{}.json", safe_name(node))));
     }
 
-    /// Records the start time the prolog saw for a job.
+    /// Records the start time the prolog saw for a job. Not fsynced (it survives the kill
+    /// of any process, not a power loss): it only supplies a start time on Slurm before 23.02
+    /// (where the service asks slurmctld anyway) and a hint for reconciliation, which lists
+    /// running jobs from Slurm itself.
     pub fn save_start(&self, key: &str, start: i64) -> Result<(), String> {
         self.ensure_dirs()?;
-        write_durably(
-            &self.dir("jobs").join(safe_name(key)),
-            start.to_string().as_bytes(),
-            self.owner,
-        )
+        let path = self.dir("jobs").join(safe_name(key));
+        let tmp = self
+            .dir("jobs")
+            .join(format!(".tmp.{}", std::process::id()));
+        let res = (|| -> std::io::Result<()> {
+            let mut f = OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&tmp)?;
+            if let Some((uid, gid)) = self.owner {
+                std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
+            }
+            f.write_all(start.to_string().as_bytes())?;
+            fs::rename(&tmp, &path)
+        })();
+        res.map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            format!("cannot write {}: {e}", path.display())
+        })
     }
 
     /// The start time the prolog recorded for a job.
@@ -593,6 +836,14 @@ pub enum Finish {
     Reject(String),
 }
 
+/// An end that arrives while its run's RUNNING is still pending goes after it, not over it.
+fn chains_after(old: &Event, ev: &Event) -> bool {
+    matches!(old.item, Item::Job { .. })
+        && old.rank.1 == 0
+        && ev.rank.0 == old.rank.0
+        && ev.rank.1 > 0
+}
+
 fn read_event(path: &Path) -> Option<Event> {
     let bytes = fs::read(path).ok()?;
     serde_json::from_slice(&bytes).ok()
@@ -619,33 +870,63 @@ fn list_dir(dir: &Path) -> Vec<PathBuf> {
 /// Writes a file atomically and durably: temp file, fsync, rename, fsync of the directory.
 /// `owner` (uid, gid), when given, is set on the file before it takes its name.
 pub fn write_durably(path: &Path, data: &[u8], owner: Option<(u32, u32)>) -> Result<(), String> {
+    let tmp = write_synced_tmp(path, data, owner)?;
+    if let Err(e) = fs::rename(&tmp, path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(format!("cannot write {}: {e}", path.display()));
+    }
+    sync_dir(path.parent().unwrap_or(Path::new(".")));
+    Ok(())
+}
+
+/// Writes `data` to a fresh temp file beside `path` and `fdatasync`s it; returns its path.
+fn write_synced_tmp(
+    path: &Path,
+    data: &[u8],
+    owner: Option<(u32, u32)>,
+) -> Result<PathBuf, String> {
+    write_tmp(path, data, owner, true)
+}
+
+/// Writes `data` to a fresh temp file beside `path` (`fdatasync`ed with `sync`).
+fn write_tmp(
+    path: &Path,
+    data: &[u8],
+    owner: Option<(u32, u32)>,
+    sync: bool,
+) -> Result<PathBuf, String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
-        ".tmp.{}.{}",
+        ".tmp.{}.{}.{}",
         std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
         path.file_name().unwrap_or_default().to_string_lossy()
     ));
     let res = (|| -> std::io::Result<()> {
         let mut f = OpenOptions::new()
-            .create(true)
+            .create_new(true)
             .write(true)
-            .truncate(true)
             .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&tmp)?;
         if let Some((uid, gid)) = owner {
             std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
         }
         f.write_all(data)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
+        if sync {
+            f.sync_data()?;
+        }
         Ok(())
     })();
-    if let Err(e) = res {
-        let _ = fs::remove_file(&tmp);
-        return Err(format!("cannot write {}: {e}", path.display()));
+    match res {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(format!("cannot write {}: {e}", path.display()))
+        }
     }
-    sync_dir(dir);
-    Ok(())
 }
 
 /// Writes a file (mode 0600, whatever the umask) through a fresh temp file and a rename, not
@@ -788,6 +1069,96 @@ mod tests {
         assert!(ob.pending().is_empty());
         assert_eq!(ob.rejected_count(), 1);
         assert!(ob.remove_if_same(&a).is_ok());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn only_complete_unparsable_files_are_rejected() {
+        let d = tmpdir("transient");
+        let ob = Outbox::new(&d);
+        let good = Event::new(job("1@c", JobState::Running), (0, 0));
+        ob.enqueue(&good).unwrap();
+        // Not readable as a file now (here: a directory where a file was): kept, not rejected.
+        fs::create_dir(d.join("outbox/job.2@c.json")).unwrap();
+        // A file a drainer moved away between the listing and the read.
+        assert!(matches!(
+            read_event_checked(&d.join("outbox/job.3@c.json")),
+            ReadOutcome::Transient(_)
+        ));
+        assert_eq!(ob.pending(), vec![good.clone()]);
+        assert!(d.join("outbox/job.2@c.json").is_dir());
+        assert_eq!(ob.rejected_count(), 0);
+        // A whole file that is not an event is rejected.
+        fs::write(d.join("outbox/job.4@c.json"), b"{\"seq\": 1, garbage").unwrap();
+        assert_eq!(ob.pending(), vec![good]);
+        assert_eq!(ob.rejected_count(), 1);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn one_drainer_at_a_time() {
+        let d = tmpdir("drainer");
+        let ob = Outbox::new(&d);
+        let first = ob.drainer_lock(false).unwrap();
+        assert!(first.is_some());
+        assert!(ob.drainer_lock(false).unwrap().is_none());
+        drop(first);
+        assert!(ob.drainer_lock(false).unwrap().is_some());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn replace_if_same_keeps_a_newer_event() {
+        let d = tmpdir("replace");
+        let ob = Outbox::new(&d);
+        let a = Event::new(job("1@c", JobState::Completed), (0, 1));
+        ob.enqueue(&a).unwrap();
+        let mut fixed = a.clone();
+        fixed.item = job("1@c", JobState::Cancelled);
+        assert!(ob.replace_if_same(&a, &fixed, true).unwrap());
+        assert_eq!(ob.pending(), vec![fixed.clone()]);
+        let rerun = Event::new(job("1@c", JobState::Running), (1, 0));
+        ob.enqueue(&rerun).unwrap();
+        assert!(!ob.replace_if_same(&fixed, &a, true).unwrap());
+        assert_eq!(ob.pending(), vec![rerun]);
+        assert_eq!(
+            fs::read_dir(d.join("outbox")).unwrap().count(),
+            1,
+            "no temp file left"
+        );
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn an_end_waits_behind_its_pending_running() {
+        let d = tmpdir("chain");
+        let ob = Outbox::new(&d);
+        let run = Event::new(job("1@c", JobState::Running), (0, 0));
+        let end = Event::new(job("1@c", JobState::Completed), (0, 1));
+        ob.enqueue(&run).unwrap();
+        assert_eq!(ob.enqueue(&end).unwrap(), Enqueued::Chained);
+        let p = ob.pending();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].seq, run.seq);
+        assert_eq!(p[0].then.as_deref(), Some(&end));
+        // A late RUNNING of the same run is superseded by the chained end.
+        let late = Event::new(job("1@c", JobState::Running), (0, 0));
+        assert_eq!(ob.enqueue(&late).unwrap(), Enqueued::Superseded);
+        // Delivering the RUNNING makes the end the pending event, durably.
+        let t = ob.take(&p[0]).unwrap().unwrap();
+        ob.finish(&t, Finish::Delivered).unwrap();
+        assert_eq!(ob.pending(), vec![end.clone()]);
+        // A requeued run's RUNNING replaces the whole chain of the run before.
+        let run2 = Event::new(job("2@c", JobState::Running), (0, 0));
+        ob.enqueue(&run2).unwrap();
+        ob.enqueue(&Event::new(job("2@c", JobState::Failed), (0, 1)))
+            .unwrap();
+        let rerun = Event::new(job("2@c", JobState::Running), (1, 0));
+        assert_eq!(
+            ob.enqueue(&rerun).unwrap(),
+            Enqueued::Queued { busy: false }
+        );
+        assert_eq!(ob.pending_of(&rerun.item), Some(rerun));
         fs::remove_dir_all(&d).unwrap();
     }
 

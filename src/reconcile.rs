@@ -168,6 +168,14 @@ pub const RECORD_GRACE: Duration = Duration::from_secs(120);
 /// After this long without learning a vanished job's end, its record is dropped.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(7 * 86_400);
 
+/// Whether reconciliation sends RUNNING for a job squeue lists: only when no hook reported it
+/// (`reported`: a prolog record or a pending event) and it has not ended. A COMPLETING job
+/// has ended: its epilog (or the recorded-job pass) reports the end, and a RUNNING now would
+/// undo an end its epilog already delivered.
+pub fn needs_running(j: &QueuedJob, reported: bool) -> bool {
+    !reported && !j.state.starts_with("COMPLETING")
+}
+
 /// One reconciliation pass. Events go through the outbox (the caller drains it).
 pub fn reconcile(
     cfg: &Config,
@@ -186,7 +194,10 @@ pub fn reconcile(
 
     for j in &running {
         let key = key_of(&j.job_id);
-        if recorded.contains_key(key.as_str()) || pending.contains(&key) {
+        if !needs_running(
+            j,
+            recorded.contains_key(key.as_str()) || pending.contains(&key),
+        ) {
             continue;
         }
         if cfg.job_wanted(&j.name, Some(&j.partition)).is_err() {
@@ -266,6 +277,23 @@ pub fn reconcile(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_completing_job_gets_no_running() {
+        let j = |state: &str| QueuedJob {
+            job_id: "5".into(),
+            name: "j".into(),
+            partition: "debug".into(),
+            state: state.into(),
+            start: Some(100),
+            nodelist: "n1".into(),
+        };
+        // Its epilog delivered the end and removed its record: nothing says it was reported.
+        assert!(!needs_running(&j("COMPLETING"), false));
+        assert!(needs_running(&j("RUNNING"), false));
+        assert!(needs_running(&j("CONFIGURING"), false));
+        assert!(!needs_running(&j("RUNNING"), true));
+    }
 
     #[test]
     fn squeue_from_real_output() {

@@ -670,10 +670,11 @@ fn hanging_cloudvision_delays_no_job_and_loses_nothing() {
     f.cv.set_mode(json!({"mode": "ok"}));
     let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(120));
     check_times(&v);
+    // With the service running, the hook only queued (it never waited for CloudVision).
     let log = fs::read_to_string(&f.log_file).unwrap();
     assert!(
-        log.contains(&format!("job {}: RUNNING kept in outbox", key(&id))),
-        "hook log lacks the kept event"
+        log.contains(&format!("job {}: RUNNING queued for the service", key(&id))),
+        "hook log lacks the queued event"
     );
 }
 

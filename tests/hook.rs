@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::Duration;
 
 #[test]
@@ -219,7 +219,8 @@ fn cloudvision_failures_keep_the_event_and_flush_delivers_it() {
         "{}",
         site.log()
     );
-    // The job ends while CloudVision is still down: its RUNNING is superseded in the outbox.
+    // The job ends while CloudVision is still down: its end waits behind its RUNNING, and the
+    // hook does not send it (that could put it before the RUNNING).
     site.hook(&job_env(
         "epilog_slurmctld",
         "60",
@@ -227,21 +228,28 @@ fn cloudvision_failures_keep_the_event_and_flush_delivers_it() {
     ));
     let pending = site.outbox();
     assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0]["job"]["state"], "JOB_STATE_COMPLETED");
+    assert_eq!(pending[0]["job"]["state"], "JOB_STATE_RUNNING");
+    assert_eq!(pending[0]["then"]["job"]["state"], "JOB_STATE_COMPLETED");
+    assert!(site
+        .log()
+        .contains("COMPLETED queued after its RUNNING, which is still waiting to be sent"));
     cv.set_mode(json!({"mode": "ok"}));
     let out = site.run(&["flush"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         stdout(&out).trim(),
-        "outbox: 1 delivered, 0 kept, 0 rejected"
+        "outbox: 2 delivered, 0 kept, 0 rejected"
     );
-    let jobs = cv.accepted("JobConfig");
+    let states: Vec<Value> = cv
+        .accepted("JobConfig")
+        .iter()
+        .map(|j| j["state"].clone())
+        .collect();
     assert_eq!(
-        jobs.len(),
-        1,
-        "the stale RUNNING is never delivered after the end"
+        states,
+        ["JOB_STATE_RUNNING", "JOB_STATE_COMPLETED"],
+        "RUNNING, then the end: never the end alone, never RUNNING after it"
     );
-    assert_eq!(jobs[0]["state"], "JOB_STATE_COMPLETED");
     assert!(site.outbox().is_empty());
     assert_eq!(
         cv.state()["jobs"]["60@hpc-cluster-west"]["state"],
@@ -446,4 +454,102 @@ fn legacy_script_names_dispatch_to_the_hook() {
         assert_eq!(out.status.code(), Some(0));
     }
     assert_eq!(cv.accepted("JobConfig").len(), 3);
+}
+
+#[test]
+fn non_utf8_job_name_and_other_variables_are_sent_lossily_not_a_crash() {
+    use std::os::unix::ffi::OsStrExt;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let bad = std::ffi::OsStr::from_bytes(b"tr\xffain");
+    let out = std::process::Command::new(site.link("cvslurm-hook"))
+        .env_clear()
+        .env("CVSLURM_CONF", &site.conf)
+        .envs(job_env("prolog_slurmctld", "90", &[]))
+        .env("SLURM_JOB_NAME", bad)
+        .env(
+            "SLURM_JOB_WORK_DIR",
+            std::ffi::OsStr::from_bytes(b"/home/\xfe"),
+        )
+        .env("SLURM_JOB_COMMENT", std::ffi::OsStr::from_bytes(b"\xc3"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let jobs = cv.accepted("JobConfig");
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0]["name"], "tr\u{fffd}ain@gpu");
+    let log = site.log();
+    assert!(log.contains("SLURM_JOB_NAME is not UTF-8"), "{log}");
+}
+
+#[test]
+fn a_fifo_at_log_file_neither_hangs_the_hook_nor_loses_the_event() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    nix::unistd::mkfifo(
+        &site.log_file,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(site.link("cvslurm-hook"))
+        .env_clear()
+        .env("CVSLURM_CONF", &site.conf)
+        .envs(job_env("prolog_slurmctld", "91", &[]))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = status.expect("the hook hung on a FIFO at LogFile");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(cv.accepted("JobConfig").len(), 1, "the event was sent");
+}
+
+#[test]
+fn a_held_outbox_lock_makes_the_hook_send_directly_and_say_so_truthfully() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1");
+    std::fs::create_dir_all(&site.state_dir).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(site.state_dir.join("outbox.lock"))
+        .unwrap();
+    let held = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).unwrap();
+    let (out, took) = site.hook(&job_env("prolog_slurmctld", "92", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(cv.accepted("JobConfig").len(), 1, "sent directly");
+    // CloudVision down as well: the log says the event is lost, not that it is kept.
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "93", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    drop(held);
+    let log = site.log();
+    assert!(log.contains("cannot queue the event"), "{log}");
+    assert!(
+        log.contains("job 92@hpc-cluster-west: sent RUNNING"),
+        "{log}"
+    );
+    let l93: Vec<&str> = log.lines().filter(|l| l.contains("job 93@")).collect();
+    assert!(l93.iter().any(|l| l.contains("LOST")), "{l93:?}");
+    assert!(
+        !l93.iter()
+            .any(|l| l.contains("stays in the outbox") || l.contains("kept in outbox")),
+        "{l93:?}"
+    );
 }

@@ -46,14 +46,15 @@ fn outage_of_200_events_from_20_concurrent_hooks_loses_nothing() {
     assert_eq!(
         site.outbox().len(),
         jobs,
-        "one pending event per job: its end"
+        "one pending file per job: its RUNNING with its end chained after it"
     );
     cv.set_mode(json!({"mode": "ok"}));
     let out = site.run(&["flush"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         stdout(&out).trim(),
-        format!("outbox: {jobs} delivered, 0 kept, 0 rejected")
+        format!("outbox: {} delivered, 0 kept, 0 rejected", 2 * jobs),
+        "every job's RUNNING, then its end"
     );
     let state = cv.state();
     for i in 0..jobs {

@@ -198,6 +198,10 @@ impl Report {
         self.failed += 1;
         println!("FAIL {what}");
     }
+    /// Something that works but costs: printed, not counted as a failure.
+    fn warn(&mut self, what: &str) {
+        println!("WARN {what}");
+    }
 }
 
 /// The SlurmUser: name, uid, gid.
@@ -240,6 +244,7 @@ const CHECKS: &[Check] = &[
     cloudvision,
     state_dir,
     log_file,
+    delivery_path,
 ];
 
 /// Check the set-up: config, token, CloudVision, slurm.conf hooks, StateDir and LogFile.
@@ -461,6 +466,25 @@ fn state_dir(ctx: &mut Context, r: &mut Report) {
 fn log_file(ctx: &mut Context, r: &mut Report) {
     if let (Some(cfg), Some(u)) = (&ctx.cfg, &ctx.user) {
         check_log_file(r, &cfg.log_file, u);
+    }
+}
+
+/// Says whether the hooks hand their events to the service (the fast path) or send them
+/// themselves inside slurmctld's prolog/epilog window.
+fn delivery_path(ctx: &mut Context, r: &mut Report) {
+    let Some(cfg) = &ctx.cfg else { return };
+    let state_dir = cfg.state_dir.as_path();
+    let sock = crate::sender::socket_path(state_dir);
+    if crate::sender::connect(state_dir).is_some() {
+        r.ok(&format!(
+            "the cvslurm service listens on {}: hooks only queue their events (no network, no scontrol); the service sends them",
+            sock.display()
+        ));
+    } else {
+        r.warn(&format!(
+            "no cvslurm service listens on {}: each hook asks slurmctld and sends to CloudVision itself, inside slurmctld's prolog/epilog window (slower scheduling on busy clusters): run systemctl enable --now cvslurm",
+            sock.display()
+        ));
     }
 }
 

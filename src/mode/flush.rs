@@ -46,6 +46,18 @@ pub fn run(a: Args) -> i32 {
     };
     install_signal_handlers();
     let outbox = Outbox::new(&cfg.state_dir);
+    // One drainer at a time: what the service (or another flush) has in flight is its own.
+    let _drainer = match outbox.drainer_lock(false) {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            println!("outbox: another drainer (the cvslurm service, or another flush) is sending it now; nothing to do");
+            return 0;
+        }
+        Err(e) => {
+            log::error!("{e}");
+            return 1;
+        }
+    };
     if let Err(e) = outbox.recover() {
         log::error!("{e}");
         return 1;

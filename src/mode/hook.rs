@@ -3,21 +3,29 @@
 //! From slurmctld's `SLURM_*` environment it builds the job's JobConfig (RUNNING in the prolog,
 //! COMPLETED / FAILED / CANCELLED in the epilog), writes it to the outbox, and sends it within
 //! `HookTimeout`. It exits 0 in every case — a failing PrologSlurmctld would requeue or kill the
-//! job — and a watchdog ends it at the budget whatever CloudVision, DNS or slurmctld do. What it
-//! could not send stays in the outbox for `cvslurm flush` or the service.
+//! job — and a watchdog ends it at the budget whatever CloudVision, DNS or slurmctld do.
+//!
+//! When the cvslurm service runs (its socket `StateDir/wake.sock` is live), the hook only
+//! writes the event to the outbox, wakes the service and exits: no network call, no slurmctld
+//! call; the service settles the end state and sends (see `crate::sender`). Without the
+//! service the hook asks slurmctld and sends itself; what it could not send stays in the
+//! outbox for `cvslurm flush`.
 
 use crate::cloudvision::{Client, ClientOptions};
 use crate::config::Config;
 use crate::hostlist;
 use crate::logging;
-use crate::outbox::{Enqueued, Event, Item, Outbox};
+use crate::outbox::{EndFacts, Enqueued, Event, Item, Outbox};
 use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
+use crate::sender;
 use crate::slurm::{self, JobInfo};
 use crate::timefmt::{format_epoch, now_epoch};
 use argh::FromArgs;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// PrologSlurmctld/EpilogSlurmctld: send the job's state from the SLURM_* environment (always exits 0).
@@ -229,44 +237,155 @@ pub fn epilog_state(
     }
 }
 
+/// The environment variables the hook reads (nothing else is read: another variable with
+/// bytes that are not UTF-8 cannot matter).
+pub const HOOK_VARS: [&str; 10] = [
+    "SLURM_SCRIPT_CONTEXT",
+    "SLURM_JOB_ID",
+    "SLURM_CLUSTER_NAME",
+    "SLURM_JOB_NAME",
+    "SLURM_JOB_PARTITION",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_START_TIME",
+    "SLURM_JOB_END_TIME",
+    "SLURM_JOB_EXIT_CODE2",
+    "SLURM_JOB_RESTART_COUNT",
+];
+
+/// Reads [`HOOK_VARS`] from the process environment. A value that is not UTF-8 is kept
+/// lossily (U+FFFD for each bad byte); its name is returned in the second list.
+pub fn read_vars() -> (HashMap<String, String>, Vec<&'static str>) {
+    let mut lossy = Vec::new();
+    let mut vars = HashMap::new();
+    for k in HOOK_VARS {
+        if let Some(v) = std::env::var_os(k) {
+            let s = match v.into_string() {
+                Ok(s) => s,
+                Err(raw) => {
+                    lossy.push(k);
+                    raw.to_string_lossy().into_owned()
+                }
+            };
+            vars.insert(k.to_string(), s);
+        }
+    }
+    (vars, lossy)
+}
+
+/// How far the hook got, for the watchdog's last word.
+static PROGRESS: AtomicU8 = AtomicU8::new(NOTHING_YET);
+const NOTHING_YET: u8 = 0;
+const QUEUED: u8 = 1;
+const DONE: u8 = 2;
+/// The hook's budget in milliseconds (the default until the config is read).
+static BUDGET_MS: AtomicU64 = AtomicU64::new(2000);
+/// The job the hook is working on, for the watchdog's message.
+static JOB_KEY: OnceLock<String> = OnceLock::new();
+
+extern "C" fn on_alarm(_: nix::libc::c_int) {
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { nix::libc::_exit(0) }
+}
+
+/// The last-resort stop: SIGALRM after `after`, whose handler `_exit(0)`s. It needs no thread,
+/// so it works even when no thread can be started.
+fn arm_timer(after: Duration) {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let act = SigAction::new(
+        SigHandler::Handler(on_alarm),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only calls _exit.
+    let _ = unsafe { sigaction(Signal::SIGALRM, &act) };
+    let tv = |d: Duration| {
+        use nix::sys::time::{TimeVal, TimeValLike};
+        *TimeVal::microseconds(d.as_micros().min(i64::MAX as u128) as i64).as_ref()
+    };
+    let it = nix::libc::itimerval {
+        it_interval: tv(Duration::ZERO),
+        it_value: tv(after),
+    };
+    // SAFETY: plain syscall with valid pointers.
+    unsafe { nix::libc::setitimer(nix::libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+}
+
+/// The watchdog: ends the process with status 0 when the budget is used up, saying truthfully
+/// what became of the event.
+fn watchdog(t0: Instant) {
+    loop {
+        let budget = Duration::from_millis(BUDGET_MS.load(Ordering::Relaxed));
+        let left = budget.saturating_sub(t0.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(20)));
+    }
+    let budget = BUDGET_MS.load(Ordering::Relaxed) as f64 / 1000.0;
+    let job = JOB_KEY.get().map_or("?", |s| s.as_str());
+    match PROGRESS.load(Ordering::SeqCst) {
+        NOTHING_YET => log::error!(
+            "job {job}: hook time budget of {budget:.1} s used up before its event was queued: the event is LOST (StateDir slow or locked?); reconciliation can send it later from Slurm's record"
+        ),
+        QUEUED => log::warn!(
+            "job {job}: hook time budget of {budget:.1} s used up while sending; the event is in the outbox and is sent later"
+        ),
+        _ => {}
+    }
+    std::process::exit(0);
+}
+
 /// Runs the hook. Always returns 0.
+///
+/// The watchdog starts before anything else (a timer that needs no thread backs it), and
+/// everything else runs under the panic guard: config, log file, environment, the work.
 pub fn run(args: Args) -> i32 {
     hook_main(args.config.as_deref())
 }
 
 fn hook_main(config_path: Option<&Path>) -> i32 {
     let t0 = Instant::now();
-    let (cfg, cfg_error) = match Config::load(config_path) {
-        Ok(c) => (c, None),
-        Err(e) => {
-            let mut c = Config::default();
-            c.apply_env();
-            (c, Some(e.to_string()))
-        }
-    };
-    let problem = logging::init(logging::Sink::File, &cfg.log_file, cfg.log_level);
-    // The watchdog: whatever happens below, the hook ends within its budget, with status 0.
-    let budget = cfg.hook_timeout;
-    std::thread::spawn(move || {
-        std::thread::sleep(budget.saturating_sub(t0.elapsed()));
-        log::warn!(
-            "hook time budget of {:.1} s used up; leaving (the event stays in the outbox)",
-            budget.as_secs_f64()
-        );
-        std::process::exit(0);
-    });
+    let default_budget = Duration::from_millis(BUDGET_MS.load(Ordering::Relaxed));
+    arm_timer(default_budget + Duration::from_millis(300));
+    let watchdog_started = std::thread::Builder::new()
+        .name("watchdog".into())
+        .spawn(move || watchdog(t0))
+        .is_ok();
     std::panic::set_hook(Box::new(|info| {
         log::error!("internal error (bug in cvslurm, please report): {info}");
     }));
-    if let Some(p) = problem {
-        log::error!("{p}");
-    }
-    let vars: HashMap<String, String> = std::env::vars().collect();
-    let _ = std::panic::catch_unwind(|| handle(&cfg, cfg_error.as_deref(), &vars, t0));
+    let _ = std::panic::catch_unwind(|| {
+        let (cfg, cfg_error) = match Config::load(config_path) {
+            Ok(c) => (c, None),
+            Err(e) => {
+                let mut c = Config::default();
+                c.apply_env();
+                (c, Some(e.to_string()))
+            }
+        };
+        BUDGET_MS.store(cfg.hook_timeout.as_millis() as u64, Ordering::Relaxed);
+        arm_timer(cfg.hook_timeout + Duration::from_millis(300));
+        let problem = logging::init(logging::Sink::File, &cfg.log_file, cfg.log_level);
+        if !watchdog_started {
+            log::warn!("cannot start the watchdog thread (process limit?); a timer ends the hook at its budget");
+        }
+        if let Some(p) = problem {
+            log::error!("{p}");
+        }
+        let (vars, lossy) = read_vars();
+        handle(&cfg, cfg_error.as_deref(), &vars, &lossy, t0);
+        PROGRESS.store(DONE, Ordering::SeqCst);
+    });
     0
 }
 
-fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>, t0: Instant) {
+fn handle(
+    cfg: &Config,
+    cfg_error: Option<&str>,
+    vars: &HashMap<String, String>,
+    lossy: &[&str],
+    t0: Instant,
+) {
     let deadline = t0 + cfg.hook_timeout;
     if let Some(e) = cfg_error {
         log::error!("config error: {e}; using defaults for this event, fix the file");
@@ -277,98 +396,113 @@ fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>,
     if let Some(e) = &cfg.env_error {
         log::error!("environment: {e}; ignored");
     }
+    let id = vars.get("SLURM_JOB_ID").map_or("?", |s| s.as_str());
+    for k in lossy {
+        log::warn!(
+            "job {id}: {k} is not UTF-8; sent with U+FFFD for each bad byte: {:?}",
+            vars.get(*k).map_or("", |s| s.as_str())
+        );
+    }
     let env = match HookEnv::from_vars(vars) {
         Ok(e) => e,
         Err(e) => {
-            let id = vars.get("SLURM_JOB_ID").map_or("?", |s| s.as_str());
             log::error!("job {id}: not sent: {e}");
             return;
         }
     };
     let key = env.key();
+    let _ = JOB_KEY.set(key.clone());
     if let Err(why) = cfg.job_wanted(&env.name, env.partition.as_deref()) {
         log::info!("job {key}: filtered out ({why}); nothing sent");
         return;
     }
     let outbox = Outbox::new(&cfg.state_dir);
-    let now = now_epoch();
-    let (state, start, end) = match env.phase {
-        Phase::Prolog => {
-            let start = env.start.unwrap_or(now);
-            if let Err(e) = outbox.save_start(&key, start) {
-                log::error!("job {key}: cannot record its start time: {e}");
+    let service = sender::connect(&cfg.state_dir);
+    if env.phase == Phase::Prolog {
+        if let Err(e) = outbox.save_start(&key, env.start.unwrap_or_else(now_epoch)) {
+            log::error!("job {key}: cannot record its start time: {e}");
+        }
+    }
+    let start_rec = match env.phase {
+        Phase::Prolog => None,
+        Phase::Epilog => env.start.or_else(|| outbox.load_start(&key)),
+    };
+    // Half the budget for queueing at most: the rest is for sending directly if it fails.
+    let queue_by = t0 + cfg.hook_timeout / 2;
+    let mut event = build_event(cfg, &env, start_rec, service.is_some(), deadline);
+    let mut queued = queue(cfg, &outbox, &event, queue_by, service.is_none());
+    if queued == Queue::Stop {
+        return;
+    }
+    if let Some(sock) = &service {
+        if matches!(queued, Queue::Queued | Queue::Behind) && sender::wake(sock) {
+            PROGRESS.store(QUEUED, Ordering::SeqCst);
+            if env.phase == Phase::Epilog {
+                outbox.forget_start(&key);
             }
-            (JobState::Running, start, None)
-        }
-        Phase::Epilog => {
-            let ctl = lookup_end_state(cfg, &env, deadline);
-            let state = epilog_state(env.exit, env.restart_count, ctl.as_ref());
-            let start = env
-                .start
-                .or_else(|| outbox.load_start(&key))
-                .or_else(|| ctl.as_ref().and_then(|j| j.start))
-                .unwrap_or(now);
-            (state, start, Some(env.end.unwrap_or(now)))
-        }
-    };
-    let job = JobConfig {
-        key: Key { id: key.clone() },
-        name: Some(crate::payload::job_name(
-            &env.name,
-            env.partition.as_deref(),
-        )),
-        state,
-        start_time: format_epoch(start),
-        end_time: end.and_then(format_epoch),
-        location: Some(env.cluster.clone()),
-        job_type: None,
-        nodes: Some(env.nodes.clone().into()),
-        interfaces: None,
-    };
-    let phase_rank = u8::from(env.phase == Phase::Epilog);
-    let event = Event::new(
-        Item::Job { job: job.clone() },
-        (env.restart_count, phase_rank),
-    );
-    let queued = match outbox.enqueue(&event) {
-        Ok(Enqueued::Superseded) => {
-            log::info!("job {key}: {state} superseded by a later event already queued; not sent");
-            return;
-        }
-        Ok(Enqueued::Queued { busy: true }) => {
-            log::info!("job {key}: {state} queued behind an event being sent now");
-            return;
-        }
-        Ok(Enqueued::Queued { busy: false }) => true,
-        Err(e) => {
-            log::error!(
-                "job {key}: cannot queue the event in StateDir {}: {e}; sending directly",
-                cfg.state_dir.display()
+            log::info!(
+                "job {key}: {} queued for the service ({} ms)",
+                event_state(&event),
+                t0.elapsed().as_millis()
             );
-            false
+            return;
         }
+        // The service is gone (or the outbox cannot be written): this hook sends itself,
+        // with slurmctld's word on the end as a hook without the service does.
+        log::warn!("job {key}: the cvslurm service did not take the event; sending directly");
+        if event.resolve.is_some() {
+            event = build_event(cfg, &env, start_rec, false, deadline);
+        }
+        if queued != Queue::Failed {
+            // Again, synced this time: nobody else will sync it.
+            queued = queue(cfg, &outbox, &event, queue_by, true);
+            if queued == Queue::Stop {
+                return;
+            }
+        }
+    }
+    let behind = queued == Queue::Behind;
+    let queued = matches!(queued, Queue::Queued | Queue::Behind);
+    if queued {
+        PROGRESS.store(QUEUED, Ordering::SeqCst);
+    }
+    let Item::Job { job } = &event.item else {
+        return;
     };
+    let state = job.state;
     if env.phase == Phase::Epilog {
         outbox.forget_start(&key);
         if state == JobState::Completed {
-            if let Err(e) = outbox.mark_for_verification(&job, env.restart_count) {
+            if let Err(e) = outbox.mark_for_verification(job, env.restart_count) {
                 log::warn!("job {key}: cannot mark its end for verification: {e}");
             }
         }
     }
+    if behind {
+        // A drainer sends the earlier event of this job, then this one: sending it here
+        // could put it before the earlier one.
+        return;
+    }
+    let what = if queued {
+        "kept in outbox"
+    } else {
+        "LOST (it could not be queued in StateDir)"
+    };
     let token = match cfg.token() {
         Ok(t) => t,
         Err(e) => {
-            log::error!("job {key}: {state} kept in outbox: {e}");
+            log::error!("job {key}: {state} {what}: {e}");
             return;
         }
     };
     if cfg.api_server.is_none() {
-        log::warn!("job {key}: {state} kept in outbox: no CloudVision server configured (ApiServer in cloudvision.conf)");
+        log::warn!("job {key}: {state} {what}: no CloudVision server configured (ApiServer in cloudvision.conf)");
         return;
     }
     if token.is_none() {
-        log::warn!("job {key}: {state} kept in outbox: no API token configured (ApiTokenFile in cloudvision.conf)");
+        log::warn!(
+            "job {key}: {state} {what}: no API token configured (ApiTokenFile in cloudvision.conf)"
+        );
         return;
     }
     if cfg.insecure {
@@ -380,7 +514,7 @@ fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>,
         .unwrap_or(deadline);
     let result = ClientOptions::from_config(cfg, token, cfg.hook_timeout)
         .and_then(Client::new)
-        .and_then(|c| c.post_job(&job, Some(send_deadline)));
+        .and_then(|c| c.post_job(job, Some(send_deadline)));
     match result {
         Ok(a) => {
             if queued {
@@ -395,15 +529,138 @@ fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>,
                 a.elapsed.as_millis()
             );
         }
+        Err(e) => log::error!("job {key}: {state} {what}: {e}"),
+    }
+}
+
+/// What queueing did, for the hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    /// In the outbox, durably.
+    Queued,
+    /// Not in the outbox (StateDir not writable, or its lock not had in time).
+    Failed,
+    /// In the outbox behind an earlier event of the job (being sent, or still waiting):
+    /// the drainer sends both in order; this hook must not send it.
+    Behind,
+    /// Nothing more to do: superseded by a later event.
+    Stop,
+}
+
+/// Queues the event; `sync` unless the running service takes it (it syncs before sending).
+fn queue(cfg: &Config, outbox: &Outbox, event: &Event, by: Instant, sync: bool) -> Queue {
+    let key = match &event.item {
+        Item::Job { job } => job.key.id.clone(),
+        other => other.describe(),
+    };
+    let state = event_state(event);
+    match outbox.enqueue_by(event, Some(by), sync) {
+        Ok(Enqueued::Superseded) => {
+            log::info!("job {key}: {state} superseded by a later event already queued; not sent");
+            Queue::Stop
+        }
+        Ok(Enqueued::Queued { busy: true }) => {
+            PROGRESS.store(QUEUED, Ordering::SeqCst);
+            log::info!("job {key}: {state} queued behind an event being sent now");
+            Queue::Behind
+        }
+        Ok(Enqueued::Chained) => {
+            PROGRESS.store(QUEUED, Ordering::SeqCst);
+            log::info!(
+                "job {key}: {state} queued after its RUNNING, which is still waiting to be sent"
+            );
+            Queue::Behind
+        }
+        Ok(Enqueued::Queued { busy: false }) => Queue::Queued,
         Err(e) => {
-            let kept = if queued {
-                "kept in outbox"
-            } else {
-                "LOST (StateDir not writable)"
-            };
-            log::error!("job {key}: {state} {kept}: {e}");
+            log::error!(
+                "job {key}: cannot queue the event in StateDir {}: {e}; sending directly",
+                cfg.state_dir.display()
+            );
+            Queue::Failed
         }
     }
+}
+
+fn event_state(ev: &Event) -> String {
+    match &ev.item {
+        Item::Job { job } => job.state.to_string(),
+        other => other.describe(),
+    }
+}
+
+/// The job's event. With the service (`for_service`), an epilog does not ask slurmctld: its
+/// event carries the facts the service needs to settle the end ([`EndFacts`]).
+fn build_event(
+    cfg: &Config,
+    env: &HookEnv,
+    start_rec: Option<i64>,
+    for_service: bool,
+    deadline: Instant,
+) -> Event {
+    let now = now_epoch();
+    let mut facts = None;
+    let (state, start, end) = match env.phase {
+        Phase::Prolog => (JobState::Running, env.start.unwrap_or(now), None),
+        Phase::Epilog => {
+            let ctl = if for_service {
+                facts = Some(EndFacts {
+                    exit: env.exit,
+                    restart_count: env.restart_count,
+                    start_known: start_rec.is_some(),
+                    end_known: env.end.is_some(),
+                });
+                None
+            } else {
+                lookup_end_state(cfg, env, deadline)
+            };
+            let state = epilog_state(env.exit, env.restart_count, ctl.as_ref());
+            let start = start_rec
+                .or_else(|| ctl.as_ref().and_then(|j| j.start))
+                .unwrap_or(now);
+            (state, start, Some(env.end.unwrap_or(now)))
+        }
+    };
+    let job = JobConfig {
+        key: Key { id: env.key() },
+        name: Some(crate::payload::job_name(
+            &env.name,
+            env.partition.as_deref(),
+        )),
+        state,
+        start_time: format_epoch(start),
+        end_time: end.and_then(format_epoch),
+        location: Some(env.cluster.clone()),
+        job_type: None,
+        nodes: Some(env.nodes.clone().into()),
+        interfaces: None,
+    };
+    let phase_rank = u8::from(env.phase == Phase::Epilog);
+    let mut ev = Event::new(Item::Job { job }, (env.restart_count, phase_rank));
+    ev.resolve = facts;
+    ev
+}
+
+/// The final record of an epilog's event queued for the service (see [`EndFacts`]): the end
+/// state from the exit codes and slurmctld's view (`ctl`, `None` when it no longer knows the
+/// job or could not be asked), and Slurm's own start and end times where the epilog had none.
+pub fn finish_end(job: &JobConfig, facts: &EndFacts, ctl: Option<&JobInfo>) -> JobConfig {
+    let mut j = job.clone();
+    j.state = epilog_state(facts.exit, facts.restart_count, ctl);
+    if let Some(c) = ctl {
+        if !facts.start_known {
+            if let Some(s) = c.start.and_then(format_epoch) {
+                j.start_time = Some(s);
+            }
+        }
+        if !facts.end_known {
+            let start = c.start.unwrap_or(0);
+            if let Some(e) = c.end.filter(|e| *e >= start).and_then(format_epoch) {
+                j.end_time = Some(e);
+            }
+        }
+    }
+    j
 }
 
 /// Asks slurmctld how the job ended, within what is left of the budget (keeping half of it for
@@ -561,6 +818,61 @@ mod tests {
                 "{case}"
             );
         }
+    }
+
+    /// The service settles an epilog's provisional end with what slurmctld said (captured on
+    /// real Slurm 22.05): a cancel that looked like a success, and Slurm's own times.
+    #[test]
+    fn the_service_settles_a_provisional_end() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/slurm-22.05");
+        let env_text =
+            std::fs::read_to_string(format!("{dir}/hookenv-cancelled-epilog.txt")).unwrap();
+        let vars: HashMap<String, String> = env_text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let env = HookEnv::from_vars(&vars).unwrap();
+        let cfg = Config::default();
+        let far = Instant::now() + Duration::from_secs(5);
+        let ev = build_event(&cfg, &env, None, true, far);
+        let facts = ev
+            .resolve
+            .expect("an epilog for the service carries its facts");
+        assert!(!facts.start_known && !facts.end_known);
+        let Item::Job { job } = &ev.item else {
+            panic!()
+        };
+        assert_eq!(
+            job.state,
+            JobState::Completed,
+            "exit codes alone say success"
+        );
+        let ctl_text =
+            std::fs::read_to_string(format!("{dir}/scontrol-job-cancelled-epilog-epoch.txt"))
+                .unwrap();
+        let ctl = slurm::parse_scontrol_job(&ctl_text, &env.job_id).unwrap();
+        let fixed = finish_end(job, &facts, Some(&ctl));
+        assert_eq!(fixed.state, JobState::Cancelled);
+        assert_eq!(fixed.start_time, format_epoch(1796040759));
+        assert_eq!(fixed.end_time, format_epoch(1796040760));
+        // slurmctld no longer knows the job: the exit codes decide, the epilog's times stay.
+        assert_eq!(finish_end(job, &facts, None), *job);
+        // Times the epilog had from Slurm are kept.
+        let known = EndFacts {
+            start_known: true,
+            end_known: true,
+            ..facts
+        };
+        let kept = finish_end(job, &known, Some(&ctl));
+        assert_eq!(
+            (kept.start_time.clone(), kept.end_time.clone()),
+            (job.start_time.clone(), job.end_time.clone())
+        );
+        // A prolog's event never carries facts; without the service neither does an epilog's.
+        assert!(build_event(&cfg, &env, None, false, Instant::now())
+            .resolve
+            .is_none());
     }
 
     #[test]

@@ -6,11 +6,12 @@ use super::common::{install_signal_handlers, usage, Common, STOP};
 use super::discover::{DiscoverRecord, RecordReader};
 use crate::cloudvision::Client;
 use crate::config::Config;
-use crate::delivery::{self, backoff};
+use crate::delivery;
 use crate::logging::Sink;
 use crate::outbox::{Event, Item, Outbox};
 use crate::reconcile;
 use crate::runner::Slurm;
+use crate::sender::Sender;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use crate::systemd;
 use argh::FromArgs;
@@ -86,14 +87,20 @@ pub fn run(a: Args) -> i32 {
     }
     install_signal_handlers();
     let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
-    let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {
+    let client = match common.client(&cfg) {
         Ok(c) => c,
         Err(e) => {
             log::error!("{e}");
             return 1;
         }
     };
-    let client = match common.client(&cfg) {
+    if a.monitor {
+        let Some(client) = client else {
+            return usage("--monitor needs a CloudVision client");
+        };
+        return run_service(&cfg, slurm, client, &STOP);
+    }
+    let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {
         Ok(c) => c,
         Err(e) => {
             log::error!("{e}");
@@ -107,12 +114,7 @@ pub fn run(a: Args) -> i32 {
         client,
         stop: &STOP,
     };
-    if a.monitor {
-        let outbox = Outbox::new(&cfg.state_dir);
-        inv.monitor(&outbox)
-    } else {
-        inv.run_once()
-    }
+    inv.run_once()
 }
 
 /// Where a discovery srun runs: a new job in a partition, or a step inside a running job.
@@ -522,31 +524,18 @@ impl Inventory<'_> {
         i32::from(!failed.is_empty())
     }
 
-    /// The service loop. Returns the exit code when stopped.
-    pub fn monitor(&self, outbox: &Outbox) -> i32 {
-        let Some(client) = &self.client else {
-            log::error!("--monitor cannot be a dry run");
-            return 2;
-        };
-        match outbox.recover() {
-            Ok(n) if n > 0 => log::info!(
-                "outbox: {n} event(s) were in flight when the last run stopped; requeued"
-            ),
-            Ok(_) => {}
-            Err(e) => log::error!("outbox: {e}"),
-        }
+    /// The service loop: node polls and reconciliation; the sender (started by
+    /// [`run_service`]) delivers what they and the hooks queue. Returns the exit code when
+    /// stopped: within 200 ms of SIGTERM (between polls), whatever CloudVision does — what
+    /// is in flight stays in `inflight/` and the next start sends it.
+    pub fn monitor(&self, outbox: &Outbox, sender: &Sender) -> i32 {
         log::info!(
-            "monitoring cluster {} every {} s, CloudVision at {}",
+            "monitoring cluster {} every {} s",
             self.cluster,
             self.cfg.poll_interval.as_secs(),
-            client.base_url()
         );
-        systemd::notify("READY=1");
         let mut known: BTreeMap<String, Seen> = BTreeMap::new();
         let mut next_poll = Instant::now();
-        let mut next_drain = Instant::now();
-        let mut drain_failures = 0u32;
-        let mut token_warned_at: Option<Instant> = None;
         let every = |d: Duration| (!d.is_zero()).then_some(d);
         let mut next_reconcile = Instant::now();
         let mut next_reassert = every(self.cfg.node_reassert_interval).map(|d| Instant::now() + d);
@@ -564,8 +553,8 @@ impl Inventory<'_> {
             }
             if Instant::now() >= next_poll {
                 self.poll(&mut known, outbox);
+                sender.wake();
                 next_poll = Instant::now() + self.cfg.poll_interval;
-                next_drain = next_drain.min(Instant::now());
             }
             if !self.cfg.reconcile_interval.is_zero() && Instant::now() >= next_reconcile {
                 match reconcile::reconcile(self.cfg, &self.slurm, &self.cluster, outbox) {
@@ -576,45 +565,12 @@ impl Inventory<'_> {
                             r.ended,
                             r.corrected
                         );
-                        next_drain = Instant::now();
+                        sender.wake();
                     }
                     Ok(_) => {}
                     Err(e) => log::error!("reconcile: {e}"),
                 }
                 next_reconcile = Instant::now() + self.cfg.reconcile_interval;
-            }
-            if Instant::now() >= next_drain {
-                outbox.enforce_limit(self.cfg.outbox_max_events);
-                let r =
-                    delivery::drain(outbox, client, self.cfg.max_concurrent_requests, self.stop);
-                delivery::record_drain(outbox, &r);
-                if r.kept == 0 {
-                    drain_failures = 0;
-                    next_drain = Instant::now() + Duration::from_secs(5);
-                } else {
-                    drain_failures += 1;
-                    let mut wait = backoff(drain_failures, Duration::from_secs(300));
-                    if let Some(ra) = r.retry_after {
-                        wait = wait.max(ra);
-                    }
-                    next_drain = Instant::now() + wait;
-                    if r.token_refused {
-                        if token_warned_at.is_none_or(|t| t.elapsed() >= self.cfg.poll_interval) {
-                            log::error!(
-                                "outbox: {} event(s) kept: {}",
-                                r.kept,
-                                r.last_error.as_deref().unwrap_or("token refused")
-                            );
-                            token_warned_at = Some(Instant::now());
-                        }
-                    } else if let Some(e) = &r.last_error {
-                        log::warn!(
-                            "outbox: {} event(s) kept, next try in {} s: {e}",
-                            r.kept,
-                            wait.as_secs()
-                        );
-                    }
-                }
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -720,6 +676,55 @@ fn save_record(outbox: &Outbox, rec: &DiscoverRecord) {
     if let Err(e) = outbox.save_node_record(rec) {
         log::error!("node {}: cannot keep its record: {e}", rec.node_name);
     }
+}
+
+/// `cvslurm inventory --monitor`, the service: starts the sender first (so hooks hand their
+/// events over even while slurmctld cannot be reached), then learns the cluster name
+/// (retrying until slurmctld answers) and runs [`Inventory::monitor`].
+pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static AtomicBool) -> i32 {
+    let outbox = Outbox::new(&cfg.state_dir);
+    log::info!("service starting; CloudVision at {}", client.base_url());
+    let sender = match crate::sender::start(cfg, client.clone(), outbox.clone(), stop) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("cannot start the sender: {e}");
+            return 1;
+        }
+    };
+    systemd::notify("READY=1");
+    let mut warned = false;
+    let cluster = loop {
+        match slurm::cluster_name(&slurm, COMMAND_TIMEOUT) {
+            Ok(c) => break c,
+            Err(e) => {
+                if !warned {
+                    log::error!(
+                        "{e}; sending the outbox meanwhile, asking again every {} s",
+                        cfg.poll_interval.as_secs()
+                    );
+                    warned = true;
+                }
+            }
+        }
+        let until = Instant::now() + cfg.poll_interval;
+        while Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                log::info!("stopping");
+                systemd::notify("STOPPING=1");
+                return 0;
+            }
+            systemd::notify("WATCHDOG=1");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let inv = Inventory {
+        cfg,
+        slurm,
+        cluster,
+        client: Some(client),
+        stop,
+    };
+    inv.monitor(&outbox, &sender)
 }
 
 fn yes_no(b: bool) -> &'static str {

@@ -47,6 +47,8 @@ pub struct Status {
     pub last_error: Option<String>,
     /// Unix time of `last_error`.
     pub last_error_at: Option<i64>,
+    /// The cvslurm service listens on `StateDir/wake.sock`: hooks hand it their events.
+    pub service_running: bool,
 }
 
 /// Prints the status; exit 1 when the oldest event is older than `max_age` seconds or
@@ -101,6 +103,7 @@ pub fn run(a: Args) -> i32 {
         last_delivery: None,
         last_error: None,
         last_error_at: None,
+        service_running: crate::sender::connect(&cfg.state_dir).is_some(),
     };
     let mut st = st;
     if let Some(v) = outbox.service_status() {
@@ -112,6 +115,14 @@ pub fn run(a: Args) -> i32 {
         println!("{}", serde_json::to_string_pretty(&st).expect("serializes"));
     } else {
         println!("state dir:        {}", st.state_dir);
+        println!(
+            "service:          {}",
+            if st.service_running {
+                "running (hooks queue their events, the service sends them)"
+            } else {
+                "not running (each hook sends its event itself)"
+            }
+        );
         println!("outbox:           {} event(s) waiting", st.outbox_depth);
         println!(
             "oldest event:     {}",

@@ -330,3 +330,76 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// `cvslurm inventory --monitor` (the service) on a site, killed on drop. The site has no
+/// Slurm (SlurmBinDir is empty): the service's sender runs and its monitor waits for
+/// slurmctld, which is what these tests need.
+pub struct Service {
+    pub child: Child,
+    socket: PathBuf,
+}
+
+impl Service {
+    pub fn start(site: &Site) -> Service {
+        let child = Command::new(bin())
+            .args(["inventory", "--monitor"])
+            .env_remove("CV_API_TOKEN")
+            .env_remove("CV_API_SERVER")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("JOURNAL_STREAM")
+            .env("CVSLURM_CONF", &site.conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut s = Service {
+            child,
+            socket: site.state_dir.join("wake.sock"),
+        };
+        s.wait_live(site);
+        s
+    }
+
+    /// Waits until the service's wake-up socket answers.
+    fn wait_live(&mut self, site: &Site) {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() {
+                if sock.connect(&self.socket).is_ok() {
+                    return;
+                }
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("the service exited ({st}): {}", site.log());
+            }
+            assert!(
+                Instant::now() < until,
+                "the service did not listen: {}",
+                site.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits (at most `within`) until `ok` holds; panics with `what` otherwise.
+pub fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+    let until = Instant::now() + within;
+    while !ok() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,642 @@
+//! The service's sender: it owns the outbox while the service runs and delivers what the
+//! hooks queue, so that the hooks themselves never wait for CloudVision or slurmctld.
+//!
+//! - A hook writes its event durably to the outbox, then sends one datagram to
+//!   `StateDir/wake.sock`, a Unix datagram socket this sender has bound. A socket file that
+//!   nobody has bound (the service died) refuses the datagram: the hook then sends itself.
+//! - The dispatcher thread wakes on each datagram (and every few seconds regardless), asks
+//!   slurmctld in one call how the jobs whose epilogs it got ended ([`end_states`]), fixes
+//!   their records, and hands the pending events to `MaxConcurrentRequests` worker threads.
+//! - The workers share one client, so at most that many keep-alive TLS connections are open
+//!   whatever the number of hooks. One key is never in two workers: a job's events go out in
+//!   order. A failure pauses every worker (backoff as `flush`; 429's `Retry-After` honoured).
+//!
+//! The sender holds the outbox's drainer lock for its whole life: in-flight events are its
+//! own until it dies, and a `flush` beside it leaves them alone.
+
+use crate::cloudvision::{Client, SendError};
+use crate::delivery::{backoff, send_item, DrainReport};
+use crate::mode::hook;
+use crate::outbox::{Event, Finish, Item, Outbox};
+use crate::runner::Slurm;
+use crate::slurm::{self, JobInfo};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::ErrorKind;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The wake-up socket's file name in StateDir.
+pub const WAKE_SOCKET: &str = "wake.sock";
+
+/// How often the dispatcher looks at the outbox even when nobody woke it.
+pub const RESCAN_EVERY: Duration = Duration::from_secs(5);
+
+/// The shortest time between two end-state questions to slurmctld.
+pub const END_STATE_GAP: Duration = Duration::from_millis(100);
+
+/// The longest slurmctld may take to answer the batch end-state question.
+pub const END_STATE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The path of the wake-up socket under `state_dir`.
+pub fn socket_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(WAKE_SOCKET)
+}
+
+/// A connection to a live sender, or `None` when no service listens: the path is missing, is
+/// not a socket (a symlink is never followed), or is a socket nobody has bound (a service
+/// that died leaves one behind: connecting to it is refused). Costs one `lstat` and one
+/// `connect`; never blocks.
+pub fn connect(state_dir: &Path) -> Option<UnixDatagram> {
+    let path = socket_path(state_dir);
+    let meta = std::fs::symlink_metadata(&path).ok()?;
+    if !meta.file_type().is_socket() {
+        return None;
+    }
+    let sock = UnixDatagram::unbound().ok()?;
+    sock.set_nonblocking(true).ok()?;
+    sock.connect(&path).ok()?;
+    Some(sock)
+}
+
+/// Wakes the sender through a socket from [`connect`]. True when the sender has it (or
+/// already has more wake-ups queued than it needs: a full socket buffer means it is busy
+/// reading the outbox anyway); false when the sender is gone.
+pub fn wake(sock: &UnixDatagram) -> bool {
+    match sock.send(b"w") {
+        Ok(_) => true,
+        Err(e) => e.kind() == ErrorKind::WouldBlock,
+    }
+}
+
+/// Slurm's view of the given jobs, asked for the whole batch at once: one `scontrol show job`
+/// call, then one `sacct` call for the jobs slurmctld has already forgotten (a service that
+/// was down for a while). Jobs neither knows, and every job when Slurm cannot be asked, are
+/// absent from the answer (their ends are then judged from the exit codes, as a hook without
+/// slurmctld does).
+pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> HashMap<String, JobInfo> {
+    if ids.is_empty() {
+        return HashMap::new();
+    }
+    let mut found: HashMap<String, JobInfo> =
+        match slurm.run("scontrol", &["show", "job", "-o"], timeout) {
+            Ok(out) => ids
+                .iter()
+                .filter_map(|id| Some((id.clone(), slurm::parse_scontrol_job(&out, id)?)))
+                .collect(),
+            Err(e) => {
+                log::warn!(
+                    "cannot ask slurmctld how {} job(s) ended ({e}); using their exit codes",
+                    ids.len()
+                );
+                return HashMap::new();
+            }
+        };
+    let missing: Vec<&str> = ids
+        .iter()
+        .filter(|id| !found.contains_key(*id))
+        .map(|s| s.as_str())
+        .collect();
+    if !missing.is_empty() {
+        let fmt = format!("--format={}", slurm::SACCT_FORMAT);
+        let list = missing.join(",");
+        if let Ok(out) = slurm.run("sacct", &["-j", &list, "-X", "-P", "-n", &fmt], timeout) {
+            for id in missing {
+                if let Some(j) = slurm::parse_sacct(&out, id) {
+                    found.insert(id.to_string(), j);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Nanoseconds since the epoch (the clock of [`Event::seq`]).
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
+}
+
+/// The dispatcher's own state between scans.
+struct Dispatch {
+    /// The pending files (name, seq) already handed to the sync thread.
+    synced: HashSet<(String, u128)>,
+    /// The sync thread's queue.
+    syncer: std::sync::mpsc::Sender<Vec<String>>,
+    /// When slurmctld was last asked for end states.
+    last_ask: Option<Instant>,
+}
+
+/// What the dispatcher and the workers share.
+struct Shared {
+    state: Mutex<State>,
+    ready: Condvar,
+    stop: &'static AtomicBool,
+}
+
+#[derive(Default)]
+struct State {
+    /// Events handed out and not yet taken by a worker.
+    queue: VecDeque<Event>,
+    /// Outbox file names queued or being sent: one key is never in two workers.
+    busy: HashSet<String>,
+    /// No worker starts a send before this (backoff, 429).
+    paused_until: Option<Instant>,
+    /// Failed passes in a row (for the backoff).
+    failures: u32,
+    /// What happened since the dispatcher last wrote `service-status.json`.
+    report: DrainReport,
+    /// A worker finished something: look at the outbox again.
+    rescan: bool,
+    /// When the token-refused error was last logged.
+    token_warned_at: Option<Instant>,
+}
+
+/// A running sender (threads end with the process, or when `stop` is set).
+pub struct Sender {
+    state_dir: PathBuf,
+}
+
+impl Sender {
+    /// Wakes the dispatcher (after the service itself queued something).
+    pub fn wake(&self) {
+        if let Some(s) = connect(&self.state_dir) {
+            wake(&s);
+        }
+    }
+}
+
+/// What the sender threads need.
+struct Setup {
+    client: Client,
+    outbox: Outbox,
+    slurm: Slurm,
+    workers: usize,
+    max_events: usize,
+    stop: &'static AtomicBool,
+}
+
+/// Starts the sender: takes the drainer lock, puts back what a dead drainer left in flight,
+/// binds `wake.sock`, then delivers until `stop` is set. When the lock is free it returns
+/// once the socket is bound, so hooks that start after it use it. When another process holds
+/// it (a `flush`, or a second service on the same StateDir), a thread waits for it and this
+/// sender takes over once that process ends; the caller goes on meanwhile.
+pub fn start(
+    cfg: &crate::config::Config,
+    client: Client,
+    outbox: Outbox,
+    stop: &'static AtomicBool,
+) -> Result<Sender, String> {
+    let sender = Sender {
+        state_dir: outbox.root().to_path_buf(),
+    };
+    let setup = Setup {
+        client,
+        slurm: Slurm::new(cfg.slurm_bin_dir.as_deref()),
+        workers: cfg.max_concurrent_requests.max(1),
+        max_events: cfg.outbox_max_events,
+        stop,
+        outbox,
+    };
+    if let Some(lock) = setup.outbox.drainer_lock(false)? {
+        run(setup, lock)?;
+        return Ok(sender);
+    }
+    log::warn!("another process (a cvslurm flush, or a second service) is sending the outbox; this service sends once it ends");
+    std::thread::Builder::new()
+        .name("standby".into())
+        .spawn(move || match setup.outbox.drainer_lock(true) {
+            Ok(Some(lock)) => {
+                if let Err(e) = run(setup, lock) {
+                    log::error!("cannot start the sender: {e}");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => log::error!("cannot start the sender: {e}"),
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    Ok(sender)
+}
+
+fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), String> {
+    let Setup {
+        client,
+        outbox,
+        slurm,
+        workers,
+        max_events,
+        stop,
+    } = setup;
+    match outbox.recover() {
+        Ok(n) if n > 0 => {
+            log::info!("outbox: {n} event(s) were in flight when the last run stopped; requeued")
+        }
+        Ok(_) => {}
+        Err(e) => log::error!("outbox: {e}"),
+    }
+    let path = socket_path(outbox.root());
+    let sock = bind(&path, &outbox)?;
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State::default()),
+        ready: Condvar::new(),
+        stop,
+    });
+    for i in 0..workers {
+        let (sh, ob, cl) = (shared.clone(), outbox.clone(), client.clone());
+        std::thread::Builder::new()
+            .name(format!("send-{i}"))
+            .spawn(move || worker(&sh, &ob, &cl))
+            .map_err(|e| format!("cannot start a sender thread: {e}"))?;
+    }
+    std::thread::Builder::new()
+        .name("dispatch".into())
+        .spawn(move || {
+            let _lock = lock;
+            dispatcher(&shared, &outbox, &sock, &slurm, max_events)
+        })
+        .map_err(|e| format!("cannot start the dispatcher thread: {e}"))?;
+    log::info!(
+        "sender: listening on {} ({workers} connection(s) at most)",
+        path.display()
+    );
+    Ok(())
+}
+
+/// Binds the wake-up socket, replacing a stale one (never anything that is not a socket).
+fn bind(path: &Path, outbox: &Outbox) -> Result<UnixDatagram, String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            // Still bound by a live process? Then a second service is running.
+            if connect(outbox.root()).is_some() {
+                return Err(format!(
+                    "{} is in use: another cvslurm service runs on this StateDir",
+                    path.display()
+                ));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| format!("cannot remove the stale {}: {e}", path.display()))?;
+        }
+        Ok(_) => {
+            return Err(format!(
+                "{} exists and is not a socket; remove it (hooks send directly meanwhile)",
+                path.display()
+            ))
+        }
+        Err(_) => {}
+    }
+    let sock =
+        UnixDatagram::bind(path).map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
+    // The hooks (SlurmUser) must be able to write to it: 0600 for the service's own user,
+    // handed to StateDir's owner when the service runs as root.
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    if let Some((uid, gid)) = outbox.owner() {
+        let _ = std::os::unix::fs::lchown(path, Some(uid), Some(gid));
+    }
+    Ok(sock)
+}
+
+fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, State> {
+    sh.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, max_events: usize) {
+    let mut buf = [0u8; 64];
+    let mut next_scan = Instant::now();
+    let (syncer, batches) = std::sync::mpsc::channel::<Vec<String>>();
+    let mut ds = Dispatch {
+        synced: HashSet::new(),
+        syncer,
+        last_ask: None,
+    };
+    let ob = outbox.clone();
+    let _ = std::thread::Builder::new()
+        .name("sync".into())
+        .spawn(move || {
+            while let Ok(mut names) = batches.recv() {
+                // Everything queued meanwhile goes in the same round.
+                while let Ok(more) = batches.try_recv() {
+                    names.extend(more);
+                }
+                ob.sync_files(&names);
+            }
+        });
+    while !sh.stop.load(Ordering::Relaxed) {
+        // Sleep until woken, the next periodic scan, or the end of a pause (at most 200 ms,
+        // to see `stop`).
+        let mut until = next_scan;
+        let (paused, rescan) = {
+            let st = lock(sh);
+            (st.paused_until, st.rescan)
+        };
+        if let Some(p) = paused {
+            until = until.max(p);
+        }
+        let woken = if rescan && paused.is_none_or(|p| p <= Instant::now()) {
+            true
+        } else {
+            let wait = until
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), Duration::from_millis(200));
+            let _ = sock.set_read_timeout(Some(wait));
+            sock.recv(&mut buf).is_ok()
+        };
+        if woken {
+            // Coalesce: every wake-up already queued is answered by this one scan.
+            let _ = sock.set_nonblocking(true);
+            while sock.recv(&mut buf).is_ok() {}
+            let _ = sock.set_nonblocking(false);
+        }
+        let now = Instant::now();
+        let paused_now = paused.is_some_and(|p| p > now);
+        if paused_now {
+            // Sending waits, but ends are settled now, while slurmctld still knows the jobs.
+            if woken {
+                scan(sh, outbox, slurm, max_events, false, &mut ds);
+            }
+            continue;
+        }
+        if !woken && now < next_scan {
+            continue;
+        }
+        lock(sh).rescan = false;
+        scan(sh, outbox, slurm, max_events, true, &mut ds);
+        next_scan = Instant::now() + RESCAN_EVERY;
+        let report = std::mem::take(&mut lock(sh).report);
+        if report != DrainReport::default() {
+            crate::delivery::record_drain(outbox, &report);
+        }
+    }
+}
+
+/// One look at the outbox: fix the ends that need slurmctld's word, and (`dispatch`) hand
+/// the events to the workers.
+/// `synced`: the pending files (name, seq) already made durable.
+fn scan(
+    sh: &Shared,
+    outbox: &Outbox,
+    slurm: &Slurm,
+    max_events: usize,
+    dispatch: bool,
+    ds: &mut Dispatch,
+) {
+    outbox.enforce_limit(max_events);
+    let pending = outbox.pending();
+    // The hooks that handed their events over did not sync them: the syncer thread makes
+    // the new ones durable, batch by batch, beside the sending (sending need not wait: an
+    // event CloudVision has is safe; what matters is how soon a queued one is on disk).
+    let new: Vec<String> = pending
+        .iter()
+        .filter(|e| !ds.synced.contains(&(e.item.file_name(), e.seq)))
+        .map(|e| e.item.file_name())
+        .collect();
+    if !new.is_empty() {
+        if let Err(unsent) = ds.syncer.send(new) {
+            outbox.sync_files(&unsent.0); // no sync thread: here, then
+        }
+    }
+    ds.synced = pending
+        .iter()
+        .map(|e| (e.item.file_name(), e.seq))
+        .collect();
+    let busy: HashSet<String> = lock(sh).busy.clone();
+    let (provisional, ready): (Vec<Event>, Vec<Event>) = pending
+        .into_iter()
+        .filter(|e| !busy.contains(&e.item.file_name()))
+        .partition(|e| e.resolve.is_some());
+    // What needs no word from slurmctld goes out first (RUNNING never waits for an end).
+    if dispatch {
+        hand_out(sh, ready);
+    }
+    if provisional.is_empty() {
+        return;
+    }
+    // Ends: one slurmctld call for all of them, at most every END_STATE_GAP, so a burst of
+    // epilogs costs slurmctld a few calls, not one per wake-up.
+    if let Some(t) = ds.last_ask {
+        std::thread::sleep(END_STATE_GAP.saturating_sub(t.elapsed()));
+    }
+    let ids: Vec<String> = provisional
+        .iter()
+        .filter_map(|e| match &e.item {
+            Item::Job { job } => Some(job.job_id().to_string()),
+            _ => None,
+        })
+        .collect();
+    let ctl = end_states(slurm, &ids, END_STATE_TIMEOUT);
+    ds.last_ask = Some(Instant::now());
+    let settled: Vec<Event> = provisional
+        .into_iter()
+        .filter_map(|ev| resolve(outbox, ev, &ctl))
+        .collect();
+    let names: Vec<String> = settled.iter().map(|e| e.item.file_name()).collect();
+    if let Err(unsent) = ds.syncer.send(names) {
+        outbox.sync_files(&unsent.0);
+    }
+    if dispatch {
+        hand_out(sh, settled);
+    }
+}
+
+/// Queues events for the workers (each key once).
+fn hand_out(sh: &Shared, events: Vec<Event>) {
+    if events.is_empty() {
+        return;
+    }
+    let mut st = lock(sh);
+    for ev in events {
+        if st.busy.insert(ev.item.file_name()) {
+            st.queue.push_back(ev);
+        }
+    }
+    drop(st);
+    sh.ready.notify_all();
+}
+
+/// Turns an epilog's provisional event (itself, or the end chained after a RUNNING) into its
+/// final one (state from slurmctld's answer, Slurm's own start and end times), writes it
+/// back, and marks a COMPLETED for verification. `None` when the event changed meanwhile (the
+/// next scan sees the new one).
+fn resolve(outbox: &Outbox, ev: Event, ctl: &HashMap<String, JobInfo>) -> Option<Event> {
+    let mut new = ev.clone();
+    let changed = match new.then.as_deref_mut() {
+        Some(next) => settle(outbox, next, ctl),
+        None => settle(outbox, &mut new, ctl),
+    };
+    if !changed {
+        return Some(ev);
+    }
+    // Not synced here (one fsync per end would hold up the batch): the caller hands the
+    // settled files to the sync thread.
+    match outbox.replace_if_same(&ev, &new, false) {
+        Ok(true) => Some(new),
+        Ok(false) => None,
+        Err(e) => {
+            log::error!("outbox: {e}");
+            None
+        }
+    }
+}
+
+/// Settles one provisional end in place; false when it was not provisional.
+fn settle(outbox: &Outbox, ev: &mut Event, ctl: &HashMap<String, JobInfo>) -> bool {
+    let Some(facts) = ev.resolve.take() else {
+        return false;
+    };
+    let Item::Job { job } = &ev.item else {
+        return false;
+    };
+    let fixed = hook::finish_end(job, &facts, ctl.get(job.job_id()));
+    if fixed.state != job.state {
+        log::info!(
+            "job {}: slurmctld says it ended {}, not {} as its exit codes say",
+            job.key.id,
+            fixed.state,
+            job.state
+        );
+    }
+    if fixed.state == crate::payload::JobState::Completed {
+        if let Err(e) = outbox.mark_for_verification(&fixed, facts.restart_count) {
+            log::warn!(
+                "job {}: cannot mark its end for verification: {e}",
+                job.key.id
+            );
+        }
+    }
+    ev.item = Item::Job { job: fixed };
+    true
+}
+
+fn worker(sh: &Shared, outbox: &Outbox, client: &Client) {
+    loop {
+        let ev = {
+            let mut st = lock(sh);
+            loop {
+                if sh.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let paused = st.paused_until.is_some_and(|p| p > Instant::now());
+                if !paused {
+                    if let Some(ev) = st.queue.pop_front() {
+                        break ev;
+                    }
+                }
+                st = sh
+                    .ready
+                    .wait_timeout(st, Duration::from_millis(200))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        };
+        let name = ev.item.file_name();
+        deliver(sh, outbox, client, &ev);
+        // A newer event of this key queued meanwhile is sent next, after this one.
+        let newer = outbox.is_pending(&ev.item);
+        let mut st = lock(sh);
+        st.busy.remove(&name);
+        st.rescan |= newer;
+    }
+}
+
+/// Takes, sends and finishes one event.
+fn deliver(sh: &Shared, outbox: &Outbox, client: &Client, ev: &Event) {
+    let taken = match outbox.take(ev) {
+        Ok(Some(t)) => t,
+        Ok(None) => return, // replaced or gone meanwhile
+        Err(e) => {
+            log::error!("outbox: {e}");
+            pause(sh, None, &e);
+            return;
+        }
+    };
+    let what = taken.item.describe();
+    let result = send_item(client, &taken.item, None);
+    let finish = match &result {
+        Ok(a) => {
+            let mut st = lock(sh);
+            st.failures = 0;
+            st.report.delivered += 1;
+            drop(st);
+            let delay = now_nanos().saturating_sub(taken.seq) / 1_000_000;
+            log::info!(
+                "outbox: delivered {what} (HTTP {}, {delay} ms after it was queued)",
+                a.status
+            );
+            Finish::Delivered
+        }
+        Err(e)
+            if e.retryable()
+                || matches!(
+                    e,
+                    SendError::NotConfigured(_) | SendError::TokenRefused { .. }
+                ) =>
+        {
+            let retry_after = match e {
+                SendError::RateLimited { retry_after } => *retry_after,
+                _ => None,
+            };
+            if matches!(e, SendError::TokenRefused { .. }) {
+                let mut st = lock(sh);
+                st.report.token_refused = true;
+                if st
+                    .token_warned_at
+                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+                {
+                    log::error!("outbox: {what} kept: {e}");
+                    st.token_warned_at = Some(Instant::now());
+                }
+            }
+            pause(sh, retry_after, &e.to_string());
+            log::debug!("outbox: {what} kept: {e}");
+            Finish::Retry
+        }
+        Err(e) => {
+            let mut st = lock(sh);
+            st.report.rejected += 1;
+            st.report.last_error = Some(e.to_string());
+            drop(st);
+            log::error!("outbox: {what} rejected, moved to rejected/: {e}");
+            Finish::Reject(e.to_string())
+        }
+    };
+    if let Err(e) = outbox.finish(&taken, finish) {
+        log::error!("outbox: {e}");
+    }
+}
+
+/// A failed send: every worker pauses (the backoff grows with each failure in a row, a 429's
+/// `Retry-After` is honoured), and what was handed out goes back to the outbox's order.
+fn pause(sh: &Shared, retry_after: Option<Duration>, why: &str) {
+    let mut st = lock(sh);
+    // The workers that fail together count as one failure: the backoff grows per pause.
+    if st.paused_until.is_none_or(|p| p <= Instant::now()) {
+        st.failures += 1;
+    }
+    let mut wait = backoff(st.failures, Duration::from_secs(300));
+    if let Some(ra) = retry_after {
+        wait = wait.max(ra.min(Duration::from_secs(300)));
+        st.report.retry_after = st.report.retry_after.max(Some(ra));
+    }
+    let until = Instant::now() + wait;
+    if st.paused_until.is_none_or(|p| p < until) {
+        if st.paused_until.is_none_or(|p| p <= Instant::now()) {
+            log::warn!(
+                "outbox: sending paused for {:.0} s: {why}",
+                wait.as_secs_f64()
+            );
+        }
+        st.paused_until = Some(until);
+    }
+    st.report.kept += 1;
+    st.report.last_error = Some(why.to_string());
+    st.rescan = true; // once the pause is over
+    let dropped: Vec<Event> = st.queue.drain(..).collect();
+    for ev in dropped {
+        st.busy.remove(&ev.item.file_name());
+    }
+}

@@ -1,0 +1,464 @@
+//! The service as the sender: hooks queue and wake it, it settles ends and delivers. Also the
+//! outbox's stress proofs (outage, kill -9 at random points) on this path.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// A second config for the hooks, identical but for an ApiServer nothing listens on: a hook
+/// that tried to send would fail and say so.
+fn hook_conf_without_server(site: &Site) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(&site.conf).unwrap();
+    let text: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("ApiServer=") {
+                "ApiServer=127.0.0.1:1".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    let p = site.dir.path().join("hook.conf");
+    std::fs::write(&p, text.join("\n")).unwrap();
+    p
+}
+
+fn run_hook(site: &Site, conf: &std::path::Path, vars: &[(&str, &str)]) -> std::process::Output {
+    Command::new(site.link("cvslurm-hook"))
+        .env_clear()
+        .env("CVSLURM_CONF", conf)
+        .envs(vars.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn job_states(cv: &Standin) -> HashMap<String, Vec<String>> {
+    let mut m: HashMap<String, Vec<String>> = HashMap::new();
+    for r in cv.requests() {
+        if r["status"] == 200 && r["method"] == "POST" {
+            let id = r["body"]["key"]["id"].as_str().unwrap_or("").to_string();
+            let st = r["body"]["state"].as_str().unwrap_or("").to_string();
+            m.entry(id).or_default().push(st);
+        }
+    }
+    m
+}
+
+#[test]
+fn hooks_hand_events_to_the_service_without_network_or_slurmctld() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let _svc = Service::start(&site);
+    let hook_conf = hook_conf_without_server(&site);
+    let out = run_hook(
+        &site,
+        &hook_conf,
+        &job_env("prolog_slurmctld", "12345", &[]),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty() && out.stderr.is_empty());
+    wait_for("RUNNING at CloudVision", Duration::from_secs(20), || {
+        !cv.accepted("JobConfig").is_empty()
+    });
+    let running = cv.accepted("JobConfig")[0].clone();
+    assert_eq!(running["state"], "JOB_STATE_RUNNING");
+    assert_eq!(running["key"]["id"], "12345@hpc-cluster-west");
+    let out = run_hook(
+        &site,
+        &hook_conf,
+        &job_env(
+            "epilog_slurmctld",
+            "12345",
+            &[("SLURM_JOB_EXIT_CODE2", "3:0")],
+        ),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    wait_for("the end at CloudVision", Duration::from_secs(20), || {
+        cv.accepted("JobConfig").len() == 2
+    });
+    let end = cv.accepted("JobConfig")[1].clone();
+    // No slurmctld here: the service judged the end from the exit codes.
+    assert_eq!(end["state"], "JOB_STATE_FAILED");
+    assert_eq!(
+        end["start_time"], running["start_time"],
+        "the prolog's start"
+    );
+    assert!(end["end_time"].as_str().unwrap().ends_with('Z'));
+    let log = site.log();
+    assert_eq!(
+        log.matches("queued for the service").count(),
+        2,
+        "both hooks handed over: {log}"
+    );
+    assert!(
+        !log.contains("cannot ask slurmctld for the end state"),
+        "{log}"
+    );
+    assert!(!log.contains("sending directly"), "{log}");
+    assert!(
+        log.contains("outbox: delivered job 12345@hpc-cluster-west FAILED"),
+        "{log}"
+    );
+    wait_for("an empty outbox", Duration::from_secs(10), || {
+        site.outbox().is_empty()
+    });
+}
+
+#[test]
+fn a_dead_services_socket_makes_the_hook_send_itself() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let mut svc = Service::start(&site);
+    svc.kill(); // kill -9: wake.sock stays behind, bound by nobody
+    assert!(site.state_dir.join("wake.sock").exists());
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "77", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(cv.accepted("JobConfig").len(), 1, "sent by the hook");
+    assert!(site.log().contains("job 77@hpc-cluster-west: sent RUNNING"));
+    assert!(site.outbox().is_empty());
+    // A symlink in its place is not followed, even to a live service's socket: the hook
+    // sends itself.
+    std::fs::remove_file(site.state_dir.join("wake.sock")).unwrap();
+    let other_site = Site::new(&cv.server(), &cv.ca(), "");
+    let _other = Service::start(&other_site);
+    std::os::unix::fs::symlink(
+        other_site.state_dir.join("wake.sock"),
+        site.state_dir.join("wake.sock"),
+    )
+    .unwrap();
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "78", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(site.log().contains("job 78@hpc-cluster-west: sent RUNNING"));
+    assert!(!other_site
+        .state_dir
+        .join("outbox/job.78@hpc-cluster-west.json")
+        .exists());
+}
+
+#[test]
+fn sigterm_ends_the_service_at_once_while_cloudvision_hangs_and_nothing_is_lost() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "RequestTimeout=60");
+    let mut svc = Service::start(&site);
+    cv.set_mode(json!({"mode": "hang"}));
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "500", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    let inflight = site
+        .state_dir
+        .join("inflight/job.500@hpc-cluster-west.json");
+    wait_for("the service to send", Duration::from_secs(20), || {
+        inflight.exists()
+    });
+    let t = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(svc.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_for("the service to stop", Duration::from_secs(10), || {
+        svc.child.try_wait().unwrap().is_some()
+    });
+    eprintln!("stopped {} ms after SIGTERM", t.elapsed().as_millis());
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "not held by the hanging request"
+    );
+    cv.set_mode(json!({"mode": "ok"}));
+    let _svc = Service::start(&site);
+    wait_for(
+        "delivery after the restart",
+        Duration::from_secs(20),
+        || !cv.accepted("JobConfig").is_empty(),
+    );
+    assert!(site.log().contains("requeued"), "{}", site.log());
+}
+
+fn final_state(code: usize) -> (&'static str, &'static str) {
+    match code % 3 {
+        0 => ("0:0", "JOB_STATE_COMPLETED"),
+        1 => ("2:0", "JOB_STATE_FAILED"),
+        _ => ("0:9", "JOB_STATE_FAILED"),
+    }
+}
+
+#[test]
+fn outage_with_the_service_loses_nothing_and_keeps_order() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "MaxConcurrentRequests=4");
+    let _svc = Service::start(&site);
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    let jobs = 60;
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..20 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= jobs {
+                    break;
+                }
+                let id = (1000 + i).to_string();
+                let (out, _) = site.hook(&job_env("prolog_slurmctld", &id, &[]));
+                assert_eq!(out.status.code(), Some(0));
+                let (out, _) = site.hook(&job_env(
+                    "epilog_slurmctld",
+                    &id,
+                    &[("SLURM_JOB_EXIT_CODE2", final_state(i).0)],
+                ));
+                assert_eq!(out.status.code(), Some(0));
+            });
+        }
+    });
+    cv.set_mode(json!({"mode": "ok"}));
+    wait_for("every end delivered", Duration::from_secs(120), || {
+        let st = cv.state();
+        (0..jobs).all(|i| {
+            st["jobs"][format!("{}@hpc-cluster-west", 1000 + i)]["state"] == final_state(i).1
+        })
+    });
+    for (id, states) in job_states(&cv) {
+        let ended = states.iter().position(|s| s != "JOB_STATE_RUNNING");
+        if let Some(e) = ended {
+            assert!(
+                states[e..].iter().all(|s| s != "JOB_STATE_RUNNING"),
+                "{id}: RUNNING after its end: {states:?}"
+            );
+        }
+    }
+    wait_for("an empty outbox", Duration::from_secs(10), || {
+        site.outbox().is_empty()
+    });
+    assert!(!site.log().contains("sending directly"));
+}
+
+struct Rng(u64);
+impl Rng {
+    fn new() -> Rng {
+        let seed = std::env::var("CVSLURM_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    | 1
+            });
+        eprintln!("seed {seed} (CVSLURM_SEED={seed} replays it)");
+        Rng(seed)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+#[test]
+fn service_and_hooks_killed_at_random_points_lose_no_returned_event() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=2\nRequestTimeout=2");
+    cv.set_mode(json!({"mode": "delay", "delay_ms": 15}));
+    let mut rng = Rng::new();
+    let link = site.link("cvslurm-hook");
+    let mut svc = Some(Service::start(&site));
+    let started = Instant::now();
+    let (mut returned, mut killed, mut service_kills) = (Vec::new(), 0, 0);
+    let mut i = 0;
+    while i < 600 && started.elapsed() < Duration::from_secs(90) {
+        i += 1;
+        let job = 5000 + (i % 200);
+        let ctx = if rng.below(2) == 0 {
+            "prolog_slurmctld"
+        } else {
+            "epilog_slurmctld"
+        };
+        let id = job.to_string();
+        let mut child = Command::new(&link)
+            .env_clear()
+            .env("CVSLURM_CONF", &site.conf)
+            .envs(job_env(ctx, &id, &[("SLURM_JOB_EXIT_CODE2", "0:0")]))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_micros(rng.below(20_000)));
+        match child.try_wait().unwrap() {
+            Some(st) => {
+                assert_eq!(st.code(), Some(0));
+                returned.push(id);
+            }
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                killed += 1;
+            }
+        }
+        // Now and then the service is killed -9, and started again a little later.
+        match rng.below(15) {
+            0 if svc.is_some() => {
+                svc.take().unwrap().kill();
+                service_kills += 1;
+            }
+            1 if svc.is_none() => svc = Some(Service::start(&site)),
+            _ => {}
+        }
+    }
+    eprintln!(
+        "{i} hook runs: {} returned, {killed} killed; service killed {service_kills} times",
+        returned.len()
+    );
+    assert!(killed > 0 && service_kills > 0 && !returned.is_empty());
+    drop(svc);
+    cv.set_mode(json!({"mode": "ok"}));
+    let _svc = Service::start(&site);
+    wait_for("an empty outbox", Duration::from_secs(60), || {
+        site.outbox().is_empty()
+            && std::fs::read_dir(site.state_dir.join("inflight"))
+                .map(|d| d.count() == 0)
+                .unwrap_or(true)
+    });
+    let state = cv.state();
+    for id in &returned {
+        let got: &Value = &state["jobs"][format!("{id}@hpc-cluster-west")];
+        assert!(
+            got.is_object(),
+            "job {id}: a returned event never reached CloudVision"
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(site.state_dir.join("rejected"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn a_second_drainer_leaves_the_first_ones_event_alone() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1\nRequestTimeout=30");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "600", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(site.outbox().len(), 1);
+    cv.set_mode(json!({"mode": "hang"}));
+    let mut first = Command::new(bin())
+        .arg("flush")
+        .arg("--no-reconcile")
+        .env("CVSLURM_CONF", &site.conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let inflight = site
+        .state_dir
+        .join("inflight/job.600@hpc-cluster-west.json");
+    wait_for("the first flush to send", Duration::from_secs(20), || {
+        inflight.exists()
+    });
+    let before = cv.requests().len();
+    let out = site.run(&["flush", "--no-reconcile"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("another drainer"), "{}", stdout(&out));
+    assert_eq!(
+        cv.requests().len(),
+        before,
+        "the event was sent a second time"
+    );
+    assert!(
+        inflight.exists(),
+        "the first flush's event was taken from it"
+    );
+    let _ = first.kill();
+    let _ = first.wait();
+    cv.set_mode(json!({"mode": "ok"}));
+}
+
+#[test]
+fn status_and_check_say_which_path_the_hooks_take() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let st = |site: &Site| -> Value {
+        let out = site.run(&["status", "--json", "--offline"]);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    assert_eq!(st(&site)["service_running"], false);
+    let check = stdout(&site.run(&["check"]));
+    assert!(
+        check.contains("WARN no cvslurm service listens")
+            && check.contains("sends to CloudVision itself"),
+        "{check}"
+    );
+    let mut svc = Service::start(&site);
+    assert_eq!(st(&site)["service_running"], true);
+    let check = stdout(&site.run(&["check"]));
+    assert!(
+        check.contains("ok   the cvslurm service listens"),
+        "{check}"
+    );
+    svc.kill();
+    assert_eq!(
+        st(&site)["service_running"],
+        false,
+        "a stale socket is no service"
+    );
+}
+
+#[test]
+fn a_second_service_stands_by_and_takes_over_when_the_first_dies() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let mut first = Service::start(&site);
+    let mut second = Command::new(bin())
+        .args(["inventory", "--monitor"])
+        .env("CVSLURM_CONF", &site.conf)
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("JOURNAL_STREAM")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the second service to stand by",
+        Duration::from_secs(20),
+        || site.log().contains("this service sends once it ends"),
+    );
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "700", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    wait_for("delivery", Duration::from_secs(20), || {
+        cv.accepted("JobConfig").len() == 1
+    });
+    assert!(
+        second.try_wait().unwrap().is_none(),
+        "the second service exited"
+    );
+    first.kill();
+    wait_for(
+        "the second service to take over",
+        Duration::from_secs(20),
+        || site.log().matches("sender: listening on").count() == 2,
+    );
+    let (out, _) = site.hook(&job_env("epilog_slurmctld", "700", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    wait_for("delivery by the second", Duration::from_secs(20), || {
+        cv.accepted("JobConfig").len() == 2
+    });
+    assert!(site.log().contains("queued for the service"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_for(
+        "the second service to stop",
+        Duration::from_secs(10),
+        || second.try_wait().unwrap().is_some(),
+    );
+    assert_eq!(second.wait().unwrap().code(), Some(0));
+}
