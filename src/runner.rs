@@ -67,17 +67,8 @@ impl Slurm {
     /// A non-zero exit, a time-out, a missing command or too much output is an error that
     /// names the command and shows the first line Slurm printed on stderr.
     pub fn run(&self, name: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
-        let mut cmd = self.command(name);
-        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
         let shown = format!("{name} {}", args.join(" "));
-        let child = cmd.spawn().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                format!("{name} not found (looked in SlurmBinDir, PATH and /usr/bin, /usr/local/bin, /opt/slurm/bin); set SlurmBinDir in cloudvision.conf")
-            } else {
-                format!("cannot run {shown}: {e}")
-            }
-        })?;
-        let out = wait_with_output(child, timeout).map_err(|e| format!("{shown}: {e}"))?;
+        let out = self.run_output(name, args, timeout)?;
         if !out.success {
             let first = out
                 .stderr
@@ -95,6 +86,29 @@ impl Slurm {
             ));
         }
         Ok(out.stdout)
+    }
+
+    /// Runs a Slurm command to completion within `timeout` and returns what it left, whatever
+    /// its exit status (Slurm's JSON commands explain a failure on stdout).
+    ///
+    /// A time-out, a missing command or too much output is an error that names the command.
+    pub fn run_output(
+        &self,
+        name: &str,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<Output, String> {
+        let mut cmd = self.command(name);
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let shown = format!("{name} {}", args.join(" "));
+        let child = cmd.spawn().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                format!("{name} not found (looked in SlurmBinDir, PATH and /usr/bin, /usr/local/bin, /opt/slurm/bin); set SlurmBinDir in cloudvision.conf")
+            } else {
+                format!("cannot run {shown}: {e}")
+            }
+        })?;
+        wait_with_output(child, timeout).map_err(|e| format!("{shown}: {e}"))
     }
 }
 
