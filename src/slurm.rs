@@ -832,7 +832,7 @@ mod tests {
         let last = |k: &str| {
             line.split(' ')
                 .filter_map(|t| t.strip_prefix(k))
-                .last()
+                .next_back()
                 .unwrap()
                 .to_string()
         };

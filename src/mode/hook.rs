@@ -591,7 +591,7 @@ mod tests {
                 "slurm-22.05/json/squeue-{case}-epilog.json"
             )))
             .unwrap();
-            let ctl = slurm::pick(jobs, &[env.job_id.clone()])
+            let ctl = slurm::pick(jobs, std::slice::from_ref(&env.job_id))
                 .remove(&env.job_id)
                 .unwrap();
             assert_eq!(ctl.states, ["COMPLETING"], "{case}");
@@ -630,7 +630,7 @@ mod tests {
                 };
                 let env = env_of(&fixture(&format!("{dir}.env")));
                 let jobs = slurm::json::parse_jobs(&json).unwrap();
-                let ctl = slurm::pick(jobs, &[env.job_id.clone()])
+                let ctl = slurm::pick(jobs, std::slice::from_ref(&env.job_id))
                     .remove(&env.job_id)
                     .unwrap();
                 assert_eq!(
