@@ -1183,31 +1183,41 @@ fn hidden_partition_nodes_are_inventoried() {
         "scontrol",
         &["update", "partitionname=gpu", "hidden=yes"],
     ));
-    let plain = Command::new("runuser")
-        .args(["-u", "nobody", "--", "sinfo", "-h", "-N", "-o", "%N"])
-        .output()
-        .unwrap();
+    // As a user who is no operator, with the PATH of this test (the cluster's Slurm first).
+    let as_nobody = |prog: &Path, args: &[&str]| {
+        Command::new("runuser")
+            .args(["-u", "nobody", "--", "env"])
+            .arg(format!(
+                "PATH={}",
+                std::env::var("PATH").unwrap_or_default()
+            ))
+            .arg(prog)
+            .args(args)
+            .current_dir("/")
+            .output()
+            .unwrap()
+    };
+    let plain = as_nobody(Path::new("sinfo"), &["-h", "-N", "-o", "%N"]);
     assert!(
-        !stdout(&plain).contains("n3"),
-        "sinfo shows hidden nodes to users: the test proves nothing"
+        plain.status.success() && !stdout(&plain).contains("n3"),
+        "sinfo shows hidden nodes to users, the test would prove nothing: {}{}",
+        stdout(&plain),
+        stderr(&plain)
     );
     let deletes_before =
         f.cv.requests()
             .iter()
             .filter(|r| r["method"] == "DELETE")
             .count();
-    let scratch = Scratch::new("hidden");
-    fs::set_permissions(scratch.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let conf = scratch.path().join("cv.conf");
-    fs::write(&conf, "InterfacePhysicalOnly=no\nDiscoveryTimeout=30\n").unwrap();
-    fs::set_permissions(&conf, fs::Permissions::from_mode(0o644)).unwrap();
-    let out = Command::new("runuser")
-        .args(["-u", "nobody", "--"])
-        .arg(&f.bin)
-        .args(["inventory", "--dry-run", "--config", conf.to_str().unwrap()])
-        .current_dir("/")
-        .output()
-        .unwrap();
+    let out = as_nobody(
+        &f.bin,
+        &[
+            "inventory",
+            "--dry-run",
+            "--config",
+            f.conf.to_str().unwrap(),
+        ],
+    );
     let text = stdout(&out);
     assert!(
         text.contains(&format!("{NODES} would send, 0 failed")),
