@@ -96,15 +96,25 @@ pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {
         }
         match JobState::from_slurm(&info.state) {
             Some(state) if state.is_terminal() => {
-                if state != job.state {
+                // Slurm's own times (an epilog that could not ask slurmctld in time on 22.05
+                // sent the prolog's start and its own clock).
+                let start = info.start.and_then(format_epoch).or(job.start_time.clone());
+                let end = info.end.and_then(format_epoch).or(job.end_time.clone());
+                if state != job.state || start != job.start_time || end != job.end_time {
                     log::info!(
-                        "reconcile: job {} ended {} in Slurm's record, not {} as its epilog saw; correcting",
+                        "reconcile: job {} ended {} {}..{} in Slurm's record, not {} {}..{} as its epilog saw; correcting",
                         job.key.id,
                         info.state,
-                        job.state
+                        start.as_deref().unwrap_or("?"),
+                        end.as_deref().unwrap_or("?"),
+                        job.state,
+                        job.start_time.as_deref().unwrap_or("?"),
+                        job.end_time.as_deref().unwrap_or("?"),
                     );
                     let mut fixed = job.clone();
                     fixed.state = state;
+                    fixed.start_time = start;
+                    fixed.end_time = end;
                     outbox.enqueue(&Event::new(Item::Job { job: fixed }, (restarts, 2)))?;
                     corrected += 1;
                 }

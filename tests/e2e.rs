@@ -1236,3 +1236,41 @@ fn hidden_partition_nodes_are_inventoried() {
         "a hidden partition's nodes were deleted"
     );
 }
+
+/// A COMPLETED end whose times are not Slurm's (an epilog on 22.05 that could not ask
+/// slurmctld in time sends the prolog's start and its own clock) is corrected by the
+/// service's verification to Slurm's own start and end.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn verification_corrects_times_to_slurms() {
+    let (f, _g) = shared();
+    let id = sbatch(&["-J", "e2e-times", "--wrap", "sleep 1"]);
+    let done = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+    let (start, end) = sacct_times(&id);
+    assert_eq!(done["start_time"].as_str(), Some(start.as_str()));
+    // The mark an epilog with a wrong clock would have left, aged past the verification delay.
+    let mut wrong = done.clone();
+    wrong["start_time"] = json!("2020-01-01T00:00:00Z");
+    wrong["end_time"] = json!("2020-01-01T00:00:09Z");
+    let mark = f.state_dir.join("verify").join(key(&id));
+    fs::write(&mark, json!({"job": wrong, "restart_count": 0}).to_string()).unwrap();
+    chown_slurm(&mark);
+    fs::File::options()
+        .write(true)
+        .open(&mark)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(60))
+        .unwrap();
+    let before = job_events(f, &id).len();
+    wait_until("the correction", Duration::from_secs(30), || {
+        job_events(f, &id).len() > before
+    });
+    let fixed = job_events(f, &id).last().unwrap().clone();
+    assert_eq!(fixed["state"], "JOB_STATE_COMPLETED");
+    assert_eq!(
+        (fixed["start_time"].as_str(), fixed["end_time"].as_str()),
+        (Some(start.as_str()), Some(end.as_str())),
+        "{fixed}"
+    );
+    assert!(!mark.exists());
+}
