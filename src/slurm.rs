@@ -146,24 +146,26 @@ fn json_jobs(
 
 /// What slurmctld knows of these jobs, in one call: `scontrol --json show job` (one id: that
 /// job; several: every job), or on Slurm before 23.02 `squeue --all --json` (every job).
-/// Ids as users give them (`12345`, `12345_7`) → the job; ids slurmctld does not know are
-/// absent from the map.
+/// Ids as users give them (`12345`, `12345_7`) → the job; ids slurmctld does not know, and
+/// strings that are no job id, are absent from the map.
 pub fn jobs_by_id(
     slurm: &Slurm,
     ids: &[String],
     timeout: Duration,
 ) -> Result<HashMap<String, JobInfo>, String> {
+    // Only ids that can be jobs reach a command line (record names in StateDir are not trusted).
+    let ids: Vec<String> = ids.iter().filter(|i| valid_job_id(i)).cloned().collect();
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
     let started = std::time::Instant::now();
     let reader = version::version(slurm, timeout)?.reader();
     let left = timeout.saturating_sub(started.elapsed());
-    let one = match ids {
+    let one = match ids.as_slice() {
         [one] => Some(one.as_str()),
         _ => None,
     };
-    Ok(pick(ctl_jobs(slurm, reader, one, left)?, ids))
+    Ok(pick(ctl_jobs(slurm, reader, one, left)?, &ids))
 }
 
 /// Every job slurmctld holds (running, pending, and ended ones for `MinJobAge`), in one call.
@@ -208,6 +210,7 @@ pub fn sacct_jobs(
     ids: &[String],
     timeout: Duration,
 ) -> Result<HashMap<String, JobInfo>, String> {
+    let ids: Vec<String> = ids.iter().filter(|i| valid_job_id(i)).cloned().collect();
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
@@ -216,7 +219,7 @@ pub fn sacct_jobs(
     let left = timeout.saturating_sub(started.elapsed());
     let list = ids.join(",");
     let jobs = json_jobs(slurm, "sacct", &[reader.json_flag, "-j", &list], left)?;
-    Ok(pick(jobs, ids))
+    Ok(pick(jobs, &ids))
 }
 
 /// What the accounting database knows of one job (see [`sacct_jobs`]).
@@ -820,6 +823,18 @@ mod tests {
             }
             assert!(checked >= 12, "{v}: {checked}");
         }
+    }
+
+    /// A string that is no job id never reaches a command line (no Slurm is asked at all:
+    /// this runner has no scontrol).
+    #[test]
+    fn no_command_for_strings_that_are_no_job_id() {
+        let none = Slurm::new(Some(std::path::Path::new("/nonexistent")));
+        let bad: Vec<String> = ["-h", "1,2", "--all", "1 2", ""].map(String::from).to_vec();
+        assert!(jobs_by_id(&none, &bad, COMMAND_TIMEOUT).unwrap().is_empty());
+        assert!(sacct_jobs(&none, &bad, COMMAND_TIMEOUT).unwrap().is_empty());
+        let e = jobs_by_id(&none, &["5".to_string()], COMMAND_TIMEOUT).unwrap_err();
+        assert!(e.starts_with("scontrol not found"), "{e}");
     }
 
     /// 26.05 prints the raw submit line in `scontrol show job -o`: Key=Value words a user
