@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Captures what cvslurm's JSON readers read, from the real host Slurm, into
 # tests/fixtures/slurm-<version>/json/ (takes ~2 minutes; run as root inside the cluster flock):
-#   flock /var/lock/cvslurm-dev-cluster.lock tests/cluster/capture-json.sh
+#   flock -o /var/lock/cvslurm-dev-cluster.lock tests/cluster/capture-json.sh
+# (-o: the daemons cluster.sh starts must not inherit the lock's file descriptor)
 # Starts the cluster (WITH_DBD=1, MinJobAge=600) with a capture hook as PrologSlurmctld and
 # EpilogSlurmctld that dumps, inside each hook, the JSON cvslurm asks slurmctld for; runs one job
 # per ending plus jobs with hostile names; saves squeue/sacct JSON, the sinfo/squeue/scontrol
