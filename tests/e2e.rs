@@ -1184,13 +1184,30 @@ fn hidden_partition_nodes_are_inventoried() {
         &["update", "partitionname=gpu", "hidden=yes"],
     ));
     // As a user who is no operator, with the PATH of this test (the cluster's Slurm first).
+    // Where the cluster's Slurm runs in a root filesystem (its commands are chroot wrappers),
+    // the user is switched inside it.
+    let path = std::env::var("PATH").unwrap_or_default();
+    let sinfo = std::env::split_paths(&path)
+        .map(|d| d.join("sinfo"))
+        .find(|p| p.is_file());
+    let rootfs = sinfo
+        .and_then(|p| fs::read(p).ok())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .and_then(|t| {
+            let rest = t.split("exec /usr/sbin/chroot ").nth(1)?;
+            rest.split_whitespace().next().map(String::from)
+        });
     let as_nobody = |prog: &Path, args: &[&str]| {
-        Command::new("runuser")
-            .args(["-u", "nobody", "--", "env"])
-            .arg(format!(
-                "PATH={}",
-                std::env::var("PATH").unwrap_or_default()
-            ))
+        let mut c = match &rootfs {
+            Some(r) => {
+                let mut c = Command::new("chroot");
+                c.arg(r).arg("runuser");
+                c
+            }
+            None => Command::new("runuser"),
+        };
+        c.args(["-u", "nobody", "--", "env"])
+            .arg(format!("PATH={path}:/usr/bin:/bin"))
             .arg(prog)
             .args(args)
             .current_dir("/")
