@@ -52,7 +52,7 @@ pub struct Report {
 /// How long after the epilog Slurm's final state of a job is trusted to be recorded.
 pub const VERIFY_AFTER: Duration = Duration::from_secs(5);
 
-/// Checks the COMPLETED ends the epilogs marked for verification against Slurm's final state
+/// Checks the ends the epilogs marked for verification (those slurmctld did not name) against Slurm's final state
 /// (slurmctld while it remembers the job, else accounting), in one scontrol and one sacct
 /// call, and queues a correction where they differ.
 pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {

@@ -68,7 +68,7 @@ impl Slurm {
     /// names the command and shows the first line Slurm printed on stderr.
     pub fn run(&self, name: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
         let shown = format!("{name} {}", args.join(" "));
-        let out = self.run_output(name, args, timeout)?;
+        let out = self.spawn_wait(self.command(name), name, args, timeout)?;
         if !out.success {
             let first = out
                 .stderr
@@ -88,17 +88,25 @@ impl Slurm {
         Ok(out.stdout)
     }
 
-    /// Runs a Slurm command to completion within `timeout` and returns what it left, whatever
-    /// its exit status (Slurm's JSON commands explain a failure on stdout).
+    /// Runs a Slurm command that prints JSON (`--json`) to completion within `timeout` and
+    /// returns what it left, whatever its exit status (Slurm's JSON commands explain a failure
+    /// on stdout). JSON times are epoch numbers already, and `SLURM_TIME_FORMAT` is not set:
+    /// 22.05's `sacct --json` refuses `%s` ("Unable to parse time format").
     ///
     /// A time-out, a missing command or too much output is an error that names the command.
-    pub fn run_output(
+    pub fn run_json(&self, name: &str, args: &[&str], timeout: Duration) -> Result<Output, String> {
+        let mut cmd = self.command(name);
+        cmd.env_remove("SLURM_TIME_FORMAT");
+        self.spawn_wait(cmd, name, args, timeout)
+    }
+
+    fn spawn_wait(
         &self,
+        mut cmd: Command,
         name: &str,
         args: &[&str],
         timeout: Duration,
     ) -> Result<Output, String> {
-        let mut cmd = self.command(name);
         cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
         let shown = format!("{name} {}", args.join(" "));
         let child = cmd.spawn().map_err(|e| {
@@ -216,6 +224,19 @@ mod tests {
             .run("scontrol", &[], Duration::from_secs(1))
             .unwrap_err();
         assert!(e.starts_with("scontrol not found"), "{e}");
+    }
+
+    #[test]
+    fn json_commands_get_no_time_format() {
+        let s = Slurm::new(Some(Path::new("/bin")));
+        let out = s
+            .run_json(
+                "sh",
+                &["-c", "echo ${SLURM_TIME_FORMAT-unset}"],
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        assert_eq!(out.stdout, "unset\n");
     }
 
     #[test]

@@ -111,7 +111,7 @@ fn json_jobs(
     args: &[&str],
     timeout: Duration,
 ) -> Result<Vec<JobInfo>, String> {
-    let out = slurm.run_output(cmd, args, timeout)?;
+    let out = slurm.run_json(cmd, args, timeout)?;
     if !out.success {
         let why = json::error_of(&out.stdout).unwrap_or_else(|| {
             out.stderr

@@ -230,6 +230,15 @@ pub fn epilog_state(
     }
 }
 
+/// Did slurmctld name the job's final state (`["CANCELLED","COMPLETING"]` from 24.11 on), so
+/// the epilog's end needs no verification against Slurm's record?
+pub fn final_state_named(j: &JobInfo) -> bool {
+    !matches!(
+        j.state.as_str(),
+        "COMPLETING" | "RUNNING" | "CONFIGURING" | "PENDING" | "REQUEUED" | ""
+    ) && JobState::from_slurm(&j.state).is_some_and(JobState::is_terminal)
+}
+
 /// The start and end the epilog sends: Slurm's own StartTime and EndTime, the ones sacct
 /// records. From the environment where Slurm gives them (23.02 and later), else from
 /// slurmctld's record of the job (22.05), else the prolog's record of the start and "now".
@@ -314,6 +323,7 @@ fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>,
     }
     let outbox = Outbox::new(&cfg.state_dir);
     let now = now_epoch();
+    let mut named_final = false;
     let (state, start, end) = match env.phase {
         Phase::Prolog => {
             let start = env.start.unwrap_or(now);
@@ -324,6 +334,7 @@ fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>,
         }
         Phase::Epilog => {
             let ctl = lookup_end_state(cfg, &env, deadline);
+            named_final = ctl.as_ref().is_some_and(final_state_named);
             let state = epilog_state(env.exit, env.restart_count, ctl.as_ref());
             let (start, end) = epilog_times(&env, ctl.as_ref(), outbox.load_start(&key), now);
             (state, start, Some(end))
@@ -368,7 +379,10 @@ fn handle(cfg: &Config, cfg_error: Option<&str>, vars: &HashMap<String, String>,
     };
     if env.phase == Phase::Epilog {
         outbox.forget_start(&key);
-        if state == JobState::Completed {
+        // An end slurmctld did not name (22.05 says COMPLETING; or no answer in time) is
+        // checked against Slurm's final record: a cancel can reach the epilog as a success
+        // (ExitCode 0:0) or as its shell's exit 143 (128 + SIGTERM).
+        if !named_final {
             if let Err(e) = outbox.mark_for_verification(&job, env.restart_count) {
                 log::warn!("job {key}: cannot mark its end for verification: {e}");
             }
@@ -595,6 +609,7 @@ mod tests {
                 .remove(&env.job_id)
                 .unwrap();
             assert_eq!(ctl.states, ["COMPLETING"], "{case}");
+            assert!(!final_state_named(&ctl), "{case}");
             assert_eq!(
                 epilog_state(env.exit, env.restart_count, Some(&ctl)),
                 state,
@@ -638,6 +653,7 @@ mod tests {
                     want,
                     "{v} {case}"
                 );
+                assert!(final_state_named(&ctl), "{v} {case}");
                 // Without slurmctld, a cancel looks like a success.
                 if want == JobState::Cancelled {
                     assert_eq!(
