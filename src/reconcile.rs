@@ -7,74 +7,33 @@
 //!   its end state from slurmctld or accounting.
 
 use crate::config::Config;
-use crate::hostlist;
 use crate::outbox::{Event, Item, Outbox};
 use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
 
 use crate::slurm::JobInfo;
 use crate::slurm::COMMAND_TIMEOUT;
-use crate::timefmt::{format_epoch, parse_slurm_epoch};
+use crate::timefmt::format_epoch;
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// The squeue format cvslurm asks for (job name second; it may hold `|`).
-pub const SQUEUE_FORMAT: &str = "%i|%j|%P|%T|%S|%N";
-
-/// A job `squeue` lists as running.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuedJob {
-    /// Job id (an array task's own id).
-    pub job_id: String,
-    /// Job name.
-    pub name: String,
-    /// Partition.
-    pub partition: String,
-    /// State word.
-    pub state: String,
-    /// Start, epoch seconds.
-    pub start: Option<i64>,
-    /// Compressed node list.
-    pub nodelist: String,
+/// The jobs slurmctld has running (configuring, running, completing or suspended), from its
+/// JSON (`scontrol --json show job`, or `squeue --all --json` before Slurm 23.02): a job name
+/// cannot forge another job's record.
+pub fn squeue_running(slurm: &Slurm) -> Result<Vec<JobInfo>, String> {
+    Ok(crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?
+        .into_iter()
+        .filter(is_running)
+        .collect())
 }
 
-/// Parses `squeue -h -o '%i|%j|%P|%T|%S|%N'` (with `SLURM_TIME_FORMAT=%s`).
-pub fn parse_squeue(output: &str) -> Vec<QueuedJob> {
-    output
-        .lines()
-        .filter_map(|line| {
-            let (id, rest) = line.split_once('|')?;
-            let mut right: Vec<&str> = rest.rsplitn(5, '|').collect();
-            if right.len() != 5 || id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            right.reverse();
-            Some(QueuedJob {
-                job_id: id.to_string(),
-                name: right[0].to_string(),
-                partition: right[1].to_string(),
-                state: right[2].to_string(),
-                start: parse_slurm_epoch(right[3]),
-                nodelist: right[4].to_string(),
-            })
-        })
-        .collect()
-}
-
-/// The jobs slurmctld has running (configuring, running, completing or suspended).
-pub fn squeue_running(slurm: &Slurm) -> Result<Vec<QueuedJob>, String> {
-    let out = slurm.run(
-        "squeue",
-        &[
-            "-h",
-            "-t",
-            "CONFIGURING,RUNNING,COMPLETING,SUSPENDED",
-            "-o",
-            SQUEUE_FORMAT,
-        ],
-        COMMAND_TIMEOUT,
-    )?;
-    Ok(parse_squeue(&out))
+/// Is the job on its nodes: running, suspended, configuring or completing.
+fn is_running(j: &JobInfo) -> bool {
+    matches!(
+        j.state.as_str(),
+        "RUNNING" | "SUSPENDED" | "CONFIGURING" | "COMPLETING"
+    ) || j.completing()
+        || j.states.iter().any(|s| s == "CONFIGURING")
 }
 
 /// What one pass did.
@@ -93,7 +52,7 @@ pub struct Report {
 /// How long after the epilog Slurm's final state of a job is trusted to be recorded.
 pub const VERIFY_AFTER: Duration = Duration::from_secs(5);
 
-/// Checks the COMPLETED ends the epilogs marked for verification against Slurm's final state
+/// Checks the ends the epilogs marked for verification (those slurmctld did not name) against Slurm's final state
 /// (slurmctld while it remembers the job, else accounting), in one scontrol and one sacct
 /// call, and queues a correction where they differ.
 pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {
@@ -105,30 +64,26 @@ pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {
     if marks.is_empty() {
         return Ok(0);
     }
-    let ctl = slurm
-        .run("scontrol", &["show", "job", "-o"], COMMAND_TIMEOUT)
-        .unwrap_or_default();
-    let ids: Vec<&str> = marks.iter().map(|(j, _, _)| j.job_id()).collect();
-    let acct = slurm
-        .run(
-            "sacct",
-            &[
-                "-j",
-                &ids.join(","),
-                "-X",
-                "-P",
-                "-n",
-                &format!("--format={}", crate::slurm::SACCT_FORMAT),
-            ],
-            COMMAND_TIMEOUT,
-        )
-        .unwrap_or_default();
+    let ids: Vec<String> = marks
+        .iter()
+        .map(|(j, _, _)| j.job_id().to_string())
+        .collect();
+    let ctl = crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT).unwrap_or_default();
+    // Only the jobs slurmctld no longer holds, or holds without a final state, go to sacct.
+    let ask_acct: Vec<String> = ids
+        .iter()
+        .filter(|id| ctl.get(*id).is_none_or(|i| !final_state(i)))
+        .cloned()
+        .collect();
+    let acct = crate::slurm::sacct_jobs(slurm, &ask_acct, COMMAND_TIMEOUT).unwrap_or_default();
     let mut corrected = 0;
     for (job, restarts, age) in marks {
         let id = job.job_id().to_string();
-        let info = crate::slurm::parse_scontrol_job(&ctl, &id)
-            .filter(|i| !i.state.starts_with("COMPLETING"))
-            .or_else(|| crate::slurm::parse_sacct(&acct, &id));
+        let info = ctl
+            .get(&id)
+            .filter(|i| final_state(i))
+            .or_else(|| acct.get(&id))
+            .cloned();
         let Some(info) = info else {
             if age > GIVE_UP_AFTER {
                 outbox.verified(&job.key.id);
@@ -141,15 +96,25 @@ pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {
         }
         match JobState::from_slurm(&info.state) {
             Some(state) if state.is_terminal() => {
-                if state != job.state {
+                // Slurm's own times (an epilog that could not ask slurmctld in time on 22.05
+                // sent the prolog's start and its own clock).
+                let start = info.start.and_then(format_epoch).or(job.start_time.clone());
+                let end = info.end.and_then(format_epoch).or(job.end_time.clone());
+                if state != job.state || start != job.start_time || end != job.end_time {
                     log::info!(
-                        "reconcile: job {} ended {} in Slurm's record, not {} as its epilog saw; correcting",
+                        "reconcile: job {} ended {} {}..{} in Slurm's record, not {} {}..{} as its epilog saw; correcting",
                         job.key.id,
                         info.state,
-                        job.state
+                        start.as_deref().unwrap_or("?"),
+                        end.as_deref().unwrap_or("?"),
+                        job.state,
+                        job.start_time.as_deref().unwrap_or("?"),
+                        job.end_time.as_deref().unwrap_or("?"),
                     );
                     let mut fixed = job.clone();
                     fixed.state = state;
+                    fixed.start_time = start;
+                    fixed.end_time = end;
                     outbox.enqueue(&Event::new(Item::Job { job: fixed }, (restarts, 2)))?;
                     corrected += 1;
                 }
@@ -161,20 +126,18 @@ pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {
     Ok(corrected)
 }
 
+/// Does slurmctld name the job's final state (24.11 and later do while it completes; 22.05
+/// says only COMPLETING)?
+fn final_state(i: &JobInfo) -> bool {
+    i.state != "COMPLETING" && JobState::from_slurm(&i.state).is_some_and(JobState::is_terminal)
+}
+
 /// How old a prolog record must be before its job's absence from squeue means it ended
 /// (a job is listed from allocation on, so this only guards against clock and listing races).
 pub const RECORD_GRACE: Duration = Duration::from_secs(120);
 
 /// After this long without learning a vanished job's end, its record is dropped.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(7 * 86_400);
-
-/// Whether reconciliation sends RUNNING for a job squeue lists: only when no hook reported it
-/// (`reported`: a prolog record or a pending event) and it has not ended. A COMPLETING job
-/// has ended: its epilog (or the recorded-job pass) reports the end, and a RUNNING now would
-/// undo an end its epilog already delivered.
-pub fn needs_running(j: &QueuedJob, reported: bool) -> bool {
-    !reported && !j.state.starts_with("COMPLETING")
-}
 
 /// One reconciliation pass. Events go through the outbox (the caller drains it).
 pub fn reconcile(
@@ -194,23 +157,25 @@ pub fn reconcile(
 
     for j in &running {
         let key = key_of(&j.job_id);
-        if !needs_running(
-            j,
-            recorded.contains_key(key.as_str()) || pending.contains(&key),
-        ) {
+        if recorded.contains_key(key.as_str()) || pending.contains(&key) {
             continue;
         }
-        if cfg.job_wanted(&j.name, Some(&j.partition)).is_err() {
+        // A completing job has ended: its epilog reports it (or the pass below, once it is
+        // gone), never a RUNNING after its end.
+        if j.completing() {
             continue;
         }
-        let nodes = match hostlist::expand(&j.nodelist) {
+        if cfg.job_wanted(&j.name, j.partition.as_deref()).is_err() {
+            continue;
+        }
+        let nodes = match j.nodes() {
             Ok(n) if !n.is_empty() => n,
             _ => continue, // not placed yet
         };
         let start = j.start.unwrap_or_else(crate::timefmt::now_epoch);
         let job = JobConfig {
             key: Key { id: key.clone() },
-            name: Some(crate::payload::job_name(&j.name, Some(&j.partition))),
+            name: Some(crate::payload::job_name(&j.name, j.partition.as_deref())),
             state: JobState::Running,
             start_time: format_epoch(start),
             end_time: None,
@@ -240,9 +205,9 @@ pub fn reconcile(
         match crate::slurm::lookup(slurm, id) {
             Ok(info) => match JobState::from_slurm(&info.state) {
                 Some(state) if state.is_terminal() => {
-                    // The record's start is what the prolog saw and CloudVision was told.
+                    // Slurm's own start; the prolog's record where Slurm has none.
                     let info = JobInfo {
-                        start: Some(*start),
+                        start: info.start.or(Some(*start)),
                         ..info
                     };
                     let Ok(mut job) = crate::payload::job_config(&info, cluster) else {
@@ -278,40 +243,38 @@ pub fn reconcile(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_completing_job_gets_no_running() {
-        let j = |state: &str| QueuedJob {
-            job_id: "5".into(),
-            name: "j".into(),
-            partition: "debug".into(),
-            state: state.into(),
-            start: Some(100),
-            nodelist: "n1".into(),
-        };
-        // Its epilog delivered the end and removed its record: nothing says it was reported.
-        assert!(!needs_running(&j("COMPLETING"), false));
-        assert!(needs_running(&j("RUNNING"), false));
-        assert!(needs_running(&j("CONFIGURING"), false));
-        assert!(!needs_running(&j("RUNNING"), true));
+    fn jobs(version: &str, name: &str) -> Vec<JobInfo> {
+        let p = format!(
+            "{}/tests/fixtures/slurm-{version}/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        crate::slurm::json::parse_jobs(&std::fs::read_to_string(&p).unwrap()).unwrap()
     }
 
+    /// Which jobs count as on their nodes, on real listings of every version.
     #[test]
-    fn squeue_from_real_output() {
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/slurm-22.05/squeue-running-epoch.txt"
-        ))
-        .unwrap();
-        let jobs = parse_squeue(&text);
-        assert_eq!(jobs.len(), 5);
-        assert_eq!(jobs[3].job_id, "7");
-        assert_eq!(jobs[3].nodelist, "n[1-3]");
-        assert_eq!(jobs[4].partition, "gpu");
-        assert!(jobs
-            .iter()
-            .all(|j| j.state == "RUNNING" && j.start.is_some()));
-        let odd = parse_squeue("9|a|b|debug|RUNNING|100|n1\ngarbage\n|x|y|z|w|v\n");
-        assert_eq!(odd.len(), 1);
-        assert_eq!(odd[0].name, "a|b");
+    fn running_jobs_from_real_output() {
+        let ids = |v: &[JobInfo]| {
+            let mut ids: Vec<u64> = v
+                .iter()
+                .filter(|j| is_running(j))
+                .map(|j| j.job_id.parse().unwrap())
+                .collect();
+            ids.sort();
+            ids
+        };
+        // 22.05, while the hostile-name jobs ran: 2, 3 and 4 had ended, 7 was completing.
+        let run = jobs("22.05", "json/squeue-running.json");
+        assert_eq!(ids(&run), [1, 5, 6, 7, 8, 9, 10]);
+        // After they ended: none (MinJobAge keeps them listed as COMPLETED, FAILED, …).
+        assert!(ids(&jobs("22.05", "json/squeue-all-ended.json")).is_empty());
+        // 24.11: RUNNING and COMPLETED+COMPLETING jobs are on their nodes.
+        let q = jobs("24.11", "squeue-json.json");
+        assert_eq!(ids(&q).len(), q.len());
+        assert_eq!(q.iter().filter(|j| j.completing()).count(), 6);
+        assert_eq!(
+            ids(&jobs("24.11", "scontrol-json-show-job-finished.json")).len(),
+            0
+        );
     }
 }

@@ -70,17 +70,8 @@ impl Slurm {
     /// A non-zero exit, a time-out, a missing command or too much output is an error that
     /// names the command and shows the first line Slurm printed on stderr.
     pub fn run(&self, name: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
-        let mut cmd = self.command(name);
-        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
         let shown = format!("{name} {}", args.join(" "));
-        let child = cmd.spawn().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                format!("{name} not found (looked in SlurmBinDir, PATH and /usr/bin, /usr/local/bin, /opt/slurm/bin); set SlurmBinDir in cloudvision.conf")
-            } else {
-                format!("cannot run {shown}: {e}")
-            }
-        })?;
-        let out = wait_with_output(child, timeout).map_err(|e| format!("{shown}: {e}"))?;
+        let out = self.spawn_wait(self.command(name), name, args, timeout)?;
         if !out.success {
             let first = out
                 .stderr
@@ -98,6 +89,37 @@ impl Slurm {
             ));
         }
         Ok(out.stdout)
+    }
+
+    /// Runs a Slurm command that prints JSON (`--json`) to completion within `timeout` and
+    /// returns what it left, whatever its exit status (Slurm's JSON commands explain a failure
+    /// on stdout). JSON times are epoch numbers already, and `SLURM_TIME_FORMAT` is not set:
+    /// 22.05's `sacct --json` refuses `%s` ("Unable to parse time format").
+    ///
+    /// A time-out, a missing command or too much output is an error that names the command.
+    pub fn run_json(&self, name: &str, args: &[&str], timeout: Duration) -> Result<Output, String> {
+        let mut cmd = self.command(name);
+        cmd.env_remove("SLURM_TIME_FORMAT");
+        self.spawn_wait(cmd, name, args, timeout)
+    }
+
+    fn spawn_wait(
+        &self,
+        mut cmd: Command,
+        name: &str,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<Output, String> {
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let shown = format!("{name} {}", args.join(" "));
+        let child = cmd.spawn().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                format!("{name} not found (looked in SlurmBinDir, PATH and /usr/bin, /usr/local/bin, /opt/slurm/bin); set SlurmBinDir in cloudvision.conf")
+            } else {
+                format!("cannot run {shown}: {e}")
+            }
+        })?;
+        wait_with_output(child, timeout).map_err(|e| format!("{shown}: {e}"))
     }
 }
 
@@ -205,6 +227,19 @@ mod tests {
             .run("scontrol", &[], Duration::from_secs(1))
             .unwrap_err();
         assert!(e.starts_with("scontrol not found"), "{e}");
+    }
+
+    #[test]
+    fn json_commands_get_no_time_format() {
+        let s = Slurm::new(Some(Path::new("/bin")));
+        let out = s
+            .run_json(
+                "sh",
+                &["-c", "echo ${SLURM_TIME_FORMAT-unset}"],
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        assert_eq!(out.stdout, "unset\n");
     }
 
     #[test]

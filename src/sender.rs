@@ -81,34 +81,24 @@ pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> HashMap<S
     if ids.is_empty() {
         return HashMap::new();
     }
-    let mut found: HashMap<String, JobInfo> =
-        match slurm.run("scontrol", &["show", "job", "-o"], timeout) {
-            Ok(out) => ids
-                .iter()
-                .filter_map(|id| Some((id.clone(), slurm::parse_scontrol_job(&out, id)?)))
-                .collect(),
-            Err(e) => {
-                log::warn!(
-                    "cannot ask slurmctld how {} job(s) ended ({e}); using their exit codes",
-                    ids.len()
-                );
-                return HashMap::new();
-            }
-        };
-    let missing: Vec<&str> = ids
+    let mut found = match slurm::jobs_by_id(slurm, ids, timeout) {
+        Ok(f) => f,
+        Err(e) => {
+            log::warn!(
+                "cannot ask slurmctld how {} job(s) ended ({e}); using their exit codes",
+                ids.len()
+            );
+            return HashMap::new();
+        }
+    };
+    let missing: Vec<String> = ids
         .iter()
         .filter(|id| !found.contains_key(*id))
-        .map(|s| s.as_str())
+        .cloned()
         .collect();
     if !missing.is_empty() {
-        let fmt = format!("--format={}", slurm::SACCT_FORMAT);
-        let list = missing.join(",");
-        if let Ok(out) = slurm.run("sacct", &["-j", &list, "-X", "-P", "-n", &fmt], timeout) {
-            for id in missing {
-                if let Some(j) = slurm::parse_sacct(&out, id) {
-                    found.insert(id.to_string(), j);
-                }
-            }
+        if let Ok(acct) = slurm::sacct_jobs(slurm, &missing, timeout) {
+            found.extend(acct);
         }
     }
     found
@@ -500,7 +490,9 @@ fn settle(outbox: &Outbox, ev: &mut Event, ctl: &HashMap<String, JobInfo>) -> bo
             job.state
         );
     }
-    if fixed.state == crate::payload::JobState::Completed {
+    // An end slurmctld did not name as final (22.05 says COMPLETING; or it could not be
+    // asked) is checked against Slurm's final record later.
+    if !ctl.get(job.job_id()).is_some_and(hook::final_state_named) {
         if let Err(e) = outbox.mark_for_verification(&fixed, facts.restart_count) {
             log::warn!(
                 "job {}: cannot mark its end for verification: {e}",

@@ -1,82 +1,55 @@
-//! Parsers for what Slurm's commands print, and the lookups built on them.
+//! What cvslurm reads from Slurm, and the lookups built on it.
 //!
-//! Every parser here is fed real 22.05 output in its tests (`tests/fixtures/slurm-22.05/`).
-//! Times are read as epoch seconds: the runner sets `SLURM_TIME_FORMAT=%s`, so the
-//! controller's time zone never enters.
+//! Jobs are read from Slurm's JSON only ([`json`]): a job's name, comment or submit line is
+//! the user's, and in any text form it can forge fields or whole records. The commands depend
+//! on the Slurm release, detected at run time ([`version()`], [`Version::reader`]). Nodes and
+//! partitions (admin-defined names) are read from `sinfo --all` text. Every parser here is fed
+//! real Slurm output in its tests (`tests/fixtures/slurm-<version>/`).
+
+pub mod json;
+pub mod version;
 
 use crate::hostlist;
+use crate::payload::JobState;
 use crate::runner::Slurm;
-use crate::timefmt::parse_slurm_epoch;
+use std::collections::HashMap;
 use std::time::Duration;
+pub use version::{Ctl, Reader, Version};
 
 /// Budget of one scontrol/sacct/sinfo call outside the hook.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One `Key=Value …` record of `scontrol show job -o` / `scontrol show node -o`.
+/// What cvslurm needs of one job, from slurmctld (scontrol or squeue) or accounting (sacct),
+/// always read from Slurm's JSON ([`json`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KvRecord {
-    fields: Vec<(String, String)>,
-}
-
-impl KvRecord {
-    /// Parses one line. A token that does not start with `Key=` continues the previous value
-    /// (job names, commands and reasons may hold spaces).
-    pub fn parse(line: &str) -> KvRecord {
-        let mut fields: Vec<(String, String)> = Vec::new();
-        for tok in line.split(' ').filter(|t| !t.is_empty()) {
-            match split_key(tok) {
-                Some((k, v)) => fields.push((k.to_string(), v.to_string())),
-                None => {
-                    if let Some((_, v)) = fields.last_mut() {
-                        v.push(' ');
-                        v.push_str(tok);
-                    }
-                }
-            }
-        }
-        KvRecord { fields }
-    }
-
-    /// The first value of `key`.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-fn split_key(tok: &str) -> Option<(&str, &str)> {
-    let (k, v) = tok.split_once('=')?;
-    let mut chars = k.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || "_:/".contains(c));
-    ok.then_some((k, v))
-}
-
-/// What cvslurm needs of one job, from scontrol or sacct.
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobInfo {
     /// The job id (for array tasks, the task's own id).
     pub job_id: String,
-    /// The job name.
+    /// The job name, byte for byte as Slurm holds it.
     pub name: String,
     /// The partition it runs in, if known.
     pub partition: Option<String>,
-    /// Slurm's state word (`RUNNING`, `CANCELLED by 0`, …).
+    /// Slurm's base state word (`RUNNING`, `CANCELLED`, …): the first of [`JobInfo::states`].
     pub state: String,
+    /// Every state word Slurm gives: the base state, then flags (`["CANCELLED","COMPLETING"]`
+    /// inside the epilog on 24.11 and later; 22.05 gives one word, `COMPLETING`).
+    pub states: Vec<String>,
     /// Why, if Slurm says (`TimeLimit`, `None`, …).
     pub reason: Option<String>,
     /// `exit:signal`.
     pub exit_code: Option<String>,
-    /// How often slurmctld requeued the job (scontrol's `Restarts`; sacct does not say).
+    /// How often slurmctld requeued the job (sacct before 23.02 does not say).
     pub restarts: Option<u32>,
-    /// Start, epoch seconds.
+    /// Start, epoch seconds: Slurm's own StartTime.
     pub start: Option<i64>,
-    /// End, epoch seconds.
+    /// End, epoch seconds: Slurm's own EndTime (for a running job, the expected end).
     pub end: Option<i64>,
     /// The compressed node list.
     pub nodelist: Option<String>,
+    /// For an array task: the array's job id.
+    pub array_job_id: Option<String>,
+    /// For an array task: its task id.
+    pub array_task_id: Option<String>,
 }
 
 impl JobInfo {
@@ -85,6 +58,21 @@ impl JobInfo {
         match self.nodelist.as_deref() {
             None | Some("") | Some("(null)") | Some("None assigned") => Ok(Vec::new()),
             Some(l) => hostlist::expand(l),
+        }
+    }
+
+    /// True while slurmctld still winds the job down (the `COMPLETING` word or flag).
+    pub fn completing(&self) -> bool {
+        self.states.iter().any(|s| s == "COMPLETING")
+    }
+
+    /// Is this the job users call `id` (`12345`, or array task `12345_7`)?
+    pub fn is(&self, id: &str) -> bool {
+        match id.split_once('_') {
+            Some((a, t)) => {
+                self.array_job_id.as_deref() == Some(a) && self.array_task_id.as_deref() == Some(t)
+            }
+            None => self.job_id == id,
         }
     }
 }
@@ -98,85 +86,145 @@ pub fn valid_job_id(id: &str) -> bool {
     }
 }
 
-/// Does this record describe `job_id` (`12345`, or array task `12345_7`)?
-fn record_is(r: &KvRecord, job_id: &str) -> bool {
-    match job_id.split_once('_') {
-        Some((a, t)) => r.get("ArrayJobId") == Some(a) && r.get("ArrayTaskId") == Some(t),
-        None => r.get("JobId") == Some(job_id),
+/// Picks the jobs asked for out of a job list: id as asked → the job. For an id listed twice
+/// (sacct lists a requeued job's runs in order) the last one wins: the latest run.
+pub fn pick(jobs: Vec<JobInfo>, ids: &[String]) -> HashMap<String, JobInfo> {
+    let mut found = HashMap::new();
+    for j in jobs {
+        for id in ids.iter().filter(|id| j.is(id)) {
+            found.insert(id.clone(), j.clone());
+        }
     }
+    found
 }
 
-/// Picks the job `job_id` out of `scontrol show job -o <id>` output (an array id lists every
-/// task). The result carries the job's own id (an array task's is its own job number).
-pub fn parse_scontrol_job(output: &str, job_id: &str) -> Option<JobInfo> {
-    output
-        .lines()
-        .map(KvRecord::parse)
-        .find(|r| record_is(r, job_id))
-        .map(|r| {
-            let opt = |k: &str| {
-                r.get(k)
-                    .filter(|v| !v.is_empty() && *v != "(null)")
-                    .map(String::from)
-            };
-            JobInfo {
-                job_id: r.get("JobId").unwrap_or(job_id).to_string(),
-                name: r.get("JobName").unwrap_or("").to_string(),
-                partition: opt("Partition"),
-                state: r.get("JobState").unwrap_or("").to_string(),
-                reason: opt("Reason"),
-                exit_code: opt("ExitCode"),
-                restarts: r.get("Restarts").and_then(|v| v.parse().ok()),
-                start: r.get("StartTime").and_then(parse_slurm_epoch),
-                end: r.get("EndTime").and_then(parse_slurm_epoch),
-                nodelist: opt("NodeList"),
+/// The Slurm version, asked once per process (`scontrol --version`).
+pub fn version(slurm: &Slurm) -> Result<Version, String> {
+    version::version(slurm, COMMAND_TIMEOUT)
+}
+
+/// Runs a Slurm command that prints JSON and reads its job list. A failed command whose
+/// output or error says the job is unknown is an empty list.
+fn json_jobs(
+    slurm: &Slurm,
+    cmd: &str,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<Vec<JobInfo>, String> {
+    let out = slurm.run_json(cmd, args, timeout)?;
+    if !out.success {
+        let why = json::error_of(&out.stdout).unwrap_or_else(|| {
+            out.stderr
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        });
+        if why.contains("Invalid job id") {
+            return Ok(Vec::new());
+        }
+        return Err(format!(
+            "{cmd} {} failed ({}){}",
+            args.join(" "),
+            out.status,
+            if why.is_empty() {
+                String::new()
+            } else {
+                format!(": {why}")
             }
-        })
-}
-
-/// The sacct columns cvslurm asks for, in order.
-pub const SACCT_FORMAT: &str = "JobIDRaw,JobName,Partition,State,Start,End,NodeList,ExitCode";
-
-/// Picks the job `job_id` out of `sacct -j <id> -X -P -n --format=SACCT_FORMAT` output: the
-/// last allocation row of that id (a requeued job's latest run). Step rows (`12.batch`) are
-/// skipped. For an array task asked as `12345_7`, sacct answers with the task's own raw id: a
-/// single allocation row is that task.
-pub fn parse_sacct(output: &str, job_id: &str) -> Option<JobInfo> {
-    let rows: Vec<JobInfo> = output.lines().filter_map(parse_sacct_row).collect();
-    if let Some(j) = rows.iter().rev().find(|j| j.job_id == job_id) {
-        return Some(j.clone());
+        ));
     }
-    match rows.as_slice() {
-        [only] if job_id.contains('_') => Some(only.clone()),
-        _ => None,
-    }
-}
-
-/// One allocation row of sacct's parsable output (`None` for steps and malformed lines).
-fn parse_sacct_row(line: &str) -> Option<JobInfo> {
-    let (id, rest) = line.split_once('|')?;
-    if id.contains('.') || id.is_empty() {
-        return None;
-    }
-    // JobName may hold '|': take the six fixed columns from the right.
-    let mut right: Vec<&str> = rest.rsplitn(7, '|').collect();
-    if right.len() != 7 {
-        return None;
-    }
-    right.reverse();
-    let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
-    Some(JobInfo {
-        job_id: id.to_string(),
-        name: right[0].to_string(),
-        partition: non_empty(right[1]),
-        state: right[2].to_string(),
-        reason: None,
-        exit_code: non_empty(right[6]),
-        restarts: None,
-        start: parse_slurm_epoch(right[3]),
-        end: parse_slurm_epoch(right[4]),
-        nodelist: non_empty(right[5]).filter(|n| n != "None assigned"),
+    json::parse_jobs(&out.stdout).or_else(|e| {
+        if e.contains("Invalid job id") {
+            Ok(Vec::new())
+        } else {
+            Err(format!("{cmd} {}: {e}", args.join(" ")))
+        }
     })
+}
+
+/// What slurmctld knows of these jobs, in one call: `scontrol --json show job` (one id: that
+/// job; several: every job), or on Slurm before 23.02 `squeue --all --json` (every job).
+/// Ids as users give them (`12345`, `12345_7`) → the job; ids slurmctld does not know, and
+/// strings that are no job id, are absent from the map.
+pub fn jobs_by_id(
+    slurm: &Slurm,
+    ids: &[String],
+    timeout: Duration,
+) -> Result<HashMap<String, JobInfo>, String> {
+    // Only ids that can be jobs reach a command line (record names in StateDir are not trusted).
+    let ids: Vec<String> = ids.iter().filter(|i| valid_job_id(i)).cloned().collect();
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let started = std::time::Instant::now();
+    let reader = version::version(slurm, timeout)?.reader();
+    let left = timeout.saturating_sub(started.elapsed());
+    let one = match ids.as_slice() {
+        [one] => Some(one.as_str()),
+        _ => None,
+    };
+    Ok(pick(ctl_jobs(slurm, reader, one, left)?, &ids))
+}
+
+/// Every job slurmctld holds (running, pending, and ended ones for `MinJobAge`), in one call.
+pub fn all_jobs(slurm: &Slurm, timeout: Duration) -> Result<Vec<JobInfo>, String> {
+    let started = std::time::Instant::now();
+    let reader = version::version(slurm, timeout)?.reader();
+    ctl_jobs(
+        slurm,
+        reader,
+        None,
+        timeout.saturating_sub(started.elapsed()),
+    )
+}
+
+/// slurmctld's JSON: `scontrol --all --json show job [ID]`, or before 23.02 `squeue --all
+/// --json` (every job: 22.05 ignores squeue's filters with `--json`). `--all` includes hidden
+/// partitions.
+fn ctl_jobs(
+    slurm: &Slurm,
+    reader: Reader,
+    one: Option<&str>,
+    timeout: Duration,
+) -> Result<Vec<JobInfo>, String> {
+    match reader.ctl {
+        Ctl::Scontrol => {
+            let mut args = vec!["--all", reader.json_flag, "show", "job"];
+            args.extend(one);
+            json_jobs(slurm, "scontrol", &args, timeout)
+        }
+        Ctl::Squeue => json_jobs(slurm, "squeue", &["--all", reader.json_flag], timeout),
+    }
+}
+
+/// What slurmctld knows of one job (see [`jobs_by_id`]); `None` when it does not know it.
+pub fn job_by_id(slurm: &Slurm, id: &str, timeout: Duration) -> Result<Option<JobInfo>, String> {
+    Ok(jobs_by_id(slurm, &[id.to_string()], timeout)?.remove(id))
+}
+
+/// What the accounting database knows of these jobs, in one `sacct --json -j …` call.
+pub fn sacct_jobs(
+    slurm: &Slurm,
+    ids: &[String],
+    timeout: Duration,
+) -> Result<HashMap<String, JobInfo>, String> {
+    let ids: Vec<String> = ids.iter().filter(|i| valid_job_id(i)).cloned().collect();
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let started = std::time::Instant::now();
+    let reader = version::version(slurm, timeout)?.reader();
+    let left = timeout.saturating_sub(started.elapsed());
+    let list = ids.join(",");
+    let jobs = json_jobs(slurm, "sacct", &[reader.json_flag, "-j", &list], left)?;
+    Ok(pick(jobs, &ids))
+}
+
+/// What the accounting database knows of one job (see [`sacct_jobs`]).
+pub fn sacct_job(slurm: &Slurm, id: &str, timeout: Duration) -> Result<Option<JobInfo>, String> {
+    Ok(sacct_jobs(slurm, &[id.to_string()], timeout)?.remove(id))
 }
 
 /// `ClusterName` from `scontrol show config`.
@@ -189,7 +237,7 @@ pub fn parse_cluster_name(show_config: &str) -> Option<String> {
     })
 }
 
-/// One node as `sinfo -h -N -o '%N %T %P'` lists it.
+/// One node as `sinfo --all -h -N -o '%N %T %P'` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SinfoNode {
     /// Slurm node name.
@@ -372,11 +420,17 @@ pub fn parse_job_gpus(record: &str) -> Result<JobGpus, String> {
 /// The GPUs per node of a running job, asked of slurmctld (`scontrol show job -d -o`).
 pub fn job_gpus(slurm: &Slurm, job_id: &str, timeout: Duration) -> Result<JobGpus, String> {
     let out = slurm.run("scontrol", &["show", "job", "-d", "-o", job_id], timeout)?;
-    let line = out
-        .lines()
-        .find(|l| record_is(&KvRecord::parse(l), job_id))
-        .ok_or_else(|| format!("job {job_id} not found in slurmctld"))?;
-    parse_job_gpus(line)
+    // The record starts with its own `JobId=`; a second such line is a job name's newline.
+    let head = format!("JobId={job_id} ");
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with(&head)).collect();
+    match lines[..] {
+        [line] => parse_job_gpus(line),
+        [] => Err(format!("job {job_id} not found in slurmctld")),
+        _ => Err(format!(
+            "job {job_id}: {} records in scontrol's answer (a job name with a newline); GPUs not read",
+            lines.len()
+        )),
+    }
 }
 
 /// Looks up the cluster name with `scontrol show config`.
@@ -387,32 +441,8 @@ pub fn cluster_name(slurm: &Slurm, timeout: Duration) -> Result<String, String> 
     })
 }
 
-/// Looks a job up in slurmctld (`scontrol show job -o`).
-pub fn scontrol_job(
-    slurm: &Slurm,
-    job_id: &str,
-    timeout: Duration,
-) -> Result<Option<JobInfo>, String> {
-    match slurm.run("scontrol", &["show", "job", "-o", job_id], timeout) {
-        Ok(out) => Ok(parse_scontrol_job(&out, job_id)),
-        Err(e) if e.contains("Invalid job id") => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Looks a job up in the accounting database (`sacct`).
-pub fn sacct_job(
-    slurm: &Slurm,
-    job_id: &str,
-    timeout: Duration,
-) -> Result<Option<JobInfo>, String> {
-    let fmt = format!("--format={SACCT_FORMAT}");
-    let out = slurm.run("sacct", &["-j", job_id, "-X", "-P", "-n", &fmt], timeout)?;
-    Ok(parse_sacct(&out, job_id))
-}
-
 /// The running jobs on some of `nodes`: (job id, its nodes), from
-/// `squeue -h -t RUNNING -w <nodes> -o '%A %N'` (a job id and a hostlist: no field a user
+/// `squeue --all -h -t RUNNING -w <nodes> -o '%A %N'` (a job id and a hostlist: no field a user
 /// can write).
 pub fn running_jobs_on(
     slurm: &Slurm,
@@ -422,7 +452,7 @@ pub fn running_jobs_on(
     let list = crate::hostlist::compress(nodes);
     let out = slurm.run(
         "squeue",
-        &["-h", "-t", "RUNNING", "-w", &list, "-o", "%A %N"],
+        &["--all", "-h", "-t", "RUNNING", "-w", &list, "-o", "%A %N"],
         timeout,
     )?;
     Ok(parse_running_jobs(&out))
@@ -441,23 +471,34 @@ fn parse_running_jobs(out: &str) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
-/// Lists the nodes (`sinfo -h -N -o '%N %T %P'`).
+/// Lists the nodes (`sinfo --all -h -N -o '%N %T %P'`): `--all` includes hidden partitions,
+/// whose nodes a user who is not an operator would not see otherwise.
 pub fn sinfo_nodes(slurm: &Slurm, timeout: Duration) -> Result<Vec<SinfoNode>, String> {
-    let out = slurm.run("sinfo", &["-h", "-N", "-o", SINFO_FORMAT], timeout)?;
+    let out = slurm.run("sinfo", &["--all", "-h", "-N", "-o", SINFO_FORMAT], timeout)?;
     Ok(parse_sinfo(&out))
 }
 
-/// Finds a job in slurmctld, else in sacct.
+/// Finds a job in slurmctld (its JSON), else in accounting (`sacct --json`).
 pub fn lookup(slurm: &Slurm, job_id: &str) -> Result<JobInfo, String> {
-    let from_ctl = scontrol_job(slurm, job_id, COMMAND_TIMEOUT);
+    let from_ctl = job_by_id(slurm, job_id, COMMAND_TIMEOUT);
     if let Ok(Some(j)) = &from_ctl {
+        // Slurm 22.05 names an ending job only COMPLETING; accounting has its final state.
+        let terminal =
+            |j: &JobInfo| JobState::from_slurm(&j.state).is_some_and(JobState::is_terminal);
+        if j.completing() && !terminal(j) {
+            if let Ok(Some(a)) = sacct_job(slurm, job_id, COMMAND_TIMEOUT) {
+                if terminal(&a) {
+                    return Ok(a);
+                }
+            }
+        }
         return Ok(j.clone());
     }
     match sacct_job(slurm, job_id, COMMAND_TIMEOUT) {
         Ok(Some(j)) => Ok(j),
         Ok(None) => Err(match from_ctl {
             Err(e) => format!("job {job_id}: not found in accounting, and slurmctld could not be asked: {e}"),
-            Ok(_) => format!("job {job_id} not found in slurmctld (scontrol) or accounting (sacct)"),
+            Ok(_) => format!("job {job_id} not found in slurmctld or accounting (sacct)"),
         }),
         Err(e) => Err(match from_ctl {
             Err(ce) => format!("job {job_id}: slurmctld could not be asked ({ce}) and neither could accounting ({e})"),
@@ -469,16 +510,6 @@ pub fn lookup(slurm: &Slurm, job_id: &str) -> Result<JobInfo, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kv_record_keeps_spaces_in_values() {
-        let r = KvRecord::parse("JobId=7 JobName=my job name UserId=u(1) JobState=RUNNING Reason=None Socks/Node=* ReqB:S:C:T=0:0:*:*");
-        assert_eq!(r.get("JobName"), Some("my job name"));
-        assert_eq!(r.get("JobState"), Some("RUNNING"));
-        assert_eq!(r.get("Socks/Node"), Some("*"));
-        assert_eq!(r.get("ReqB:S:C:T"), Some("0:0:*:*"));
-        assert_eq!(r.get("Missing"), None);
-    }
 
     #[test]
     fn node_states() {
@@ -519,16 +550,6 @@ mod tests {
         let nodes = parse_sinfo("1 * *");
         assert_eq!(nodes.len(), 1);
         assert!(nodes[0].partitions.is_empty(), "{:?}", nodes[0].partitions);
-    }
-
-    #[test]
-    fn sacct_job_name_with_pipe() {
-        let j = parse_sacct("42|a|b|debug|COMPLETED|100|200|n[1-2]|0:0\n", "42").unwrap();
-        assert_eq!(j.name, "a|b");
-        assert_eq!(j.partition.as_deref(), Some("debug"));
-        assert_eq!((j.start, j.end), (Some(100), Some(200)));
-        assert_eq!(j.nodes().unwrap(), ["n1", "n2"]);
-        assert!(parse_sacct("41|x|debug|COMPLETED|1|2|n1|0:0\n", "42").is_none());
     }
 
     fn gres_fixture(name: &str) -> String {
@@ -642,87 +663,267 @@ mod tests {
         std::fs::read_to_string(format!("{p}{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
     }
 
-    #[test]
-    fn scontrol_job_from_real_output() {
-        use crate::payload::JobState;
-        let j = parse_scontrol_job(
-            &fixture("scontrol-job-multinode-running-shell-epoch.txt"),
-            "7",
-        )
-        .unwrap();
-        assert_eq!(j.state, "RUNNING");
-        assert_eq!(j.partition.as_deref(), Some("debug"));
-        assert_eq!(j.nodes().unwrap(), ["n1", "n2", "n3"]);
-        assert!(j.start.is_some() && j.start.unwrap() > 1_700_000_000);
-        assert_eq!(j.restarts, Some(0));
-        let t = parse_scontrol_job(&fixture("scontrol-job-timeout-shell-epoch.txt"), "1").unwrap();
-        assert_eq!(
-            (t.state.as_str(), t.reason.as_deref()),
-            ("TIMEOUT", Some("TimeLimit"))
+    fn fixture_of(version: &str, name: &str) -> String {
+        let p = format!(
+            "{}/tests/fixtures/slurm-{version}/{name}",
+            env!("CARGO_MANIFEST_DIR")
         );
-        assert!(t.end.unwrap() - t.start.unwrap() >= 60);
-        let c =
-            parse_scontrol_job(&fixture("scontrol-job-cancelled-shell-epoch.txt"), "6").unwrap();
-        assert_eq!(JobState::from_slurm(&c.state), Some(JobState::Cancelled));
-        let p = parse_scontrol_job(&fixture("scontrol-job-pending-begin-shell-epoch.txt"), "10")
-            .unwrap();
-        assert_eq!(p.state, "PENDING");
-        assert_eq!(JobState::from_slurm(&p.state), None);
-        // Without SLURM_TIME_FORMAT=%s the times are local ISO strings: never guessed.
-        let iso = parse_scontrol_job(&fixture("scontrol-job-completed-shell.txt"), "3").unwrap();
-        assert_eq!(iso.start, None);
-        // A whole array: one line per task; an array task asked by <array>_<task>.
-        let all = fixture("scontrol-job-array-all-finished-shell-epoch.txt");
-        assert_eq!(all.lines().count(), 3);
-        assert_eq!(parse_scontrol_job(&all, "12").unwrap().job_id, "12");
-        assert_eq!(parse_scontrol_job(&all, "8_1").unwrap().job_id, "12");
-        assert_eq!(parse_scontrol_job(&all, "8_3").unwrap().job_id, "8");
-        assert!(parse_scontrol_job(&all, "99").is_none());
-        let by = parse_scontrol_job(
-            &fixture("scontrol-job-array-task1-shell-byarrayid.txt"),
-            "8_1",
-        )
-        .unwrap();
-        assert_eq!(by.job_id, "12");
-        // In the epilog, NodeList is already empty; the hook uses SLURM_JOB_NODELIST.
-        let e =
-            parse_scontrol_job(&fixture("scontrol-job-completed-epilog-epoch.txt"), "3").unwrap();
-        assert_eq!(e.state, "COMPLETING");
-        assert!(e.nodes().unwrap().is_empty());
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
     }
 
+    fn jobs_of(version: &str, name: &str) -> Vec<JobInfo> {
+        json::parse_jobs(&fixture_of(version, name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    fn one(jobs: &[JobInfo], id: &str) -> JobInfo {
+        let ids = [id.to_string()];
+        pick(jobs.to_vec(), &ids)
+            .remove(id)
+            .unwrap_or_else(|| panic!("no job {id}"))
+    }
+
+    /// 22.05 (Debian 12): `squeue --all --json` while jobs with hostile names ran, and
+    /// `sacct --json` after they ended (tests/fixtures/slurm-22.05/json/, job-ids.txt).
     #[test]
-    fn sacct_from_real_output() {
+    fn json_22_05_squeue_and_sacct() {
         use crate::payload::JobState;
-        let j = parse_sacct(&fixture("sacct-completed.txt"), "3").unwrap();
+        let run = jobs_of("22.05", "json/squeue-running.json");
+        let evil = one(&run, "8");
+        assert_eq!(evil.name, "x\nJobId=1 JobState=FAILED NodeList=evil");
         assert_eq!(
-            (j.name.as_str(), j.state.as_str()),
-            ("completed", "COMPLETED")
+            (evil.state.as_str(), evil.nodes().unwrap()),
+            ("RUNNING", vec!["n2".to_string()])
         );
-        assert_eq!(j.nodes().unwrap(), ["n1"]);
-        assert!(j.start.is_some() && j.end.is_some());
-        let m = parse_sacct(&fixture("sacct-multinode.txt"), "7").unwrap();
-        assert_eq!(m.nodes().unwrap(), ["n1", "n2", "n3"]);
-        for (file, id, want) in [
-            ("sacct-exit3.txt", "4", JobState::Failed),
-            ("sacct-sigkill.txt", "5", JobState::Failed),
-            ("sacct-cancelled.txt", "6", JobState::Cancelled),
-            ("sacct-timeout.txt", "1", JobState::Failed),
-            ("sacct-nodefail.txt", "17", JobState::Cancelled),
-        ] {
-            let j = parse_sacct(&fixture(file), id).unwrap_or_else(|| panic!("{file}"));
+        let quotes = one(&run, "9");
+        assert_eq!(
+            quotes.name,
+            "q\"uo'te ünï JobState=CANCELLED NodeList=n1 |1|"
+        );
+        assert_eq!(quotes.nodes().unwrap(), ["n2"]);
+        // Job 1 is the time-limit job on n1, whatever job 8's name says.
+        let t = one(&run, "1");
+        assert_eq!(
+            (t.name.as_str(), t.state.as_str()),
+            ("timelimit", "RUNNING")
+        );
+        assert_eq!(t.nodes().unwrap(), ["n1"]);
+        assert!(run.iter().all(|j| j.nodelist.as_deref() != Some("evil")));
+        assert!(t.start.unwrap() > 1_700_000_000);
+        assert_eq!(t.restarts, Some(0));
+        let m = one(&run, "6");
+        assert_eq!(m.nodes().unwrap(), ["n3", "n4"]);
+        // An array task by its own id and as <array>_<task>.
+        let all = jobs_of("22.05", "json/squeue-all-ended.json");
+        assert_eq!(one(&all, "7_2").job_id, "7");
+        assert_eq!(one(&all, "7_1").job_id, "10");
+        assert_eq!(one(&all, "7").array_task_id.as_deref(), Some("2"));
+        assert!(pick(all.clone(), &["7_3".into(), "99".into()]).is_empty());
+        // Accounting agrees with the parsable text on every job whose name has no newline.
+        let acct = jobs_of("22.05", "json/sacct.json");
+        let text = fixture_of("22.05", "json/sacct-parsable.txt");
+        let mut compared = 0;
+        for line in text.lines() {
+            let f: Vec<&str> = line.split('|').collect();
+            if f.len() != 8 || f[1].contains('`') {
+                continue; // the newline name's two lines; slurmdbd stores `"` as a backquote
+            }
+            let j = one(&acct, f[0]);
+            assert_eq!(j.name, f[1], "{line}");
+            assert_eq!(j.partition.as_deref(), Some(f[2]));
             assert_eq!(
                 JobState::from_slurm(&j.state),
-                Some(want),
-                "{file}: {}",
-                j.state
+                JobState::from_slurm(f[3]),
+                "{line}"
             );
+            assert_eq!(j.start.unwrap().to_string(), f[4]);
+            assert_eq!(j.end.unwrap().to_string(), f[5]);
+            assert_eq!(j.nodelist.as_deref(), Some(f[6]));
+            // 22.05's sacct JSON reports a non-zero exit as SUCCESS, return_code 0 (exit3 and
+            // the array tasks); states are right, and cvslurm never reads sacct's exit code.
+            if !f[7].starts_with("0:") {
+                assert_eq!(j.exit_code.as_deref(), Some("0:0"), "{line}");
+            } else {
+                assert_eq!(j.exit_code.as_deref(), Some(f[7]), "{line}");
+            }
+            compared += 1;
         }
-        let nf = parse_sacct(&fixture("sacct-nodefail.txt"), "17").unwrap();
-        assert_eq!((nf.start, nf.nodelist.as_deref()), (None, None));
-        let a = parse_sacct(&fixture("sacct-array.txt"), "8_2").unwrap();
-        assert_eq!(a.exit_code.as_deref(), Some("2:0"));
-        assert!(parse_sacct(&fixture("sacct-completed.txt"), "4").is_none());
+        assert_eq!(compared, 10);
+        let e = one(&acct, "8");
+        assert_eq!(e.name, "x\nJobId=1 JobState=FAILED NodeList=evil");
+        assert_eq!(
+            (e.state.as_str(), e.nodelist.as_deref()),
+            ("COMPLETED", Some("n2"))
+        );
+        assert_eq!(one(&acct, "7_1").job_id, "10");
+        assert_eq!(one(&acct, "12").partition.as_deref(), Some("hid"));
+        assert_eq!(one(&acct, "5").state, "CANCELLED");
+    }
+
+    /// The epilog's end time from slurmctld (22.05 has no SLURM_JOB_END_TIME) is sacct's End,
+    /// and its start is sacct's Start, for every ending captured.
+    #[test]
+    fn json_22_05_epilog_times_equal_sacct() {
+        let acct = jobs_of("22.05", "json/sacct.json");
+        for case in [
+            "completed",
+            "exit3",
+            "sigkill",
+            "cancelled",
+            "cancelled-at-once",
+            "timeout",
+            "multinode",
+            "evil-newline",
+            "evil-quotes",
+            "hidden",
+        ] {
+            let env = fixture_of("22.05", &format!("json/hookenv-{case}-epilog.txt"));
+            let id = env
+                .lines()
+                .find_map(|l| l.strip_prefix("SLURM_JOB_ID="))
+                .unwrap();
+            let ctl = one(
+                &jobs_of("22.05", &format!("json/squeue-{case}-epilog.json")),
+                id,
+            );
+            let a = one(&acct, id);
+            assert_eq!((ctl.start, ctl.end), (a.start, a.end), "{case}");
+            assert!(ctl.completing(), "{case}: {:?}", ctl.states);
+        }
+    }
+
+    /// 24.11 and 26.05: scontrol, squeue and sacct JSON, and slurmctld's answer inside every
+    /// captured epilog: the final state comes first, then COMPLETING.
+    #[test]
+    fn json_24_11_and_26_05() {
+        for v in ["24.11", "26.05"] {
+            let fin = jobs_of(v, "scontrol-json-show-job-finished.json");
+            let ok = one(&fin, "3");
+            assert_eq!(
+                (ok.name.as_str(), ok.state.as_str()),
+                ("ok", "COMPLETED"),
+                "{v}"
+            );
+            assert_eq!(ok.nodes().unwrap(), ["n1"]);
+            assert_eq!(ok.exit_code.as_deref(), Some("0:0"));
+            assert_eq!(ok.restarts, Some(0));
+            assert!(ok.end.unwrap() > ok.start.unwrap());
+            let run = one(&jobs_of(v, "scontrol-json-show-job-running.json"), "5");
+            assert_eq!(
+                (run.state.as_str(), run.partition.as_deref()),
+                ("RUNNING", Some("debug"))
+            );
+            assert!(!run.completing());
+            // sacct agrees with scontrol on the same job.
+            let acct = jobs_of(v, "sacct-json.json");
+            let a = one(&acct, "3");
+            assert_eq!(
+                (a.start, a.end, a.nodelist.clone()),
+                (ok.start, ok.end, ok.nodelist.clone()),
+                "{v}"
+            );
+            assert_eq!(one(&acct, "5").state, "CANCELLED");
+            assert_eq!(one(&acct, "2").state, "TIMEOUT");
+            assert_eq!(a.restarts, Some(0));
+            let q = jobs_of(v, "squeue-json.json");
+            assert!(q.len() >= 10, "{v}");
+            assert!(
+                q.iter().all(|j| !j.state.is_empty() && j.start.is_some()),
+                "{v}"
+            );
+            // Array tasks: 14 and 7 are tasks 1 and 2 of array 7.
+            assert_eq!(one(&q, "7_1").job_id, "14");
+            assert_eq!(one(&q, "7_2").job_id, "7");
+            // Every epilog: the state list's first word is what epilog-summary.tsv recorded.
+            let summary = fixture_of(v, "epilog-summary.tsv");
+            let mut checked = 0;
+            for line in summary.lines().skip(1) {
+                let f: Vec<&str> = line.split('\t').collect();
+                let (id, want) = (f[1], f[12]);
+                let p = format!("hookenv/epilog_slurmctld.{id}.dump.json");
+                let Ok(text) = std::fs::read_to_string(format!(
+                    "{}/tests/fixtures/slurm-{v}/{p}",
+                    env!("CARGO_MANIFEST_DIR")
+                )) else {
+                    continue;
+                };
+                let j = one(&json::parse_jobs(&text).unwrap(), id);
+                assert_eq!(j.states.join(","), want, "{v} {line}");
+                assert!(j.completing());
+                checked += 1;
+            }
+            assert!(checked >= 12, "{v}: {checked}");
+        }
+    }
+
+    /// A string that is no job id never reaches a command line (no Slurm is asked at all:
+    /// this runner has no scontrol).
+    #[test]
+    fn no_command_for_strings_that_are_no_job_id() {
+        let none = Slurm::new(Some(std::path::Path::new("/nonexistent")));
+        let bad: Vec<String> = ["-h", "1,2", "--all", "1 2", ""].map(String::from).to_vec();
+        assert!(jobs_by_id(&none, &bad, COMMAND_TIMEOUT).unwrap().is_empty());
+        assert!(sacct_jobs(&none, &bad, COMMAND_TIMEOUT).unwrap().is_empty());
+        let e = jobs_by_id(&none, &["5".to_string()], COMMAND_TIMEOUT).unwrap_err();
+        assert!(e.starts_with("scontrol not found"), "{e}");
+    }
+
+    /// 26.05 prints the raw submit line in `scontrol show job -o`: Key=Value words a user
+    /// wrote after `--wrap` come after the real fields, so a last-wins text reader took
+    /// `NodeList=evil JobState=FAKE`. JSON carries the submit line as one string.
+    #[test]
+    fn submit_line_words_are_not_fields() {
+        let text = fixture_of("26.05", "extra-showjob-injection.txt");
+        let line = text.lines().find(|l| l.starts_with("JobId=2 ")).unwrap();
+        let last = |k: &str| {
+            line.split(' ')
+                .filter_map(|t| t.strip_prefix(k))
+                .next_back()
+                .unwrap()
+                .to_string()
+        };
+        // What the text reader of cvslurm up to this change read (last wins).
+        assert_eq!(
+            (last("NodeList="), last("JobState=")),
+            ("evil".into(), "FAKE".into())
+        );
+        // The JSON reader takes no text form at all.
+        assert!(json::parse_jobs(line).is_err());
+        // In 26.05's JSON the submit line is a field of its own, never a source of others.
+        let fin = fixture_of("26.05", "scontrol-json-show-job-finished.json");
+        let doc: serde_json::Value = serde_json::from_str(&fin).unwrap();
+        assert!(doc["jobs"][0]["submit_line"]
+            .as_str()
+            .unwrap()
+            .starts_with("sbatch "));
+        let mut forged = doc.clone();
+        forged["jobs"][0]["submit_line"] =
+            "sbatch --wrap 'sleep 20 # NodeList=evil JobState=FAKE'\nJobId=3 NodeList=evil".into();
+        forged["jobs"][0]["name"] = "x\nJobId=3 JobState=FAILED NodeList=evil".into();
+        let j = one(&json::parse_jobs(&forged.to_string()).unwrap(), "3");
+        assert_eq!(
+            (j.state.as_str(), j.nodelist.as_deref()),
+            ("COMPLETED", Some("n1"))
+        );
+    }
+
+    /// 22.05's text `scontrol show job -o` of a job named "x\nJobId=1 JobState=FAILED
+    /// NodeList=evil" is two lines, the second one a record of job 1 (captured in the prolog of
+    /// job 8). The JSON of the same moment names job 1's true state and nodes.
+    #[test]
+    fn newline_in_a_name_forges_no_record() {
+        let text = fixture_of("22.05", "json/scontrol-text-evil-newline-prolog.txt");
+        assert!(text
+            .lines()
+            .any(|l| l.starts_with("JobId=1 JobState=FAILED NodeList=evil")));
+        let run = jobs_of("22.05", "json/squeue-evil-newline-prolog.json");
+        assert!(run.iter().filter(|j| j.job_id == "1").count() == 1);
+        let t = one(&run, "1");
+        assert_eq!(
+            (t.name.as_str(), t.state.as_str()),
+            ("timelimit", "RUNNING")
+        );
+        assert_eq!(t.nodes().unwrap(), ["n1"]);
+        assert!(json::parse_jobs(&text).is_err());
     }
 
     #[test]

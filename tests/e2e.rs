@@ -1,4 +1,4 @@
-//! End-to-end tests on a real Slurm 22.05 cluster (slurmctld, slurmd ×4 in network
+//! End-to-end tests on a real Slurm cluster (slurmctld, slurmd ×4 in network
 //! namespaces, slurmdbd + MariaDB), with cvslurm installed as PrologSlurmctld/EpilogSlurmctld
 //! through its argv[0] symlink and `cvslurm inventory --monitor` running as the service.
 //!
@@ -231,10 +231,10 @@ fn batch_job_success_running_then_completed() {
     assert!(running.get("end_time").is_none());
     let done = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(60));
     check_times(&done);
-    assert_eq!(
-        done["start_time"], running["start_time"],
-        "the epilog reuses the prolog's start"
-    );
+    // The final record carries Slurm's own start and end, the ones accounting has.
+    let (start, end) = sacct_times(&id);
+    assert_eq!(done["start_time"].as_str(), Some(start.as_str()));
+    assert_eq!(done["end_time"].as_str(), Some(end.as_str()));
     assert_eq!(nodes_of(&done), nodes_of(&running));
     assert_eq!(nodes_of(&done).len(), 1);
     let states: Vec<_> = job_events(f, &id)
@@ -262,10 +262,23 @@ fn scancel_while_running_is_cancelled() {
     let id = sbatch(&["-J", "e2e-cancel", "--wrap", "sleep 300"]);
     wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(30));
     assert!(slurm("scancel", &[&id]).status.success());
-    // A cancel in the job's first second reaches the epilog looking like a success on 22.05;
-    // then reconciliation corrects it from Slurm's record within a few seconds.
+    // A cancel can reach the epilog looking like a success on 22.05; then reconciliation
+    // corrects it from Slurm's record within a few seconds. From 24.11 on, slurmctld's JSON
+    // names the final state in the epilog: the epilog itself sends CANCELLED.
     let v = wait_job(f, &id, "JOB_STATE_CANCELLED", Duration::from_secs(90));
     check_times(&v);
+    let (start, end) = sacct_times(&id);
+    assert_eq!(
+        (v["start_time"].as_str(), v["end_time"].as_str()),
+        (Some(start.as_str()), Some(end.as_str()))
+    );
+    if slurm_version() >= (24, 11) {
+        let states: Vec<_> = job_events(f, &id)
+            .iter()
+            .map(|j| j["state"].clone())
+            .collect();
+        assert_eq!(states, ["JOB_STATE_RUNNING", "JOB_STATE_CANCELLED"]);
+    }
 }
 
 #[test]
@@ -847,9 +860,11 @@ fn reconciliation_reports_what_no_hook_did() {
     let r = wait_job(f, &running, "JOB_STATE_RUNNING", Duration::from_secs(30));
     assert_eq!(r["name"], "e2e-nohook@debug");
     let e = wait_job(f, &ended, "JOB_STATE_FAILED", Duration::from_secs(30));
+    let (start, end) = sacct_times(&ended);
     assert_eq!(
-        e["start_time"], "2023-11-14T22:13:20Z",
-        "the recorded start is kept"
+        (e["start_time"].as_str(), e["end_time"].as_str()),
+        (Some(start.as_str()), Some(end.as_str())),
+        "Slurm's own times, not the record's"
     );
     assert!(!f.state_dir.join("jobs").join(key(&ended)).exists());
     let log = fs::read_to_string(&f.log_file).unwrap();
@@ -1079,4 +1094,307 @@ fn discovery_reaches_fully_allocated_nodes() {
             "{n}"
         );
     }
+}
+
+/// The Slurm release the cluster runs, as (major, minor), from `scontrol --version`.
+fn slurm_version() -> (u32, u32) {
+    let text = stdout(&slurm("scontrol", &["--version"]));
+    let v = text.split_whitespace().last().unwrap_or("").to_string();
+    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+/// Slurm's own Start and End of an ended job (sacct, epoch seconds), once accounting has the
+/// final state.
+fn sacct_times(id: &str) -> (String, String) {
+    let mut row = String::new();
+    wait_until(
+        &format!("sacct to record job {id}'s end"),
+        Duration::from_secs(60),
+        || {
+            // Only fields no user controls, `|`-separated.
+            let out = slurm(
+                "sacct",
+                &[
+                    "-j",
+                    id,
+                    "-X",
+                    "-n",
+                    "-P",
+                    "--format=JobIDRaw,State,Start,End",
+                ],
+            );
+            row = stdout(&out)
+                .lines()
+                .find(|l| l.starts_with(&format!("{id}|")))
+                .unwrap_or("")
+                .to_string();
+            let f: Vec<&str> = row.split('|').collect();
+            f.len() == 4 && !matches!(f[1], "RUNNING" | "PENDING" | "REQUEUED") && f[3] != "Unknown"
+        },
+    );
+    let f: Vec<&str> = row.split('|').collect();
+    let iso = |s: &str| cvslurm::timefmt::format_epoch(s.parse().unwrap()).unwrap();
+    (iso(f[2]), iso(f[3]))
+}
+
+/// Job names, comments and script lines that a text reader of scontrol/squeue/sacct takes for
+/// fields or records of another job: a newline followed by another job's id, `JobState=` and
+/// `NodeList=` words, quotes, `|` and non-ASCII. The hooks, `send` and reconciliation deliver
+/// each job's own nodes, state and byte-exact name, and never touch the other job.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn hostile_job_names_forge_no_record() {
+    let (f, _g) = shared();
+    let victim = sbatch(&["-J", "e2e-victim", "-w", "n1", "--wrap", "sleep 120"]);
+    wait_job(f, &victim, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    let names = [
+        format!("x\nJobId={victim} JobState=FAILED NodeList=evil"),
+        format!("q\"uo'te ünï JobState=CANCELLED NodeList=n1 |{victim}|"),
+        "JobId=1 JobName=e2e JobState=COMPLETED Partition=gpu NodeList=n[1-4]".to_string(),
+    ];
+    let ids: Vec<String> = names
+        .iter()
+        .map(|n| {
+            sbatch(&[
+                "-w",
+                "n2",
+                &format!("--job-name={n}"),
+                "--comment=NodeList=evil JobState=FAKE",
+                "--wrap",
+                "sleep 8 # NodeList=evil JobState=FAKE",
+            ])
+        })
+        .collect();
+    for (id, name) in ids.iter().zip(&names) {
+        let r = wait_job(f, id, "JOB_STATE_RUNNING", Duration::from_secs(30));
+        assert_eq!(r["name"].as_str(), Some(format!("{name}@debug").as_str()));
+        assert_eq!(nodes_of(&r), ["n2"]);
+    }
+    // send reads slurmctld's JSON: every job is its own.
+    let mut args = vec!["send", "--dry-run", victim.as_str()];
+    args.extend(ids.iter().map(String::as_str));
+    let out = Command::new(&f.bin).args(&args).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let bodies: Vec<Value> = text
+        .split("POST /api/resources/computejob/v1/JobConfig\n")
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect();
+    assert_eq!(bodies.len(), 4, "{text}");
+    assert_eq!(bodies[0]["key"]["id"], key(&victim));
+    assert_eq!(bodies[0]["state"], "JOB_STATE_RUNNING");
+    assert_eq!(nodes_of(&bodies[0]), ["n1"]);
+    assert_eq!(bodies[0]["name"], "e2e-victim@debug");
+    for ((b, id), name) in bodies[1..].iter().zip(&ids).zip(&names) {
+        assert_eq!(b["key"]["id"], key(id));
+        assert_eq!(b["state"], "JOB_STATE_RUNNING", "{b}");
+        assert_eq!(nodes_of(b), ["n2"]);
+        assert_eq!(b["name"].as_str(), Some(format!("{name}@debug").as_str()));
+    }
+    // Reconciliation: the victim's prolog record is gone (as if no hook had reported it), so
+    // the service sends its RUNNING from slurmctld's listing, beside the hostile jobs.
+    let before = job_events(f, &victim).len();
+    fs::remove_file(f.state_dir.join("jobs").join(key(&victim))).unwrap();
+    wait_until(
+        "reconciliation to resend the victim's RUNNING",
+        Duration::from_secs(30),
+        || job_events(f, &victim).len() > before,
+    );
+    // Every job ends as itself, with Slurm's own times.
+    for (id, name) in ids.iter().zip(&names) {
+        let done = wait_job(f, id, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+        assert_eq!(nodes_of(&done), ["n2"]);
+        assert_eq!(
+            done["name"].as_str(),
+            Some(format!("{name}@debug").as_str())
+        );
+        let (start, end) = sacct_times(id);
+        assert_eq!(
+            (done["start_time"].as_str(), done["end_time"].as_str()),
+            (Some(start.as_str()), Some(end.as_str())),
+            "{done}"
+        );
+    }
+    assert!(slurm("scancel", &[&victim]).status.success());
+    let v = wait_job(f, &victim, "JOB_STATE_CANCELLED", Duration::from_secs(90));
+    assert_eq!(nodes_of(&v), ["n1"]);
+    for e in job_events(f, &victim) {
+        assert_eq!(nodes_of(&e), ["n1"], "{e}");
+        assert_eq!(e["name"], "e2e-victim@debug");
+    }
+    let (start, end) = sacct_times(&victim);
+    assert_eq!(
+        (v["start_time"].as_str(), v["end_time"].as_str()),
+        (Some(start.as_str()), Some(end.as_str()))
+    );
+    let all = f.cv.accepted("JobConfig");
+    assert!(
+        all.iter()
+            .all(|j| !j["nodes"]["values"].to_string().contains("evil")),
+        "a forged node list reached CloudVision"
+    );
+    // Ending jobs keep their records out of reach too: accounting answers send the same way.
+    let out = Command::new(&f.bin)
+        .args(["send", "--dry-run", &ids[0]])
+        .output()
+        .unwrap();
+    let b: Value = serde_json::from_str(
+        stdout(&out).trim_start_matches("POST /api/resources/computejob/v1/JobConfig\n"),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&out), stderr(&out)));
+    assert_eq!(b["state"], "JOB_STATE_COMPLETED");
+    assert_eq!(nodes_of(&b), ["n2"]);
+}
+
+/// `cvslurm check` names the Slurm release and how it is read.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn check_names_the_slurm_release() {
+    let (f, _g) = shared();
+    let out = Command::new(&f.bin).arg("check").output().unwrap();
+    let text = stdout(&out);
+    let (major, minor) = slurm_version();
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("Slurm {major}.{minor:02}.")))
+        .unwrap_or_else(|| panic!("no Slurm version line:\n{text}"));
+    assert!(line.starts_with("ok"), "{line}");
+    assert!(line.contains("--json"), "{line}");
+}
+
+/// Hidden partitions (Hidden=YES) are inventoried: `sinfo` without `--all` shows them only to
+/// operators, so an inventory run by another user missed their nodes (and the service would
+/// delete their NodeConfigs when a partition was hidden).
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn hidden_partition_nodes_are_inventoried() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    struct Unhide;
+    impl Drop for Unhide {
+        fn drop(&mut self) {
+            let _ = slurm("scontrol", &["update", "partitionname=gpu", "hidden=no"]);
+            let _ = slurm("scontrol", &["update", "partitionname=debug", "nodes=ALL"]);
+        }
+    }
+    let _unhide = Unhide;
+    // n3 and n4 are then only in the hidden partition gpu.
+    let ok = |o: Output| assert!(o.status.success(), "{}", stderr(&o));
+    ok(slurm(
+        "scontrol",
+        &["update", "partitionname=debug", "nodes=n1,n2"],
+    ));
+    ok(slurm(
+        "scontrol",
+        &["update", "partitionname=gpu", "hidden=yes"],
+    ));
+    // As a user who is no operator, with the PATH of this test (the cluster's Slurm first).
+    // Where the cluster's Slurm runs in a root filesystem (its commands are chroot wrappers),
+    // the user is switched inside it.
+    let path = std::env::var("PATH").unwrap_or_default();
+    let sinfo = std::env::split_paths(&path)
+        .map(|d| d.join("sinfo"))
+        .find(|p| p.is_file());
+    let rootfs = sinfo
+        .and_then(|p| fs::read(p).ok())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .and_then(|t| {
+            let rest = t.split("exec /usr/sbin/chroot ").nth(1)?;
+            rest.split_whitespace().next().map(String::from)
+        });
+    let as_nobody = |prog: &Path, args: &[&str]| {
+        let mut c = match &rootfs {
+            Some(r) => {
+                let mut c = Command::new("chroot");
+                c.arg(r).arg("runuser");
+                c
+            }
+            None => Command::new("runuser"),
+        };
+        c.args(["-u", "nobody", "--", "env"])
+            .arg(format!("PATH={path}:/usr/bin:/bin"))
+            .arg(prog)
+            .args(args)
+            .current_dir("/")
+            .output()
+            .unwrap()
+    };
+    let plain = as_nobody(Path::new("sinfo"), &["-h", "-N", "-o", "%N"]);
+    assert!(
+        plain.status.success() && !stdout(&plain).contains("n3"),
+        "sinfo shows hidden nodes to users, the test would prove nothing: {}{}",
+        stdout(&plain),
+        stderr(&plain)
+    );
+    let deletes_before =
+        f.cv.requests()
+            .iter()
+            .filter(|r| r["method"] == "DELETE")
+            .count();
+    let out = as_nobody(
+        &f.bin,
+        &[
+            "inventory",
+            "--dry-run",
+            "--config",
+            f.conf.to_str().unwrap(),
+        ],
+    );
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("{NODES} would send, 0 failed")),
+        "{text}\n{}",
+        stderr(&out)
+    );
+    // The service (a poll every 2 s) deletes nothing while the partition is hidden.
+    std::thread::sleep(Duration::from_secs(5));
+    let deletes =
+        f.cv.requests()
+            .iter()
+            .filter(|r| r["method"] == "DELETE")
+            .count();
+    assert_eq!(
+        deletes, deletes_before,
+        "a hidden partition's nodes were deleted"
+    );
+}
+
+/// A COMPLETED end whose times are not Slurm's (an epilog on 22.05 that could not ask
+/// slurmctld in time sends the prolog's start and its own clock) is corrected by the
+/// service's verification to Slurm's own start and end.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn verification_corrects_times_to_slurms() {
+    let (f, _g) = shared();
+    let id = sbatch(&["-J", "e2e-times", "--wrap", "sleep 1"]);
+    let done = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+    let (start, end) = sacct_times(&id);
+    assert_eq!(done["start_time"].as_str(), Some(start.as_str()));
+    // The mark an epilog with a wrong clock would have left, aged past the verification delay.
+    let mut wrong = done.clone();
+    wrong["start_time"] = json!("2020-01-01T00:00:00Z");
+    wrong["end_time"] = json!("2020-01-01T00:00:09Z");
+    let mark = f.state_dir.join("verify").join(key(&id));
+    fs::write(&mark, json!({"job": wrong, "restart_count": 0}).to_string()).unwrap();
+    chown_slurm(&mark);
+    fs::File::options()
+        .write(true)
+        .open(&mark)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(60))
+        .unwrap();
+    let before = job_events(f, &id).len();
+    wait_until("the correction", Duration::from_secs(30), || {
+        job_events(f, &id).len() > before
+    });
+    let fixed = job_events(f, &id).last().unwrap().clone();
+    assert_eq!(fixed["state"], "JOB_STATE_COMPLETED");
+    assert_eq!(
+        (fixed["start_time"].as_str(), fixed["end_time"].as_str()),
+        (Some(start.as_str()), Some(end.as_str())),
+        "{fixed}"
+    );
+    assert!(!mark.exists());
 }

@@ -238,6 +238,7 @@ const CHECKS: &[Check] = &[
     cluster_name,
     slurm_user,
     hooks,
+    slurm_release,
     token,
     token_file_readable,
     config_readable,
@@ -359,6 +360,18 @@ fn hooks(ctx: &mut Context, r: &mut Report) {
     let Some(sc) = &ctx.slurm_conf else { return };
     for key in ["PrologSlurmctld", "EpilogSlurmctld"] {
         check_hook(r, sc, key);
+    }
+}
+
+/// The Slurm release (`scontrol --version`), and the commands cvslurm reads it with.
+fn slurm_release(ctx: &mut Context, r: &mut Report) {
+    let Some(cfg) = &ctx.cfg else { return };
+    let slurm = crate::runner::Slurm::new(cfg.slurm_bin_dir.as_deref());
+    match crate::slurm::version(&slurm) {
+        Ok(v) => r.ok(&format!("Slurm {v}: {}", v.reader().describe())),
+        Err(e) => r.fail(&format!(
+            "Slurm: cannot tell its version ({e}): check that scontrol works here (slurm.conf, munge) or set SlurmBinDir"
+        )),
     }
 }
 

@@ -185,10 +185,11 @@ pub fn parse_exit_code(s: &str) -> Option<(i32, i32)> {
 
 /// The end state of a job in the epilog.
 ///
-/// On Slurm 22.05 the exit codes alone cannot tell a success from a cancel, a time limit or a
-/// node-failure requeue: all read `0:0`. So slurmctld's view of the job (`scontrol show job`,
-/// still `COMPLETING` at epilog time) decides when there is one:
-/// - a final JobState maps directly;
+/// The exit codes alone cannot tell a success from a cancel, a time limit or a node-failure
+/// requeue: all read `0:0`. So slurmctld's view of the job (its JSON, [`slurm::job_by_id`])
+/// decides when there is one:
+/// - a final state maps directly: from 23.02 on slurmctld names it while the epilog runs
+///   (`["CANCELLED","COMPLETING"]`); 22.05 says only `COMPLETING`, and then:
 /// - `Restarts` above the environment's restart count: the job was requeued (node failure),
 ///   this run failed and the job will run again under the same id;
 /// - `Reason=TimeLimit`: it hit its time limit (FAILED, as Slurm's TIMEOUT);
@@ -335,6 +336,42 @@ fn watchdog(t0: Instant) {
     std::process::exit(0);
 }
 
+/// Did slurmctld name the job's final state (`["CANCELLED","COMPLETING"]` from 24.11 on), so
+/// the epilog's end needs no verification against Slurm's record?
+pub fn final_state_named(j: &JobInfo) -> bool {
+    !matches!(
+        j.state.as_str(),
+        "COMPLETING" | "RUNNING" | "CONFIGURING" | "PENDING" | "REQUEUED" | ""
+    ) && JobState::from_slurm(&j.state).is_some_and(JobState::is_terminal)
+}
+
+/// The start and end the epilog sends: Slurm's own StartTime and EndTime, the ones sacct
+/// records. From the environment where Slurm gives them (23.02 and later), else from
+/// slurmctld's record of the job (22.05), else the prolog's record of the start and "now".
+/// A job requeued since (slurmctld counts more restarts than this run's environment) has a
+/// new start in slurmctld: this run's start is then the prolog's record.
+pub fn epilog_times(
+    env: &HookEnv,
+    ctl: Option<&JobInfo>,
+    recorded_start: Option<i64>,
+    now: i64,
+) -> (i64, i64) {
+    let ctl = ctl.filter(|j| {
+        !(j.restarts.is_some_and(|r| r > env.restart_count)
+            || matches!(j.state.as_str(), "PENDING" | "REQUEUED"))
+    });
+    let start = env
+        .start
+        .or_else(|| ctl.and_then(|j| j.start))
+        .or(recorded_start)
+        .unwrap_or(now);
+    let end = env
+        .end
+        .or_else(|| ctl.and_then(|j| j.end).filter(|e| *e >= start && *e <= now))
+        .unwrap_or(now);
+    (start, end)
+}
+
 /// Runs the hook. Always returns 0.
 ///
 /// The watchdog starts before anything else (a timer that needs no thread backs it), and
@@ -429,7 +466,8 @@ fn handle(
     };
     // Half the budget for queueing at most: the rest is for sending directly if it fails.
     let queue_by = t0 + cfg.hook_timeout / 2;
-    let mut event = build_event(cfg, &env, start_rec, service.is_some(), deadline);
+    let (mut event, mut named_final) =
+        build_event(cfg, &env, start_rec, service.is_some(), deadline);
     let mut queued = queue(cfg, &outbox, &event, queue_by, service.is_none());
     if queued == Queue::Stop {
         return;
@@ -451,7 +489,7 @@ fn handle(
         // with slurmctld's word on the end as a hook without the service does.
         log::warn!("job {key}: the cvslurm service did not take the event; sending directly");
         if event.resolve.is_some() {
-            event = build_event(cfg, &env, start_rec, false, deadline);
+            (event, named_final) = build_event(cfg, &env, start_rec, false, deadline);
         }
         if queued != Queue::Failed {
             // Again, synced this time: nobody else will sync it.
@@ -472,7 +510,10 @@ fn handle(
     let state = job.state;
     if env.phase == Phase::Epilog {
         outbox.forget_start(&key);
-        if state == JobState::Completed {
+        // An end slurmctld did not name (22.05 says COMPLETING; or no answer in time) is
+        // checked against Slurm's final record: a cancel can reach the epilog as a success
+        // (ExitCode 0:0) or as its shell's exit 143 (128 + SIGTERM).
+        if !named_final {
             if let Err(e) = outbox.mark_for_verification(job, env.restart_count) {
                 log::warn!("job {key}: cannot mark its end for verification: {e}");
             }
@@ -597,9 +638,10 @@ fn build_event(
     start_rec: Option<i64>,
     for_service: bool,
     deadline: Instant,
-) -> Event {
+) -> (Event, bool) {
     let now = now_epoch();
     let mut facts = None;
+    let mut named_final = false;
     let (state, start, end) = match env.phase {
         Phase::Prolog => (JobState::Running, env.start.unwrap_or(now), None),
         Phase::Epilog => {
@@ -607,18 +649,19 @@ fn build_event(
                 facts = Some(EndFacts {
                     exit: env.exit,
                     restart_count: env.restart_count,
-                    start_known: start_rec.is_some(),
+                    // Only Slurm's own times count as known: the prolog's record of the
+                    // start (22.05) is its clock, and slurmctld's record replaces it.
+                    start_known: env.start.is_some(),
                     end_known: env.end.is_some(),
                 });
                 None
             } else {
                 lookup_end_state(cfg, env, deadline)
             };
+            named_final = ctl.as_ref().is_some_and(final_state_named);
             let state = epilog_state(env.exit, env.restart_count, ctl.as_ref());
-            let start = start_rec
-                .or_else(|| ctl.as_ref().and_then(|j| j.start))
-                .unwrap_or(now);
-            (state, start, Some(env.end.unwrap_or(now)))
+            let (start, end) = epilog_times(env, ctl.as_ref(), start_rec, now);
+            (state, start, Some(end))
         }
     };
     let job = JobConfig {
@@ -638,7 +681,7 @@ fn build_event(
     let phase_rank = u8::from(env.phase == Phase::Epilog);
     let mut ev = Event::new(Item::Job { job }, (env.restart_count, phase_rank));
     ev.resolve = facts;
-    ev
+    (ev, named_final)
 }
 
 /// The final record of an epilog's event queued for the service (see [`EndFacts`]): the end
@@ -647,7 +690,13 @@ fn build_event(
 pub fn finish_end(job: &JobConfig, facts: &EndFacts, ctl: Option<&JobInfo>) -> JobConfig {
     let mut j = job.clone();
     j.state = epilog_state(facts.exit, facts.restart_count, ctl);
-    if let Some(c) = ctl {
+    // slurmctld's times are this run's unless the job was requeued since (a new run, a new
+    // start): then the epilog's own stay.
+    let this_run = ctl.filter(|c| {
+        !(c.restarts.is_some_and(|r| r > facts.restart_count)
+            || matches!(c.state.as_str(), "PENDING" | "REQUEUED"))
+    });
+    if let Some(c) = this_run {
         if !facts.start_known {
             if let Some(s) = c.start.and_then(format_epoch) {
                 j.start_time = Some(s);
@@ -655,7 +704,11 @@ pub fn finish_end(job: &JobConfig, facts: &EndFacts, ctl: Option<&JobInfo>) -> J
         }
         if !facts.end_known {
             let start = c.start.unwrap_or(0);
-            if let Some(e) = c.end.filter(|e| *e >= start).and_then(format_epoch) {
+            if let Some(e) = c
+                .end
+                .filter(|e| *e >= start && *e <= now_epoch())
+                .and_then(format_epoch)
+            {
                 j.end_time = Some(e);
             }
         }
@@ -672,13 +725,13 @@ fn lookup_end_state(cfg: &Config, env: &HookEnv, deadline: Instant) -> Option<Jo
         return None;
     }
     let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
-    match slurm::scontrol_job(&slurm, &env.job_id, budget) {
+    match slurm::job_by_id(&slurm, &env.job_id, budget) {
         Ok(j) => {
             if let Some(j) = &j {
                 log::debug!(
                     "job {}: slurmctld says JobState={} Reason={} ExitCode={}",
                     env.key(),
-                    j.state,
+                    j.states.join(","),
                     j.reason.as_deref().unwrap_or("-"),
                     j.exit_code.as_deref().unwrap_or("-")
                 );
@@ -763,14 +816,12 @@ mod tests {
         JobInfo {
             job_id: "1".into(),
             name: "j".into(),
-            partition: None,
             state: state.into(),
+            states: vec![state.into()],
             reason: Some(reason.into()),
             exit_code: Some(exit.into()),
             restarts: Some(0),
-            start: None,
-            end: None,
-            nodelist: None,
+            ..JobInfo::default()
         }
     }
 
@@ -782,60 +833,160 @@ mod tests {
         assert_eq!(epilog_state(None, 0, None), JobState::Completed);
     }
 
-    /// Every ending captured on real Slurm 22.05 (tests/fixtures/slurm-22.05/epilog-summary.tsv):
-    /// the hook environment and what `scontrol show job -o` said inside the epilog.
+    fn env_of(text: &str) -> HookEnv {
+        // One variable per line; a line without `=` continues the previous value (a job name
+        // with a newline).
+        let mut vars: Vec<(String, String)> = Vec::new();
+        for l in text.lines() {
+            match l.split_once('=').filter(|(k, _)| k.starts_with("SLURM")) {
+                Some((k, v)) => vars.push((k.to_string(), v.to_string())),
+                None => {
+                    if let Some((_, v)) = vars.last_mut() {
+                        v.push('\n');
+                        v.push_str(l);
+                    }
+                }
+            }
+        }
+        HookEnv::from_vars(&vars.into_iter().collect()).unwrap()
+    }
+
+    fn fixture(path: &str) -> String {
+        let p = format!("{}/tests/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
+    }
+
+    /// Every ending captured on real Slurm 22.05 (tests/fixtures/slurm-22.05/json/): the hook
+    /// environment and what `squeue --all --json` said inside the epilog (state COMPLETING
+    /// for every ending: the rules on ExitCode, Reason and Restarts decide).
     #[test]
-    fn epilog_state_of_every_captured_ending() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/slurm-22.05");
+    fn epilog_state_of_every_ending_on_22_05() {
         let want = [
             ("completed", JobState::Completed),
             ("exit3", JobState::Failed),
             ("sigkill", JobState::Failed),
             ("cancelled", JobState::Cancelled),
+            ("cancelled-at-once", JobState::Cancelled),
             ("timeout", JobState::Failed),
-            ("nodefail", JobState::Failed),
             ("multinode", JobState::Completed),
-            ("array-task1", JobState::Failed), // tasks exit with their task id
-            ("gpu", JobState::Completed),
+            ("array", JobState::Failed), // task 2 exits 2
+            ("evil-newline", JobState::Completed),
+            ("evil-quotes", JobState::Completed),
+            ("hidden", JobState::Completed),
         ];
         for (case, state) in want {
-            let env_text =
-                std::fs::read_to_string(format!("{dir}/hookenv-{case}-epilog.txt")).unwrap();
-            let vars: HashMap<String, String> = env_text
-                .lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            let env = HookEnv::from_vars(&vars).unwrap();
+            let env = env_of(&fixture(&format!(
+                "slurm-22.05/json/hookenv-{case}-epilog.txt"
+            )));
             assert_eq!(env.phase, Phase::Epilog);
-            let ctl_text =
-                std::fs::read_to_string(format!("{dir}/scontrol-job-{case}-epilog-epoch.txt"))
-                    .unwrap();
-            let ctl = slurm::parse_scontrol_job(&ctl_text, &env.job_id).unwrap();
+            let jobs = slurm::json::parse_jobs(&fixture(&format!(
+                "slurm-22.05/json/squeue-{case}-epilog.json"
+            )))
+            .unwrap();
+            let ctl = slurm::pick(jobs, std::slice::from_ref(&env.job_id))
+                .remove(&env.job_id)
+                .unwrap();
+            assert_eq!(ctl.states, ["COMPLETING"], "{case}");
+            assert!(!final_state_named(&ctl), "{case}");
             assert_eq!(
                 epilog_state(env.exit, env.restart_count, Some(&ctl)),
                 state,
                 "{case}"
             );
+            // The times sent are slurmctld's, which sacct records (checked in slurm.rs).
+            let (start, end) = epilog_times(&env, Some(&ctl), Some(1), i64::MAX);
+            assert_eq!((Some(start), Some(end)), (ctl.start, ctl.end), "{case}");
         }
+        let env = env_of(&fixture("slurm-22.05/json/hookenv-evil-newline-epilog.txt"));
+        assert_eq!(env.name, "x\nJobId=1 JobState=FAILED NodeList=evil");
+    }
+
+    /// 24.11 and 26.05: slurmctld names the final state inside the epilog, so a cancel is
+    /// CANCELLED from the epilog itself, in every captured ending (epilog-summary.tsv).
+    #[test]
+    fn epilog_state_of_every_ending_on_24_11_and_26_05() {
+        for v in ["24.11", "26.05"] {
+            let summary = fixture(&format!("slurm-{v}/epilog-summary.tsv"));
+            let mut checked = 0;
+            for line in summary.lines().skip(1) {
+                let f: Vec<&str> = line.split('\t').collect();
+                let (case, id) = (f[0], f[1]);
+                let want = match case {
+                    c if c.starts_with("cancel") => JobState::Cancelled,
+                    "exit3" | "sigkill" | "timeout" => JobState::Failed,
+                    _ => JobState::Completed,
+                };
+                let dir = format!("slurm-{v}/hookenv/epilog_slurmctld.{id}.dump");
+                let p = format!("{}/tests/fixtures/{dir}.json", env!("CARGO_MANIFEST_DIR"));
+                let Ok(json) = std::fs::read_to_string(&p) else {
+                    continue;
+                };
+                let env = env_of(&fixture(&format!("{dir}.env")));
+                let jobs = slurm::json::parse_jobs(&json).unwrap();
+                let ctl = slurm::pick(jobs, std::slice::from_ref(&env.job_id))
+                    .remove(&env.job_id)
+                    .unwrap();
+                assert_eq!(
+                    epilog_state(env.exit, env.restart_count, Some(&ctl)),
+                    want,
+                    "{v} {case}"
+                );
+                assert!(final_state_named(&ctl), "{v} {case}");
+                // Without slurmctld, a cancel looks like a success.
+                if want == JobState::Cancelled {
+                    assert_eq!(
+                        epilog_state(env.exit, env.restart_count, None),
+                        JobState::Completed
+                    );
+                }
+                // The environment's times are Slurm's own and win.
+                let (start, end) = epilog_times(&env, Some(&ctl), Some(1), i64::MAX);
+                assert_eq!((Some(start), Some(end)), (env.start, env.end), "{v} {case}");
+                checked += 1;
+            }
+            assert!(checked >= 12, "{v}: {checked}");
+        }
+    }
+
+    #[test]
+    fn epilog_times_of_a_requeued_run_are_its_own() {
+        let env = HookEnv {
+            phase: Phase::Epilog,
+            job_id: "1".into(),
+            cluster: "c".into(),
+            name: "j".into(),
+            partition: None,
+            nodes: vec!["n1".into()],
+            start: None,
+            end: None,
+            exit: Some((0, 0)),
+            restart_count: 0,
+        };
+        let mut requeued = ctl("PENDING", "BeginTime", "0:0");
+        requeued.restarts = Some(1);
+        requeued.start = Some(500); // slurmctld's start of the next run
+        assert_eq!(
+            epilog_times(&env, Some(&requeued), Some(100), 200),
+            (100, 200)
+        );
+        let mut done = ctl("COMPLETING", "None", "0:0");
+        done.start = Some(101);
+        done.end = Some(150);
+        assert_eq!(epilog_times(&env, Some(&done), Some(100), 200), (101, 150));
+        // An end in the future (a running job's expected end) is not an end.
+        done.end = Some(900);
+        assert_eq!(epilog_times(&env, Some(&done), Some(100), 200), (101, 200));
+        assert_eq!(epilog_times(&env, None, None, 200), (200, 200));
     }
 
     /// The service settles an epilog's provisional end with what slurmctld said (captured on
     /// real Slurm 22.05): a cancel that looked like a success, and Slurm's own times.
     #[test]
     fn the_service_settles_a_provisional_end() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/slurm-22.05");
-        let env_text =
-            std::fs::read_to_string(format!("{dir}/hookenv-cancelled-epilog.txt")).unwrap();
-        let vars: HashMap<String, String> = env_text
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let env = HookEnv::from_vars(&vars).unwrap();
+        let env = env_of(&fixture("slurm-22.05/json/hookenv-cancelled-epilog.txt"));
         let cfg = Config::default();
         let far = Instant::now() + Duration::from_secs(5);
-        let ev = build_event(&cfg, &env, None, true, far);
+        let (ev, _) = build_event(&cfg, &env, None, true, far);
         let facts = ev
             .resolve
             .expect("an epilog for the service carries its facts");
@@ -848,14 +999,18 @@ mod tests {
             JobState::Completed,
             "exit codes alone say success"
         );
-        let ctl_text =
-            std::fs::read_to_string(format!("{dir}/scontrol-job-cancelled-epilog-epoch.txt"))
+        let jobs =
+            slurm::json::parse_jobs(&fixture("slurm-22.05/json/squeue-cancelled-epilog.json"))
                 .unwrap();
-        let ctl = slurm::parse_scontrol_job(&ctl_text, &env.job_id).unwrap();
+        let ctl = slurm::pick(jobs, std::slice::from_ref(&env.job_id))
+            .remove(&env.job_id)
+            .unwrap();
         let fixed = finish_end(job, &facts, Some(&ctl));
         assert_eq!(fixed.state, JobState::Cancelled);
-        assert_eq!(fixed.start_time, format_epoch(1796040759));
-        assert_eq!(fixed.end_time, format_epoch(1796040760));
+        // Slurm's own times, the ones sacct records.
+        assert_eq!(fixed.start_time, ctl.start.and_then(format_epoch));
+        assert_eq!(fixed.end_time, ctl.end.and_then(format_epoch));
+        assert!(fixed.start_time.is_some() && fixed.end_time.is_some());
         // slurmctld no longer knows the job: the exit codes decide, the epilog's times stay.
         assert_eq!(finish_end(job, &facts, None), *job);
         // Times the epilog had from Slurm are kept.
@@ -871,6 +1026,7 @@ mod tests {
         );
         // A prolog's event never carries facts; without the service neither does an epilog's.
         assert!(build_event(&cfg, &env, None, false, Instant::now())
+            .0
             .resolve
             .is_none());
     }

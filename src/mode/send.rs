@@ -1,5 +1,5 @@
-//! `cvslurm send`: backfill one job's JobConfig from slurmctld (`scontrol show job`) or, for
-//! jobs slurmctld has forgotten, the accounting database (`sacct`); or send a tenant
+//! `cvslurm send`: backfill one job's JobConfig from slurmctld's JSON or, for jobs slurmctld
+//! has forgotten, the accounting database (`sacct --json`); or send a tenant
 //! scheduler's job given on the command line.
 
 use super::common::{usage, Common};
@@ -14,7 +14,7 @@ use crate::timefmt::format_epoch;
 use argh::FromArgs;
 use std::path::PathBuf;
 
-/// Send (backfill) jobs' JobConfig from scontrol or sacct, or a tenant scheduler's job.
+/// Send (backfill) jobs' JobConfig from slurmctld or sacct, or a tenant scheduler's job.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "send", help_triggers("-h", "--help", "help"))]
 pub struct Args {
@@ -308,12 +308,10 @@ mod tests {
             name: "gpt-training".into(),
             partition: Some("gpu".into()),
             state: state.into(),
-            reason: None,
-            exit_code: None,
-            restarts: None,
             start: Some(1764930600),
             end: Some(1764934200),
             nodelist: Some("gpu-node-[1-4]".into()),
+            ..JobInfo::default()
         }
     }
 

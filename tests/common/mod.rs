@@ -262,9 +262,15 @@ impl Site {
                         let n = e.file_name().to_string_lossy().into_owned();
                         n.ends_with(".json") && !n.starts_with('.')
                     })
-                    .map(|e| {
-                        let v: Value =
-                            serde_json::from_slice(&fs::read(e.path()).unwrap()).unwrap();
+                    // A running service may take a file between the listing and the read:
+                    // it is no longer pending then.
+                    .filter_map(|e| match fs::read(e.path()) {
+                        Ok(b) => Some(b),
+                        Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+                        Err(err) => panic!("{}: {err}", e.path().display()),
+                    })
+                    .map(|b| {
+                        let v: Value = serde_json::from_slice(&b).unwrap();
                         (v["seq"].as_u64().map(u128::from).unwrap_or(0), v)
                     })
                     .collect()

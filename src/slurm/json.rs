@@ -1,0 +1,216 @@
+//! Reads the job lists Slurm prints as JSON: `scontrol --json show job`, `squeue --json` and
+//! `sacct --json`, in every shape the supported versions print.
+//!
+//! JSON is read because every text form of these commands lets a job owner forge fields: a
+//! job name, comment or (26.05) submit line may hold a newline or `Key=Value` words. Here a
+//! user field is a JSON string and never more.
+//!
+//! The shapes, all captured from real Slurm (`tests/fixtures/slurm-*/`):
+//! - 22.05, `squeue --json` (openapi v0.0.38): `job_state` a string (`"COMPLETING"`), times
+//!   plain numbers, `exit_code` the raw wait status (768 = exit 3, 15 = signal 15).
+//! - 22.05, `sacct --json` (openapi dbv0.0.38): `state.current` a string, `time.start`,
+//!   `exit_code` `{status, return_code, signal: {signal_id}}`.
+//! - 23.02 and later, data_parser v0.0.39 … v0.0.45: `job_state` a list (base state first, then
+//!   flags: `["CANCELLED","COMPLETING"]`), numbers as `{set, infinite, number}`, `exit_code`
+//!   `{status: [..], return_code, signal: {id, name}}`; sacct's `state.current` a list and its
+//!   times plain numbers.
+
+use super::JobInfo;
+use serde_json::Value;
+
+/// A number, whether plain or Slurm's `{set, infinite, number}`; `None` when unset or infinite.
+fn num(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)),
+        Value::Object(o) => {
+            if o.get("set").and_then(Value::as_bool) == Some(false)
+                || o.get("infinite").and_then(Value::as_bool) == Some(true)
+            {
+                return None;
+            }
+            o.get("number").and_then(num)
+        }
+        _ => None,
+    }
+}
+
+/// An epoch time: `None` for 0 (Slurm's "unknown") and anything CloudVision cannot show.
+fn epoch(v: &Value) -> Option<i64> {
+    num(v).filter(|t| *t > 0 && *t <= 253_402_300_799)
+}
+
+/// A non-empty string.
+fn text(v: &Value) -> Option<String> {
+    v.as_str().filter(|s| !s.is_empty()).map(String::from)
+}
+
+/// A state: one word (`"RUNNING"`) or a list of words (`["CANCELLED","COMPLETING"]`).
+fn states(v: &Value) -> Vec<String> {
+    match v {
+        Value::String(s) if !s.is_empty() => vec![s.clone()],
+        Value::Array(a) => a.iter().filter_map(text).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `exit:signal` as Slurm's text prints it, from any of the JSON shapes.
+fn exit_code(v: &Value) -> Option<String> {
+    match v {
+        // 22.05 squeue: the raw wait status.
+        Value::Number(_) => {
+            let status = num(v)?;
+            let sig = status & 0x7f;
+            let code = if sig == 0 { (status >> 8) & 0xff } else { 0 };
+            Some(format!("{code}:{sig}"))
+        }
+        Value::Object(o) => {
+            let code = o.get("return_code").and_then(num).unwrap_or(0);
+            let sig = o
+                .get("signal")
+                .and_then(|s| s.get("id").or_else(|| s.get("signal_id")))
+                .and_then(num)
+                .unwrap_or(0);
+            Some(format!("{code}:{sig}"))
+        }
+        _ => None,
+    }
+}
+
+/// One job of any of the lists. `None` for an entry without a job id.
+fn job(j: &Value) -> Option<JobInfo> {
+    let id = num(&j["job_id"]).filter(|n| *n > 0)?;
+    // sacct nests state, times and array data; scontrol and squeue do not.
+    let acct = j.get("state").is_some_and(Value::is_object);
+    let (states, reason, start, end, array_job, array_task) = if acct {
+        let st = &j["state"];
+        (
+            states(&st["current"]),
+            text(&st["reason"]),
+            epoch(&j["time"]["start"]),
+            epoch(&j["time"]["end"]),
+            num(&j["array"]["job_id"]),
+            num(&j["array"]["task_id"]),
+        )
+    } else {
+        (
+            states(&j["job_state"]),
+            text(&j["state_reason"]),
+            epoch(&j["start_time"]),
+            epoch(&j["end_time"]),
+            num(&j["array_job_id"]),
+            num(&j["array_task_id"]),
+        )
+    };
+    let array = array_job.filter(|a| *a > 0).zip(array_task);
+    Some(JobInfo {
+        job_id: id.to_string(),
+        name: j["name"].as_str().unwrap_or("").to_string(),
+        partition: text(&j["partition"]),
+        state: states.first().cloned().unwrap_or_default(),
+        states,
+        reason,
+        exit_code: exit_code(&j["exit_code"]),
+        restarts: num(&j["restart_cnt"]).and_then(|n| u32::try_from(n).ok()),
+        start,
+        end,
+        nodelist: text(&j["nodes"]).filter(|n| n != "None assigned"),
+        array_job_id: array.map(|(a, _)| a.to_string()),
+        array_task_id: array.map(|(_, t)| t.to_string()),
+    })
+}
+
+/// Every job of a `{"jobs": [...]}` document, in Slurm's order.
+///
+/// An error when the text is not such a document, or when Slurm reports errors and no jobs
+/// (the message is Slurm's first error).
+pub fn parse_jobs(output: &str) -> Result<Vec<JobInfo>, String> {
+    let doc: Value = serde_json::from_str(output)
+        .map_err(|e| format!("Slurm's JSON output cannot be read: {e}"))?;
+    let Some(list) = doc.get("jobs").and_then(Value::as_array) else {
+        return Err(match first_error(&doc) {
+            Some(e) => e,
+            None => "Slurm's JSON output has no job list".to_string(),
+        });
+    };
+    if list.is_empty() {
+        if let Some(e) = first_error(&doc) {
+            return Err(e);
+        }
+    }
+    Ok(list.iter().filter_map(job).collect())
+}
+
+/// Slurm's first error in a JSON answer (`errors[0].description`, else its `error`).
+pub fn first_error(doc: &Value) -> Option<String> {
+    let e = doc.get("errors")?.as_array()?.first()?;
+    text(&e["description"])
+        .or_else(|| text(&e["error"]))
+        .or_else(|| Some(e.to_string()))
+}
+
+/// Slurm's first error in JSON output, if the output is JSON and has one.
+pub fn error_of(output: &str) -> Option<String> {
+    first_error(&serde_json::from_str(output).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_in_every_shape() {
+        let v: Value = serde_json::from_str(
+            r#"[5, {"set":true,"infinite":false,"number":7}, {"set":false,"infinite":false,"number":0},
+               {"set":true,"infinite":true,"number":0}, null, "8", 1.0]"#,
+        )
+        .unwrap();
+        let got: Vec<_> = v.as_array().unwrap().iter().map(num).collect();
+        assert_eq!(got, [Some(5), Some(7), None, None, None, None, Some(1)]);
+    }
+
+    #[test]
+    fn exit_codes_in_every_shape() {
+        let e = |s: &str| exit_code(&serde_json::from_str(s).unwrap());
+        // 22.05 squeue: wait status.
+        assert_eq!(e("768").as_deref(), Some("3:0"));
+        assert_eq!(e("15").as_deref(), Some("0:15"));
+        assert_eq!(e("0").as_deref(), Some("0:0"));
+        // 22.05 sacct.
+        assert_eq!(
+            e(r#"{"status":"SIGNALED","return_code":null,"signal":{"signal_id":9,"name":"Killed"}}"#)
+                .as_deref(),
+            Some("0:9")
+        );
+        // data_parser v0.0.39 and later.
+        assert_eq!(
+            e(
+                r#"{"status":["SIGNALED"],"return_code":{"set":false,"infinite":false,"number":0},
+                  "signal":{"id":{"set":true,"infinite":false,"number":15},"name":"TERM"}}"#
+            )
+            .as_deref(),
+            Some("0:15")
+        );
+        assert_eq!(e("null"), None);
+    }
+
+    #[test]
+    fn not_a_job_list() {
+        assert!(parse_jobs("JobId=1 JobName=x")
+            .unwrap_err()
+            .contains("cannot be read"));
+        assert_eq!(
+            parse_jobs(r#"{"errors":[{"description":"Invalid job id specified"}],"jobs":[]}"#)
+                .unwrap_err(),
+            "Invalid job id specified"
+        );
+        assert!(parse_jobs(r#"{"jobs":[],"errors":[]}"#).unwrap().is_empty());
+        assert_eq!(
+            parse_jobs("{}").unwrap_err(),
+            "Slurm's JSON output has no job list"
+        );
+        // Entries without a job id are skipped, not invented.
+        assert!(parse_jobs(r#"{"jobs":[{"name":"x"},7]}"#)
+            .unwrap()
+            .is_empty());
+    }
+}
