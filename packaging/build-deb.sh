@@ -69,8 +69,17 @@ SCRIPT
 cat >"$STAGE/DEBIAN/prerm" <<'SCRIPT'
 #!/bin/sh
 set -e
-if [ "$1" = remove ] && [ -z "$DPKG_ROOT" ] && [ -d /run/systemd/system ]; then
-    systemctl disable --now cvslurm.service >/dev/null 2>&1 || true
+if [ "$1" = remove ]; then
+    # slurm.conf first, binary last: Slurm 24.11+ does not start while slurm.conf names a
+    # missing hook, so refuse to remove the hook that slurm.conf still names.
+    conf="$DPKG_ROOT${SLURM_CONF:-/etc/slurm/slurm.conf}"
+    if [ -f "$conf" ] && grep -qiE '^[[:space:]]*(prolog|epilog)slurmctld[[:space:]]*=.*/opt/slurm/cloudvision/(cvslurm-hook|cv-job-hook)' "$conf"; then
+        echo "cvslurm: $conf still names /opt/slurm/cloudvision/cvslurm-hook: remove those PrologSlurmctld/EpilogSlurmctld lines (or run install.sh --uninstall), run scontrol reconfigure, then remove the package" >&2
+        exit 1
+    fi
+    if [ -z "$DPKG_ROOT" ] && [ -d /run/systemd/system ]; then
+        systemctl disable --now cvslurm.service >/dev/null 2>&1 || true
+    fi
 fi
 exit 0
 SCRIPT

@@ -1,9 +1,13 @@
-//! End-to-end tests on a real Slurm 22.05 cluster (slurmctld, slurmd ×4 in network
-//! namespaces, slurmdbd + MariaDB), with cvslurm installed as PrologSlurmctld/EpilogSlurmctld
-//! through its argv[0] symlink and `cvslurm inventory --monitor` running as the service.
+//! End-to-end tests on a real Slurm cluster (slurmctld, slurmd ×4 in network namespaces,
+//! slurmdbd + MariaDB), with cvslurm installed as PrologSlurmctld/EpilogSlurmctld through its
+//! argv[0] symlink and `cvslurm inventory --monitor` running as the service.
 //!
 //! Needs root. Run by `tests/run-all.sh` (which builds the static binary and passes it in
-//! CVSLURM_E2E_BIN); by hand: `cargo test --release --test e2e -- --ignored --test-threads=4`.
+//! CVSLURM_E2E_BIN) once per Slurm version; by hand:
+//! `SLURM=24.11 cargo test --release --test e2e -- --ignored --test-threads=4`
+//! (`SLURM` is passed on to tests/cluster/cluster.sh: 22.05, the default, is the host's Slurm;
+//! 24.11 and 26.05 run chrooted in a Debian root filesystem). Every Slurm command, the tests'
+//! and cvslurm's own (`SlurmBinDir`), is the version's: the cluster's `bin` directory.
 //! Tests that disturb nodes or CloudVision take the cluster exclusively.
 
 mod common;
@@ -18,6 +22,8 @@ use std::time::{Duration, Instant};
 
 const CLUSTER: &str = "cvtest";
 const WORK: &str = "/var/tmp/cvslurm-e2e";
+/// tests/cluster/cluster.sh's work dir (its default, as in cluster.sh).
+const CLUSTER_DIR: &str = "/var/tmp/cvslurm-cluster";
 const NODES: usize = 4;
 
 struct Fixture {
@@ -97,12 +103,13 @@ fn fixture() -> &'static Fixture {
             format!(
                 "# cvslurm end-to-end tests\nApiServer={}\nApiTokenFile={}\nCaFile={}\nStateDir={}\nLogFile={}\n\
                  LogLevel=debug\nHookTimeout=2\nPollInterval=2\nDiscoveryTimeout=30\nInterfacePhysicalOnly=no\n\
-                 ReconcileInterval=3\n",
+                 ReconcileInterval=3\nSlurmBinDir={}\n",
                 cv.server(),
                 token.display(),
                 ca.display(),
                 state_dir.display(),
-                log_file.display()
+                log_file.display(),
+                slurm_bin_dir().display()
             ),
         )
         .unwrap();
@@ -135,8 +142,15 @@ fn exclusive() -> (&'static Fixture, RwLockWriteGuard<'static, ()>) {
     (f, CLUSTER_LOCK.write().unwrap_or_else(|e| e.into_inner()))
 }
 
+/// The cluster's Slurm commands (the version under test), from the host and from inside the
+/// cluster's root filesystem alike.
+fn slurm_bin_dir() -> PathBuf {
+    let dir = std::env::var_os("CVSLURM_CLUSTER_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(CLUSTER_DIR));
+    dir.join("bin")
+}
+
 fn slurm(cmd: &str, args: &[&str]) -> Output {
-    Command::new(cmd)
+    Command::new(slurm_bin_dir().join(cmd))
         .args(args)
         .env("SLURM_TIME_FORMAT", "%s")
         .output()
@@ -879,9 +893,7 @@ struct BrokenWorker {
 
 impl BrokenWorker {
     fn new(f: &Fixture, node: &str, script: &str) -> BrokenWorker {
-        let pid = fs::read_to_string(format!(
-            "/var/tmp/cvslurm-cluster/run/slurmd-{node}.pid.ours"
-        ))
+        let pid = fs::read_to_string(slurm_bin_dir().join(format!("../run/slurmd-{node}.pid.ours")))
         .unwrap()
         .trim()
         .to_string();
@@ -889,7 +901,8 @@ impl BrokenWorker {
         fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
         let out = Command::new("nsenter")
-            .args(["-t", &pid, "-m", "--", "mount", "--bind"])
+            // -r: slurmd's own root (a Slurm root filesystem has its own bind of WORK)
+            .args(["-t", &pid, "-m", "-r", "--", "mount", "--bind"])
             .arg(&path)
             .arg(&f.bin)
             .output()
@@ -907,7 +920,7 @@ impl Drop for BrokenWorker {
     fn drop(&mut self) {
         let bin = PathBuf::from(WORK).join("cvslurm");
         let _ = Command::new("nsenter")
-            .args(["-t", &self.pid, "-m", "--", "umount", "-l"])
+            .args(["-t", &self.pid, "-m", "-r", "--", "umount", "-l"])
             .arg(bin)
             .output();
     }
