@@ -145,7 +145,9 @@ fn exclusive() -> (&'static Fixture, RwLockWriteGuard<'static, ()>) {
 /// The cluster's Slurm commands (the version under test), from the host and from inside the
 /// cluster's root filesystem alike.
 fn slurm_bin_dir() -> PathBuf {
-    let dir = std::env::var_os("CVSLURM_CLUSTER_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(CLUSTER_DIR));
+    let dir = std::env::var_os("CVSLURM_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(CLUSTER_DIR));
     dir.join("bin")
 }
 
@@ -894,10 +896,11 @@ struct BrokenWorker {
 
 impl BrokenWorker {
     fn new(f: &Fixture, node: &str, script: &str) -> BrokenWorker {
-        let pid = fs::read_to_string(slurm_bin_dir().join(format!("../run/slurmd-{node}.pid.ours")))
-        .unwrap()
-        .trim()
-        .to_string();
+        let pid =
+            fs::read_to_string(slurm_bin_dir().join(format!("../run/slurmd-{node}.pid.ours")))
+                .unwrap()
+                .trim()
+                .to_string();
         let path = PathBuf::from(WORK).join(format!("broken-{node}.sh"));
         fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
