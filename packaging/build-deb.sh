@@ -126,4 +126,22 @@ done
 "$SCRATCH/opt/slurm/cloudvision/cvslurm" --version
 "$SCRATCH/opt/slurm/cloudvision/cvslurm-status" --help >/dev/null
 dpkg --root="$SCRATCH" -s cvslurm | grep -E '^(Status|Version):'
+# removal: refused while slurm.conf names the hook (Slurm 24.11+ would not start), then done
+mkdir -p "$SCRATCH/etc/slurm"
+printf 'ClusterName=x\nPrologSlurmctld=/opt/slurm/cloudvision/cvslurm-hook\n' >"$SCRATCH/etc/slurm/slurm.conf"
+dpkg_r() { dpkg --root="$SCRATCH" --force-not-root --force-script-chrootless --log=/dev/null -r cvslurm >"$SCRATCH.log" 2>&1; }
+if dpkg_r; then
+    echo "dpkg -r removed the hook that slurm.conf names" >&2; fail=1
+elif ! grep -q 'still names /opt/slurm/cloudvision/cvslurm-hook' "$SCRATCH.log" || [[ ! -x "$SCRATCH/opt/slurm/cloudvision/cvslurm-hook" ]]; then
+    echo "dpkg -r refused without the message, or the hook is gone:" >&2; cat "$SCRATCH.log" >&2; fail=1
+else
+    echo "--- dpkg -r refused while slurm.conf names the hook: ok"
+fi
+printf 'ClusterName=x\n' >"$SCRATCH/etc/slurm/slurm.conf"
+if dpkg_r && [[ ! -e "$SCRATCH/opt/slurm/cloudvision/cvslurm" ]]; then
+    echo "--- dpkg -r once slurm.conf no longer names it: ok"
+else
+    echo "dpkg -r failed with a slurm.conf that does not name the hook:" >&2; cat "$SCRATCH.log" >&2; fail=1
+fi
+rm -f "$SCRATCH.log"
 ((fail == 0)) && echo "build-deb.sh: ok"
