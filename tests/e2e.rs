@@ -66,9 +66,32 @@ fn chown_slurm(p: &Path) {
     assert!(st.success());
 }
 
+/// Marks every descriptor this process inherited (beyond stdio) close-on-exec. Run inside
+/// `flock LOCK cargo test ...`, the lock's descriptor would otherwise pass to the stand-in, the
+/// service and the cluster's daemons, which outlive the test process and would hold the lock
+/// for good.
+fn keep_inherited_fds_to_ourselves() {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    use std::os::fd::BorrowedFd;
+    let fds: Vec<i32> = fs::read_dir("/proc/self/fd")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|&fd| fd > 2)
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        // SAFETY: only the descriptor's flags change; one that closed meanwhile just fails.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    }
+}
+
 /// Brings the cluster, the stand-in, the hook and the service up once for all tests.
 fn fixture() -> &'static Fixture {
     FIXTURE.get_or_init(|| {
+        keep_inherited_fds_to_ourselves();
         let work = PathBuf::from(WORK);
         let _ = Command::new("sh").arg("-c").arg(format!("for p in {WORK}/*.pid; do [ -f \"$p\" ] && kill $(cat \"$p\") 2>/dev/null; done; true")).status();
         let _ = fs::remove_dir_all(&work);
