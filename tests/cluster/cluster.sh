@@ -82,6 +82,13 @@ if [[ "${1:-}" != up ]]; then
 fi
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 unset SLURM_CONF SLURM
+# Descriptors inherited from the caller (the lock of `flock LOCK cluster.sh up`) must not pass
+# to the daemons, which outlive this script and would keep the lock. 255: bash's own script.
+for _fd in /proc/$$/fd/*; do
+    _fd="${_fd##*/}"
+    if [[ "$_fd" =~ ^[0-9]+$ ]] && ((_fd > 2 && _fd != 255)); then eval "exec $_fd>&-"; fi
+done
+unset _fd
 
 log() { printf '[cluster] %s\n' "$*"; }
 warn() { printf '[cluster] WARNING: %s\n' "$*" >&2; }
