@@ -182,8 +182,12 @@ impl Inventory<'_> {
             cmd.arg(format!("--partition={partition}"));
         }
         if cfg.discovery_bcast {
+            // One file per srun: the groups run at the same time, and nodes of two groups can
+            // share /tmp (one writing the copy while the other executes it: "Text file busy").
+            static GROUP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let g = GROUP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             cmd.arg(format!(
-                "--bcast=/tmp/cvslurm-discover.{}",
+                "--bcast=/tmp/cvslurm-discover.{}.{g}",
                 std::process::id()
             ));
         }
