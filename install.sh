@@ -3,6 +3,13 @@
 # token file, StateDir/LogFile, the PrologSlurmctld/EpilogSlurmctld hooks in slurm.conf, the
 # cvslurm service, then `scontrol reconfigure` (slurmctld is never restarted).
 #
+# A site's own PrologSlurmctld/EpilogSlurmctld: on Slurm >= 24.05 install.sh adds its own
+# line of the same key beside it (Slurm runs them all); before 24.05 (one hook only) it
+# refuses and prints the line to add to the site's script. The hook path exists and is
+# executable whenever slurm.conf names it (Slurm 24.11+ does not start otherwise): the binary
+# is installed (atomically, by rename) before slurm.conf is changed, and on --uninstall
+# slurm.conf is restored (and applied) before the binary is removed.
+#
 # Usage: sudo ./install.sh --api-server HOST[:PORT] --api-token-file FILE [options]
 #   --api-server HOST[:PORT]  CloudVision server (or $API_SERVER; default: the existing config's)
 #   --api-token-file FILE     file holding the API token (or the token in $API_TOKEN;
@@ -279,6 +286,11 @@ do_uninstall() {
                 ;;
         esac
     done < <(man_old)
+    # slurm.conf no longer names the hook: apply that before the binary goes
+    if ((reconf)); then
+        apply_reconfigure
+        reconf=0
+    fi
     while read -r kind path extra; do
         case "$kind" in
             file | link | unit | logrotate)
@@ -451,8 +463,10 @@ for key in PrologSlurmctld EpilogSlurmctld; do
     if ((${#foreign[@]} == 0)); then
         ADD_LINES+=("$key=$HOOK  $MARK")
     elif ((MULTI)); then
-        say "$key is $current: Slurm $VERSION runs several, adding cvslurm-hook beside it"
-        ADD_LINES+=("$key=$current,$HOOK  $MARK")
+        # its own line: Slurm >= 24.05 runs every line of the key (in parallel); a comma list
+        # would be read as one path, and slurmctld 24.11+ does not start with a missing hook
+        say "$key is $current: Slurm $VERSION runs several, adding a $key line for cvslurm-hook beside it"
+        ADD_LINES+=("$key=$HOOK  $MARK")
     else
         die "$(printf '%s is already set to %s and Slurm %s runs only one %s.\n  Nothing was changed. Add this line at the end of %s (it reads the job from the environment and always exits 0):\n    %s\n  then run ./install.sh again (it will see the call and leave %s alone)' \
             "$key" "$current" "${VERSION:-(unknown version)}" "$key" "$current" "\"$HOOK\"" "$key")"

@@ -69,8 +69,17 @@ SCRIPT
 cat >"$STAGE/DEBIAN/prerm" <<'SCRIPT'
 #!/bin/sh
 set -e
-if [ "$1" = remove ] && [ -z "$DPKG_ROOT" ] && [ -d /run/systemd/system ]; then
-    systemctl disable --now cvslurm.service >/dev/null 2>&1 || true
+if [ "$1" = remove ]; then
+    # slurm.conf first, binary last: Slurm 24.11+ does not start while slurm.conf names a
+    # missing hook, so refuse to remove the hook that slurm.conf still names.
+    conf="$DPKG_ROOT${SLURM_CONF:-/etc/slurm/slurm.conf}"
+    if [ -f "$conf" ] && grep -qiE '^[[:space:]]*(prolog|epilog)slurmctld[[:space:]]*=.*/opt/slurm/cloudvision/(cvslurm-hook|cv-job-hook)' "$conf"; then
+        echo "cvslurm: $conf still names /opt/slurm/cloudvision/cvslurm-hook: remove those PrologSlurmctld/EpilogSlurmctld lines (or run install.sh --uninstall), run scontrol reconfigure, then remove the package" >&2
+        exit 1
+    fi
+    if [ -z "$DPKG_ROOT" ] && [ -d /run/systemd/system ]; then
+        systemctl disable --now cvslurm.service >/dev/null 2>&1 || true
+    fi
 fi
 exit 0
 SCRIPT
@@ -117,4 +126,22 @@ done
 "$SCRATCH/opt/slurm/cloudvision/cvslurm" --version
 "$SCRATCH/opt/slurm/cloudvision/cvslurm-status" --help >/dev/null
 dpkg --root="$SCRATCH" -s cvslurm | grep -E '^(Status|Version):'
+# removal: refused while slurm.conf names the hook (Slurm 24.11+ would not start), then done
+mkdir -p "$SCRATCH/etc/slurm"
+printf 'ClusterName=x\nPrologSlurmctld=/opt/slurm/cloudvision/cvslurm-hook\n' >"$SCRATCH/etc/slurm/slurm.conf"
+dpkg_r() { dpkg --root="$SCRATCH" --force-not-root --force-script-chrootless --log=/dev/null -r cvslurm >"$SCRATCH.log" 2>&1; }
+if dpkg_r; then
+    echo "dpkg -r removed the hook that slurm.conf names" >&2; fail=1
+elif ! grep -q 'still names /opt/slurm/cloudvision/cvslurm-hook' "$SCRATCH.log" || [[ ! -x "$SCRATCH/opt/slurm/cloudvision/cvslurm-hook" ]]; then
+    echo "dpkg -r refused without the message, or the hook is gone:" >&2; cat "$SCRATCH.log" >&2; fail=1
+else
+    echo "--- dpkg -r refused while slurm.conf names the hook: ok"
+fi
+printf 'ClusterName=x\n' >"$SCRATCH/etc/slurm/slurm.conf"
+if dpkg_r && [[ ! -e "$SCRATCH/opt/slurm/cloudvision/cvslurm" ]]; then
+    echo "--- dpkg -r once slurm.conf no longer names it: ok"
+else
+    echo "dpkg -r failed with a slurm.conf that does not name the hook:" >&2; cat "$SCRATCH.log" >&2; fail=1
+fi
+rm -f "$SCRATCH.log"
 ((fail == 0)) && echo "build-deb.sh: ok"

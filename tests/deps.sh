@@ -2,11 +2,12 @@
 # Installs what building and testing cvslurm needs on Debian 12 (idempotent, quick when done):
 # Slurm 22.05 daemons and clients, munge, MariaDB + slurmdbd (for sacct), iproute2 (network
 # namespaces), musl-tools (the static build), python3 + openssl (the CloudVision stand-in),
-# rpm (rpmbuild, to build and inspect the .rpm),
+# rpm (rpmbuild, to build and inspect the .rpm), mmdebstrap (the Debian root filesystems of
+# Slurm 24.11 and 26.05 for the test clusters: tests/cluster/rootfs.sh),
 # and the Rust musl target.
 set -euo pipefail
 pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 musl-tools
-      python3 openssl curl procps util-linux ca-certificates rpm)
+      python3 openssl curl procps util-linux ca-certificates rpm mmdebstrap)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,9 +1,13 @@
-//! End-to-end tests on a real Slurm cluster (slurmctld, slurmd ×4 in network
-//! namespaces, slurmdbd + MariaDB), with cvslurm installed as PrologSlurmctld/EpilogSlurmctld
-//! through its argv[0] symlink and `cvslurm inventory --monitor` running as the service.
+//! End-to-end tests on a real Slurm cluster (slurmctld, slurmd ×4 in network namespaces,
+//! slurmdbd + MariaDB), with cvslurm installed as PrologSlurmctld/EpilogSlurmctld through its
+//! argv[0] symlink and `cvslurm inventory --monitor` running as the service.
 //!
 //! Needs root. Run by `tests/run-all.sh` (which builds the static binary and passes it in
-//! CVSLURM_E2E_BIN); by hand: `cargo test --release --test e2e -- --ignored --test-threads=4`.
+//! CVSLURM_E2E_BIN) once per Slurm version; by hand:
+//! `SLURM=24.11 cargo test --release --test e2e -- --ignored --test-threads=4`
+//! (`SLURM` is passed on to tests/cluster/cluster.sh: 22.05, the default, is the host's Slurm;
+//! 24.11 and 26.05 run chrooted in a Debian root filesystem). Every Slurm command, the tests'
+//! and cvslurm's own (`SlurmBinDir`), is the version's: the cluster's `bin` directory.
 //! Tests that disturb nodes or CloudVision take the cluster exclusively.
 
 mod common;
@@ -18,6 +22,8 @@ use std::time::{Duration, Instant};
 
 const CLUSTER: &str = "cvtest";
 const WORK: &str = "/var/tmp/cvslurm-e2e";
+/// tests/cluster/cluster.sh's work dir (its default, as in cluster.sh).
+const CLUSTER_DIR: &str = "/var/tmp/cvslurm-cluster";
 const NODES: usize = 4;
 
 struct Fixture {
@@ -60,9 +66,32 @@ fn chown_slurm(p: &Path) {
     assert!(st.success());
 }
 
+/// Marks every descriptor this process inherited (beyond stdio) close-on-exec. Run inside
+/// `flock LOCK cargo test ...`, the lock's descriptor would otherwise pass to the stand-in, the
+/// service and the cluster's daemons, which outlive the test process and would hold the lock
+/// for good.
+fn keep_inherited_fds_to_ourselves() {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    use std::os::fd::BorrowedFd;
+    let fds: Vec<i32> = fs::read_dir("/proc/self/fd")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|&fd| fd > 2)
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        // SAFETY: only the descriptor's flags change; one that closed meanwhile just fails.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    }
+}
+
 /// Brings the cluster, the stand-in, the hook and the service up once for all tests.
 fn fixture() -> &'static Fixture {
     FIXTURE.get_or_init(|| {
+        keep_inherited_fds_to_ourselves();
         let work = PathBuf::from(WORK);
         let _ = Command::new("sh").arg("-c").arg(format!("for p in {WORK}/*.pid; do [ -f \"$p\" ] && kill $(cat \"$p\") 2>/dev/null; done; true")).status();
         let _ = fs::remove_dir_all(&work);
@@ -97,12 +126,13 @@ fn fixture() -> &'static Fixture {
             format!(
                 "# cvslurm end-to-end tests\nApiServer={}\nApiTokenFile={}\nCaFile={}\nStateDir={}\nLogFile={}\n\
                  LogLevel=debug\nHookTimeout=2\nPollInterval=2\nDiscoveryTimeout=30\nInterfacePhysicalOnly=no\n\
-                 ReconcileInterval=3\n",
+                 ReconcileInterval=3\nSlurmBinDir={}\n",
                 cv.server(),
                 token.display(),
                 ca.display(),
                 state_dir.display(),
-                log_file.display()
+                log_file.display(),
+                slurm_bin_dir().display()
             ),
         )
         .unwrap();
@@ -135,8 +165,17 @@ fn exclusive() -> (&'static Fixture, RwLockWriteGuard<'static, ()>) {
     (f, CLUSTER_LOCK.write().unwrap_or_else(|e| e.into_inner()))
 }
 
+/// The cluster's Slurm commands (the version under test), from the host and from inside the
+/// cluster's root filesystem alike.
+fn slurm_bin_dir() -> PathBuf {
+    let dir = std::env::var_os("CVSLURM_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(CLUSTER_DIR));
+    dir.join("bin")
+}
+
 fn slurm(cmd: &str, args: &[&str]) -> Output {
-    Command::new(cmd)
+    Command::new(slurm_bin_dir().join(cmd))
         .args(args)
         .env("SLURM_TIME_FORMAT", "%s")
         .output()
@@ -439,14 +478,15 @@ fn send_running_job_from_scontrol_and_ended_job_from_sacct() {
     assert_eq!(bodies[1]["start_time"], hooked["start_time"]);
     assert_eq!(bodies[1]["nodes"], hooked["nodes"]);
     // And for real, through the one client.
-    let before = f.cv.accepted("JobConfig").len();
+    // (this job's records only: the other shared tests' hooks post at the same time)
+    let before = job_events(f, &run).len();
     let out = Command::new(&f.bin).args(["send", &run]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains(&format!(
         "job {}: sent RUNNING on 1 node(s) (HTTP 200)",
         key(&run)
     )));
-    assert_eq!(f.cv.accepted("JobConfig").len(), before + 1);
+    assert_eq!(job_events(f, &run).len(), before + 1);
     let pending = sbatch(&[
         "-J",
         "e2e-pending",
@@ -895,17 +935,17 @@ struct BrokenWorker {
 
 impl BrokenWorker {
     fn new(f: &Fixture, node: &str, script: &str) -> BrokenWorker {
-        let pid = fs::read_to_string(format!(
-            "/var/tmp/cvslurm-cluster/run/slurmd-{node}.pid.ours"
-        ))
-        .unwrap()
-        .trim()
-        .to_string();
+        let pid =
+            fs::read_to_string(slurm_bin_dir().join(format!("../run/slurmd-{node}.pid.ours")))
+                .unwrap()
+                .trim()
+                .to_string();
         let path = PathBuf::from(WORK).join(format!("broken-{node}.sh"));
         fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
         let out = Command::new("nsenter")
-            .args(["-t", &pid, "-m", "--", "mount", "--bind"])
+            // -r: slurmd's own root (a Slurm root filesystem has its own bind of WORK)
+            .args(["-t", &pid, "-m", "-r", "--", "mount", "--bind"])
             .arg(&path)
             .arg(&f.bin)
             .output()
@@ -923,7 +963,7 @@ impl Drop for BrokenWorker {
     fn drop(&mut self) {
         let bin = PathBuf::from(WORK).join("cvslurm");
         let _ = Command::new("nsenter")
-            .args(["-t", &self.pid, "-m", "--", "umount", "-l"])
+            .args(["-t", &self.pid, "-m", "-r", "--", "umount", "-l"])
             .arg(bin)
             .output();
     }

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (needs root: it stands up a real Slurm cluster in
 # network namespaces). Installs what it needs, checks format and lints, builds the static
-# binary, runs the unit and integration tests, then the end-to-end tests on real Slurm,
-# and ends with one line: "N passed, M failed".
+# binary, runs the unit and integration tests, then, for each Slurm version (22.05: the
+# host's; 24.11 and 26.05: Debian root filesystems built once by tests/cluster/rootfs.sh), the
+# end-to-end tests and the live install.sh tests on a real cluster of that version. Prints one
+# line per version ("24.11: N passed, M failed") and ends with one line: "N passed, M failed".
+# CVSLURM_SLURM_VERSIONS="22.05 24.11" runs only those versions.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
@@ -13,6 +16,14 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "dependencies"
 tests/deps.sh || { echo "dependency install failed"; exit 1; }
+VERSIONS="${CVSLURM_SLURM_VERSIONS:-22.05 24.11 26.05}"
+CLUSTER_BIN="${CVSLURM_CLUSTER_DIR:-/var/tmp/cvslurm-cluster}/bin"
+for v in $VERSIONS; do
+  [ "$v" = 22.05 ] && continue
+  t0=$SECONDS
+  tests/cluster/rootfs.sh "$v" >/dev/null || { echo "no root filesystem for Slurm $v"; exit 1; }
+  echo "Slurm $v root filesystem ready ($((SECONDS - t0)) s)"
+done
 
 step "format and lints"
 cargo fmt --check || failures+=("cargo fmt --check")
@@ -40,44 +51,75 @@ step "unit and integration tests"
 cargo test 2>&1 | tee "$LOG_DIR/cargo-test.log" | grep -E '^(test |test result|failures:|---- )' 
 [ "${PIPESTATUS[0]}" = 0 ] || failures+=("cargo test")
 
-if [ -n "$BIN" ]; then
-  step "end-to-end tests on a real Slurm cluster"
-  CVSLURM_E2E_BIN="$PWD/$BIN" cargo test --release --test e2e -- --ignored --test-threads=4 2>&1 \
-    | tee "$LOG_DIR/e2e.log" | grep -E '^(test |test result|failures:|---- |\[e2e\])'
-  [ "${PIPESTATUS[0]}" = 0 ] || failures+=("end-to-end tests")
+# e2e + install tests on one Slurm version; logs e2e-VERSION.log and install-VERSION.log
+version_suites() { # VERSION
+  local v="$1"
+  step "Slurm $v: end-to-end tests on a real cluster"
+  SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
+    cargo test --release --test e2e -- --ignored --test-threads=4 2>&1 \
+    | tee "$LOG_DIR/e2e-$v.log" | grep -E '^(test |test result|failures:|---- |\[e2e\])'
+  [ "${PIPESTATUS[0]}" = 0 ] || failures+=("$v: end-to-end tests")
   for p in /var/tmp/cvslurm-e2e/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
   rm -f /etc/slurm/cloudvision.conf
-  step "end-to-end test of JobInterfaces on GPU nodes"
-  cargo test --release --test e2e_gpu -- --ignored 2>&1 \
-    | tee "$LOG_DIR/e2e-gpu.log" | grep -E '^(test |test result|failures:|---- )'
-  [ "${PIPESTATUS[0]}" = 0 ] || failures+=("GPU end-to-end test")
-  if [ -x tests/install/test_install.sh ]; then
-    step "install.sh on the real cluster"
-    tests/cluster/cluster.sh up 2 >"$LOG_DIR/install-cluster.log" 2>&1 \
-      || { tail -20 "$LOG_DIR/install-cluster.log"; failures+=("cluster for install tests"); }
-    LIVE=1 CVSLURM_BIN="$PWD/$BIN" tests/install/test_install.sh 2>&1 | tee "$LOG_DIR/install.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || failures+=("install tests")
-    tests/cluster/cluster.sh down >/dev/null 2>&1 || true
+  if [ "$v" = 22.05 ]; then
+    step "Slurm $v: end-to-end test of JobInterfaces on GPU nodes"
+    cargo test --release --test e2e_gpu -- --ignored 2>&1 \
+      | tee "$LOG_DIR/e2e-gpu-$v.log" | grep -E '^(test |test result|failures:|---- )'
+    [ "${PIPESTATUS[0]}" = 0 ] || failures+=("$v: GPU end-to-end test")
   fi
+  step "Slurm $v: install.sh on the real cluster"
+  if SLURM="$v" tests/cluster/cluster.sh up 2 >"$LOG_DIR/install-cluster-$v.log" 2>&1; then
+    SLURM="$v" PATH="$CLUSTER_BIN:$PATH" LIVE=1 CVSLURM_BIN="$PWD/$BIN" tests/install/test_install.sh 2>&1 \
+      | tee "$LOG_DIR/install-$v.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || failures+=("$v: install tests")
+  else
+    tail -20 "$LOG_DIR/install-cluster-$v.log"; failures+=("$v: cluster for install tests")
+  fi
+  tests/cluster/cluster.sh down >/dev/null 2>&1 || true
+}
+
+# "P F" from a log: cargo's "test result:" lines, or test_install.sh's "N passed, M failed"
+count() { # FILE
+  local p=0 q=0 a b
+  [ -f "$1" ] || { echo "0 0"; return; }
+  while read -r a b; do p=$((p + a)); q=$((q + b)); done < <(
+    sed -n -e 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' \
+      -e 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$1")
+  echo "$p $q"
+}
+
+declare -A vtime=()
+if [ -n "$BIN" ]; then
+  for v in $VERSIONS; do
+    rm -f "$LOG_DIR/e2e-$v.log" "$LOG_DIR/install-$v.log" "$LOG_DIR/e2e-gpu-$v.log"
+    t0=$SECONDS
+    version_suites "$v"
+    vtime[$v]=$((SECONDS - t0))
+  done
 fi
 
-passed=0; failed=0
-for f in "$LOG_DIR/cargo-test.log" "$LOG_DIR/e2e.log" "$LOG_DIR/e2e-gpu.log"; do
-  [ -f "$f" ] || continue
-  while read -r p q; do passed=$((passed + p)); failed=$((failed + q)); done < <(
-    sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' "$f")
+read -r passed failed < <(count "$LOG_DIR/cargo-test.log")
+echo
+echo "unit and integration: $passed passed, $failed failed"
+for v in $VERSIONS; do
+  read -r p1 q1 < <(count "$LOG_DIR/e2e-$v.log")
+  read -r p2 q2 < <(count "$LOG_DIR/install-$v.log")
+  read -r p3 q3 < <(count "$LOG_DIR/e2e-gpu-$v.log")
+  p1=$((p1 + p3)); q1=$((q1 + q3))
+  vf=0
+  for f in "${failures[@]}"; do
+    case "$f" in "$v: end-to-end tests"|"$v: install tests"|"$v: GPU end-to-end test") ;; "$v: "*) vf=$((vf + 1)) ;; esac
+  done
+  echo "$v: $((p1 + p2)) passed, $((q1 + q2 + vf)) failed (e2e $p1/$((p1 + q1)), install $p2/$((p2 + q2)), ${vtime[$v]:-0} s)"
+  passed=$((passed + p1 + p2)); failed=$((failed + q1 + q2))
 done
-if [ -f "$LOG_DIR/install.log" ]; then
-  read -r p q < <(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$LOG_DIR/install.log" | tail -1) || true
-  passed=$((passed + ${p:-0})); failed=$((failed + ${q:-0}))
-fi
 echo
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
 # A failing step that is not a test (build, lint) counts as one failure.
 nontest=0
 for f in "${failures[@]}"; do
-  case "$f" in "cargo test"|"end-to-end tests"|"install tests") ;; *) nontest=$((nontest + 1)) ;; esac
+  case "$f" in "cargo test"|*": end-to-end tests"|*": install tests"|*": GPU end-to-end test") ;; *) nontest=$((nontest + 1)) ;; esac
 done
 total_failed=$((failed + nontest))
 # A suite that failed without a test result line (did not compile, crashed) still fails.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates tests/fixtures/slurm-22.05/ from a real cluster (takes ~3 minutes).
 #   sudo tests/cluster/capture-fixtures.sh
+#   sudo SLURM=24.11 tests/cluster/capture-fixtures.sh   (or 26.05: the cluster of that version;
+#        the captures then go to /var/tmp/cvslurm-captures/slurm-VERSION unless FIXTURES_OUT)
 # Starts the cluster with a capture hook (PrologSlurmctld/EpilogSlurmctld) and WITH_DBD=1,
 # runs one job per scenario, saves raw command outputs, and takes the cluster down again.
 set -euo pipefail
@@ -8,7 +10,12 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 CL="$HERE/cluster.sh"
-OUT="${FIXTURES_OUT:-$ROOT/tests/fixtures/slurm-22.05}"
+V="${SLURM:-22.05}"
+if [[ "$V" == 22.05 ]]; then
+    OUT="${FIXTURES_OUT:-$ROOT/tests/fixtures/slurm-22.05}"
+else
+    OUT="${FIXTURES_OUT:-/var/tmp/cvslurm-captures/slurm-$V}"
+fi
 CAP=/var/tmp/cvslurm-capture
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 unset SLURM_CONF SLURM_TIME_FORMAT
@@ -31,6 +38,7 @@ k="${SLURM_JOB_ID:-nojob}-${SLURM_SCRIPT_CONTEXT:-nocontext}"
 /usr/bin/scontrol show job -o "$SLURM_JOB_ID" >"$o/$k.job" 2>"$o/$k.job.err"
 echo "rc=$?" >>"$o/$k.job.err"
 SLURM_TIME_FORMAT=%s /usr/bin/scontrol show job -o "$SLURM_JOB_ID" >"$o/$k.job-epoch" 2>&1
+/usr/bin/scontrol --json show job "$SLURM_JOB_ID" >"$o/$k.json" 2>&1
 { /usr/bin/id; echo "cwd=$(pwd)"; echo "ppid_comm=$(cat /proc/$PPID/comm)"; } >"$o/$k.who"
 exit 0
 EOF
@@ -40,6 +48,8 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 log "cluster up (hook, dbd, MinJobAge=600)"
 CVSLURM_HOOK="$CAP/hook.sh" WITH_DBD=1 MIN_JOB_AGE=600 "$CL" up 4
+# the cluster's own Slurm commands (the version's, also for a root filesystem)
+export PATH="${CVSLURM_CLUSTER_DIR:-/var/tmp/cvslurm-cluster}/bin:$PATH"
 WORK="$(mktemp -d /tmp/cvcapture.XXXXXX)"
 cd "$WORK"
 
@@ -70,6 +80,7 @@ hook_files() { # case id
         cp "$k.env" "$OUT/hookenv-$1-$s.txt"
         cp "$k.job" "$OUT/scontrol-job-$1-$s.txt"
         cp "$k.job-epoch" "$OUT/scontrol-job-$1-$s-epoch.txt"
+        [[ "$V" == 22.05 ]] || cp "$k.json" "$OUT/scontrol-job-$1-$s.json"
     done
 }
 declare -A JOBS=()
@@ -211,15 +222,23 @@ for t in 1 2 3; do
     hook_files "array-task$t" "$id"
 done
 {
-    printf 'case\tjobid\tSLURM_JOB_EXIT_CODE\tSLURM_JOB_EXIT_CODE2\tSLURM_JOB_DERIVED_EC\tSLURM_SCRIPT_CONTEXT\tJobState\tExitCode\tReason\n'
+    printf 'case\tjobid\tSLURM_JOB_EXIT_CODE\tSLURM_JOB_EXIT_CODE2\tSLURM_JOB_DERIVED_EC\tSLURM_SCRIPT_CONTEXT\tJobState\tExitCode\tReason'
+    # newer versions: the times from the environment and the state from scontrol --json
+    [[ "$V" == 22.05 ]] || printf '\tSLURM_JOB_START_TIME\tSLURM_JOB_END_TIME\tjson job_state'
+    printf '\n'
     for c in $(printf '%s\n' "${!JOBS[@]}" | sort); do
         f="$CAP/out/${JOBS[$c]}-epilog_slurmctld.env"
         if [[ -f "$f" ]]; then
             j="${f%.env}.job"
             g() { grep -m1 "^$1=" "$f" | cut -d= -f2- || true; }
             o() { grep -o " $1=[^ ]*" "$j" | head -n 1 | cut -d= -f2- || true; }
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "${JOBS[$c]}" "$(g SLURM_JOB_EXIT_CODE)" "$(g SLURM_JOB_EXIT_CODE2)" \
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "$c" "${JOBS[$c]}" "$(g SLURM_JOB_EXIT_CODE)" "$(g SLURM_JOB_EXIT_CODE2)" \
                 "$(g SLURM_JOB_DERIVED_EC)" "$(g SLURM_SCRIPT_CONTEXT)" "$(o JobState)" "$(o ExitCode)" "$(o Reason)"
+            if [[ "$V" != 22.05 ]]; then
+                printf '\t%s\t%s\t%s' "$(g SLURM_JOB_START_TIME)" "$(g SLURM_JOB_END_TIME)" \
+                    "$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); s=j["jobs"][0]["job_state"]; print(",".join(s) if isinstance(s, list) else s)' "${f%.env}.json" 2>/dev/null || echo '?')"
+            fi
+            printf '\n'
         fi
     done
 } >"$OUT/epilog-summary.tsv"

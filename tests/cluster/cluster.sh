@@ -11,6 +11,8 @@
 #   del-node NAME        stop a dynamic node's slurmd, scontrol delete it, remove namespace
 #   stop-slurmd NAME     stop one node's slurmd (node becomes idle*/down* after SlurmdTimeout)
 #   start-slurmd NAME    start it again (ReturnToService=2 brings the node back)
+#   restart-slurmctld    stop slurmctld and start it again from /etc/slurm/slurm.conf; fails
+#                        (with its log) when it does not come up
 #   exec NAME CMD...     run CMD inside NAME's namespace with NAME as hostname
 #   wait-idle [TIMEOUT]  wait until all static nodes are idle (default 60 s)
 #
@@ -23,6 +25,17 @@
 #   SLURMD_TIMEOUT       default 5 (seconds until a silent slurmd makes its node DOWN)
 #   WITH_GPUS=1          8 GPUs per static node as GRES (gres.conf over device nodes in the work dir)
 #   FORCE=1              overwrite an unmanaged /etc/slurm/slurm.conf (backed up, restored on down)
+#   SLURM                22.05 (default: the host's Debian 12 packages), 24.11 (Debian trixie) or
+#                        26.05 (Debian sid); the last two run every daemon chrooted into a root
+#                        filesystem built once by tests/cluster/rootfs.sh (cached, < 1 s when built)
+#   CVSLURM_SHARE        more host directories (space-separated) to bind into the root filesystem
+#
+# Every version: $CVSLURM_CLUSTER_DIR/bin holds the version's own commands (sbatch, squeue,
+# scontrol, sacct, srun, salloc, sinfo, scancel, sacctmgr, slurmctld -V...): put it first in
+# PATH, or use it as SlurmBinDir; they work on the host and inside the root filesystem alike.
+# With a root filesystem, these host paths are bind-mounted into it at the same place, so the
+# hooks of the chrooted slurmctld and the jobs on the chrooted slurmd see them: /etc/slurm,
+# /tmp, /var/tmp, the repository, the cluster dir and $CVSLURM_SHARE.
 #
 # Node I (index I, static nodes 1..N, dynamic nodes get the next free index) has:
 #   netns  cvslurm-<name>, root-side veth cvh<I> on bridge cvbr0 (10.99.0.1/24)
@@ -45,16 +58,37 @@ readonly DB_NAME=cvslurm_acct_db
 readonly DB_USER=cvslurm
 readonly DB_PASS=cvslurm
 readonly MYSQL_SOCK=/run/mysqld/mysqld.sock
-# sh -c script used to enter a node: set the (private UTS) hostname, then exec the command
+# sh -c script used to enter a node ($0 = hostname, $1 = root filesystem or ""): set the
+# (private UTS) hostname; with a root filesystem, mount a sysfs of the node's own network
+# namespace on its /sys (in the private mount namespace of `ip netns exec`), then exec the
+# command chrooted with a clean environment
 # shellcheck disable=SC2016
-readonly SETHOST='hostname "$0" && exec "$@"'
+readonly ENTER='h=$0 r=$1; shift; hostname "$h" || exit 112
+[ -z "$r" ] && exec "$@"
+mount -t sysfs sysfs "$r/sys" || exit 111
+exec chroot "$r" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/root "$@"'
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+readonly REPO
+readonly CLIENTS="sbatch squeue scontrol sacct srun salloc sinfo scancel sacctmgr sstat sprio sshare sreport"
 CLUSTER_NAME="${CLUSTER_NAME:-cvtest}"
 CTLD_HOST="$(hostname -s)"
-if [[ -s "$W/run/cluster.name" && "${1:-}" != up ]]; then
-    CLUSTER_NAME="$(cat "$W/run/cluster.name")"
+SLURM_VER="${SLURM:-22.05}"
+# R: the root filesystem the daemons run in ("" = the host's own Slurm 22.05)
+R=""
+if [[ "${1:-}" != up ]]; then
+    [[ -s "$W/run/cluster.name" ]] && CLUSTER_NAME="$(cat "$W/run/cluster.name")"
+    [[ -s "$W/run/slurm.version" ]] && SLURM_VER="$(cat "$W/run/slurm.version")"
+    [[ -s "$W/run/rootfs" ]] && R="$(cat "$W/run/rootfs")"
 fi
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
-unset SLURM_CONF
+unset SLURM_CONF SLURM
+# Descriptors inherited from the caller (the lock of `flock LOCK cluster.sh up`) must not pass
+# to the daemons, which outlive this script and would keep the lock. 255: bash's own script.
+for _fd in /proc/$$/fd/*; do
+    _fd="${_fd##*/}"
+    if [[ "$_fd" =~ ^[0-9]+$ ]] && ((_fd > 2 && _fd != 255)); then eval "exec $_fd>&-"; fi
+done
+unset _fd
 
 log() { printf '[cluster] %s\n' "$*"; }
 warn() { printf '[cluster] WARNING: %s\n' "$*" >&2; }
@@ -150,6 +184,74 @@ NODE_${n}_ENS2_MAC=$(node_mac "$idx" 04)
     printf '{\n  "cluster_name": "%s",\n  "controller": {"host": "%s", "addr": "%s"},\n  "bridge": "%s",\n  "with_dbd": %s,\n  "nodes": [%s\n  ]\n}\n' \
         "$CLUSTER_NAME" "$CTLD_HOST" "$BRIDGE_IP" "$BRIDGE" "$([[ $(dbd_active) == 1 ]] && echo true || echo false)" "$json" \
         >"$W/nodes.json.tmp" && mv "$W/nodes.json.tmp" "$W/nodes.json"
+}
+
+# ---------- the root filesystem (SLURM=24.11|26.05) ----------
+# inroot CMD...: CMD from the version's Slurm (chrooted into R, clean environment), else the host's
+inroot() {
+    if [[ -n "$R" ]]; then
+        chroot "$R" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/root "$@"
+    else
+        "$@"
+    fi
+}
+
+# the host paths that hooks and jobs inside R need, at the same place
+shared_paths() {
+    local p
+    printf '%s\n' /etc/slurm /tmp /var/tmp "$REPO" "$W"
+    for p in ${CVSLURM_SHARE:-}; do [[ "$p" == /* ]] && printf '%s\n' "$p"; done
+    return 0
+}
+
+mount_rootfs() {
+    local p d skip
+    local -a done_paths=()
+    mountpoint -q "$R/proc" || mount -t proc proc "$R/proc"
+    mountpoint -q "$R/sys" || mount -t sysfs sysfs "$R/sys"
+    if ! mountpoint -q "$R/dev"; then
+        mount --rbind /dev "$R/dev"
+        mount --make-rslave "$R/dev"
+    fi
+    mkdir -p /etc/slurm
+    while read -r p; do
+        p="$(realpath -m "$p")"
+        skip=0
+        for d in "${done_paths[@]}"; do [[ "$p" == "$d" || "$p" == "$d"/* ]] && skip=1; done
+        [[ $skip == 0 && -d "$p" ]] || continue
+        mkdir -p "$R$p"
+        mountpoint -q "$R$p" || mount --bind "$p" "$R$p"
+        done_paths+=("$p")
+    done < <(shared_paths | awk '{ print length($0), $0 }' | sort -n | cut -d' ' -f2-)
+    # the host's names, so munged and slurmctld resolve the controller as on the host
+    cp /etc/hosts "$R/etc/hosts"
+}
+
+umount_rootfs() { # everything mounted under $1, deepest first
+    local root="$1" m
+    [[ -n "$root" && -d "$root" ]] || return 0
+    while read -r m; do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || warn "could not unmount $m"
+    done < <(awk -v r="$root/" 'index($2, r) == 1 { print length($2), $2 }' /proc/self/mounts | sort -rn | cut -d' ' -f2-)
+}
+
+# $W/bin: the version's own commands, usable from the host and from inside R alike
+write_wrappers() {
+    local c dir="$W/bin" path
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    for c in $CLIENTS slurmctld slurmd slurmdbd; do
+        case "$c" in slurmctld | slurmd | slurmdbd) path=/usr/sbin/$c ;; *) path=/usr/bin/$c ;; esac
+        if [[ -n "$R" ]]; then
+            # shellcheck disable=SC2016
+            printf '#!/bin/sh\n# Slurm %s: %s from %s (tests/cluster/cluster.sh)\n[ -e /.cvslurm-rootfs ] && exec %s "$@"\nexec /usr/sbin/chroot %s /bin/sh -c '"'"'cd "$0" 2>/dev/null || cd /; exec "$@"'"'"' "$PWD" %s "$@"\n' \
+                "$SLURM_VER" "$c" "$R" "$path" "$R" "$path" >"$dir/$c"
+        else
+            # shellcheck disable=SC2016
+            printf '#!/bin/sh\n# Slurm %s: the host'"'"'s %s (tests/cluster/cluster.sh)\nexec %s "$@"\n' "$SLURM_VER" "$c" "$path" >"$dir/$c"
+        fi
+        chmod 0755 "$dir/$c"
+    done
 }
 
 # ---------- process helpers ----------
@@ -296,42 +398,60 @@ delete_node_netns() { # name
 }
 
 # ---------- daemons ----------
+# Daemons of a root filesystem run chrooted with a clean environment; ROOTED is that prefix.
+rooted() { if [[ -n "$R" ]]; then ROOTED=(chroot "$R" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/root); else ROOTED=(); fi; }
+
+munge_ok() { inroot sh -c 'munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1'; }
+
 start_munged() {
-    if [[ -S /run/munge/munge.socket.2 ]] && munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+    if [[ -S "$R/run/munge/munge.socket.2" ]] && munge_ok; then
         log "munged already running (not started by us, will not stop it)"
         return 0
     fi
-    install -d -o munge -g munge -m 0755 /run/munge
-    rm -f /run/munge/munged.pid
-    runuser -u munge -- /usr/sbin/munged --force 9>&-
+    # the version's own munge user (ids differ between the host and a root filesystem)
+    inroot install -d -o munge -g munge -m 0755 /run/munge
+    rm -f "$R/run/munge/munged.pid"
+    inroot runuser -u munge -- /usr/sbin/munged --force 9>&-
     local i
     for ((i = 0; i < 50; i++)); do
-        [[ -s /run/munge/munged.pid ]] && munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && break
+        [[ -s "$R/run/munge/munged.pid" ]] && munge_ok && break
         sleep 0.1
     done
-    [[ -s /run/munge/munged.pid ]] || die "munged did not start (see /var/log/munge/munged.log)"
-    cp /run/munge/munged.pid "$W/run/munged.pid.ours"
+    [[ -s "$R/run/munge/munged.pid" ]] || die "munged did not start (see $R/var/log/munge/munged.log)"
+    cp "$R/run/munge/munged.pid" "$W/run/munged.pid.ours"
     log "munged started (pid $(cat "$W/run/munged.pid.ours"))"
 }
 
+# MariaDB: the host's on its socket; a root filesystem's with its own my.cnf defaults (trixie
+# /run/mysqld, sid /run/mariadbd: forcing one socket breaks the other's clients)
+db_admin() { if [[ -n "$R" ]]; then inroot mariadb-admin "$@"; else mysqladmin --socket="$MYSQL_SOCK" "$@"; fi; }
+db_sql() { if [[ -n "$R" ]]; then inroot mariadb -u root "$@"; else mysql --socket="$MYSQL_SOCK" -u root "$@"; fi; }
+
 start_mariadb() {
-    if mysqladmin --socket="$MYSQL_SOCK" ping >/dev/null 2>&1; then
+    if db_admin ping >/dev/null 2>&1; then
         log "MariaDB already running (not started by us, will not stop it)"
     else
-        install -d -o mysql -g mysql -m 0755 /run/mysqld "$W/mariadb"
-        setsid /usr/sbin/mariadbd --user=mysql --skip-networking --socket="$MYSQL_SOCK" \
+        local -a sock=()
+        if [[ -n "$R" ]]; then
+            inroot install -d -o mysql -g mysql -m 0755 /run/mysqld /run/mariadbd "$W/mariadb"
+        else
+            install -d -o mysql -g mysql -m 0755 /run/mysqld "$W/mariadb"
+            sock=(--socket="$MYSQL_SOCK")
+        fi
+        rooted
+        setsid "${ROOTED[@]}" /usr/sbin/mariadbd --user=mysql --skip-networking "${sock[@]}" \
             --pid-file="$W/mariadb/mariadbd.pid" --log-error="$W/mariadb/mariadb.log" </dev/null >>"$W/log/mariadb.out" 2>&1 9>&- &
         echo $! >"$W/run/mariadbd.pid.ours"
         local i
         for ((i = 0; i < 300; i++)); do
-            mysqladmin --socket="$MYSQL_SOCK" ping >/dev/null 2>&1 && break
+            db_admin ping >/dev/null 2>&1 && break
             pid_alive "$(cat "$W/run/mariadbd.pid.ours")" || die "mariadbd exited"
             sleep 0.1
         done
-        mysqladmin --socket="$MYSQL_SOCK" ping >/dev/null 2>&1 || die "MariaDB did not come up"
+        db_admin ping >/dev/null 2>&1 || die "MariaDB did not come up"
         log "MariaDB started (pid $(cat "$W/run/mariadbd.pid.ours"))"
     fi
-    mysql --socket="$MYSQL_SOCK" -u root <<EOF
+    db_sql <<EOF
 DROP DATABASE IF EXISTS $DB_NAME;
 CREATE DATABASE $DB_NAME;
 CREATE USER IF NOT EXISTS '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
@@ -342,29 +462,33 @@ EOF
 }
 
 start_slurmdbd() {
-    setsid /usr/sbin/slurmdbd -D </dev/null >>"$W/log/slurmdbd.out" 2>&1 9>&- &
+    rooted
+    setsid "${ROOTED[@]}" /usr/sbin/slurmdbd -D </dev/null >>"$W/log/slurmdbd.out" 2>&1 9>&- &
     echo $! >"$W/run/slurmdbd.pid.ours"
     local i
     for ((i = 0; i < 300; i++)); do
-        sacctmgr -n -P list cluster >/dev/null 2>&1 && break
+        inroot sacctmgr -n -P list cluster >/dev/null 2>&1 && break
         pid_alive "$(cat "$W/run/slurmdbd.pid.ours")" || die "slurmdbd exited"
         sleep 0.1
     done
-    sacctmgr -n -P list cluster >/dev/null 2>&1 || die "slurmdbd did not answer"
-    sacctmgr -i add cluster "$CLUSTER_NAME" >/dev/null
+    inroot sacctmgr -n -P list cluster >/dev/null 2>&1 || die "slurmdbd did not answer"
+    inroot sacctmgr -i add cluster "$CLUSTER_NAME" >/dev/null
     log "slurmdbd started (pid $(cat "$W/run/slurmdbd.pid.ours")), cluster $CLUSTER_NAME registered"
 }
 
+ctld_up() { inroot scontrol ping 2>/dev/null | grep -q 'is UP'; }
+
 start_slurmctld() {
-    setsid /usr/sbin/slurmctld -D -s </dev/null >>"$W/log/slurmctld.out" 2>&1 9>&- &
+    rooted
+    setsid "${ROOTED[@]}" /usr/sbin/slurmctld -D -s </dev/null >>"$W/log/slurmctld.out" 2>&1 9>&- &
     echo $! >"$W/run/slurmctld.pid.ours"
     local i
     for ((i = 0; i < 300; i++)); do
-        scontrol ping 2>/dev/null | grep -q 'is UP' && break
+        ctld_up && break
         pid_alive "$(cat "$W/run/slurmctld.pid.ours")" || die "slurmctld exited"
         sleep 0.1
     done
-    scontrol ping 2>/dev/null | grep -q 'is UP' || die "slurmctld did not answer"
+    ctld_up || die "slurmctld did not answer"
     log "slurmctld started (pid $(cat "$W/run/slurmctld.pid.ours"))"
 }
 
@@ -381,7 +505,7 @@ start_slurmd() { # name
     if [[ "$dyn" == 1 ]]; then
         args+=(-Z --conf "NodeAddr=$(node_ip "$idx") CPUs=8 RealMemory=1000")
     fi
-    setsid ip netns exec "$ns" unshare --uts -- sh -c "$SETHOST" "$name" "${args[@]}" \
+    setsid ip netns exec "$ns" unshare --uts -- sh -c "$ENTER" "$name" "$R" "${args[@]}" \
         </dev/null >>"$W/log/slurmd-$name.out" 2>&1 9>&- &
     echo $! >"$W/run/slurmd-$name.pid.ours"
 }
@@ -392,7 +516,7 @@ stop_slurmd() { # name
 
 # note: `sinfo -n NODE` can report a stale state (seen: mixed* for 80 s after the node was
 # DOWN), so filter the full node list instead
-node_state() { sinfo -h -N -o '%N %T' 2>/dev/null | awk -v n="$1" '$1 == n { print $2; exit }'; }
+node_state() { inroot sinfo -h -N -o '%N %T' 2>/dev/null | awk -v n="$1" '$1 == n { print $2; exit }'; }
 
 wait_nodes_idle() { # timeout nodes...
     local timeout="$1" n st ok start
@@ -447,7 +571,6 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
-SwitchType=switch/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
@@ -467,6 +590,8 @@ JobRequeue=1
 JobCompType=jobcomp/none
 MailProg=/bin/true
 EOF
+        # switch/none is gone in 23.11+ (no SwitchType means none)
+        [[ "$SLURM_VER" == 22.05 ]] && printf 'SwitchType=switch/none\n'
         if [[ "$dbd" == 1 ]]; then
             printf 'AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\nAccountingStoragePort=6819\n'
         else
@@ -494,7 +619,12 @@ EOF
         printf '%s\nAutoDetect=off\nName=gpu File=%s/dev/nvidia[0-7]\n' "$MARKER" "$W" >"$ETC/gres.conf"
         chmod 0644 "$ETC/gres.conf"
     fi
-    printf '%s\nCgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' "$MARKER" >"$ETC/cgroup.conf"
+    if [[ "$SLURM_VER" == 22.05 ]]; then
+        printf '%s\nCgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' "$MARKER" >"$ETC/cgroup.conf"
+    else
+        # no cgroup filesystem in the root filesystem; "disabled" exists since 23.x
+        printf '%s\nCgroupPlugin=disabled\n' "$MARKER" >"$ETC/cgroup.conf"
+    fi
     chmod 0644 "$ETC/cgroup.conf"
     if [[ "$dbd" == 1 ]]; then
         cat >"$ETC/slurmdbd.conf" <<EOF
@@ -512,7 +642,7 @@ StorageUser=$DB_USER
 StoragePass=$DB_PASS
 StorageLoc=$DB_NAME
 EOF
-        chown slurm:slurm "$ETC/slurmdbd.conf"
+        inroot chown slurm:slurm "$ETC/slurmdbd.conf"
         chmod 0600 "$ETC/slurmdbd.conf"
     fi
 }
@@ -535,12 +665,16 @@ do_down() {
     rm -f "$W"/run/slurmd-*.pid.ours
     stop_pidfiles "$W/run/slurmdbd.pid.ours:slurmdbd"
     if [[ -f "$W/run/mariadbd.pid.ours" || -f "$W/run/dbd.used" ]]; then
-        mysql --socket="$MYSQL_SOCK" -u root -e "DROP DATABASE IF EXISTS $DB_NAME" 2>/dev/null || true
+        db_sql -e "DROP DATABASE IF EXISTS $DB_NAME" 2>/dev/null || true
     fi
     stop_pidfiles "$W/run/mariadbd.pid.ours:mariadbd" "$W/run/munged.pid.ours:munged"
     ip link del "$BRIDGE" 2>/dev/null || true
     release_etc_files
-    rm -rf "$W/state" "$W/spool" "$W/run" "$W/nodes" "$W/nodes.env" "$W/nodes.json" "$W/mariadb"
+    # every root filesystem's mounts (also those of a run whose state was lost)
+    local root
+    for root in "${CVSLURM_ROOTFS_CACHE:-/var/cache/cvslurm-rootfs}"/*; do umount_rootfs "$root"; done
+    [[ -z "$R" ]] || umount_rootfs "$R"
+    rm -rf "$W/state" "$W/spool" "$W/run" "$W/nodes" "$W/nodes.env" "$W/nodes.json" "$W/mariadb" "$W/bin"
 }
 
 cmd_down() {
@@ -556,19 +690,28 @@ cmd_up() {
     need_root
     take_lock
     [[ -z "${CVSLURM_HOOK:-}" || "${CVSLURM_HOOK}" == /* ]] || fail "CVSLURM_HOOK must be an absolute path"
-    if [[ -n "${CVSLURM_HOOK:-}" ]] && ! runuser -u slurm -- test -x "$CVSLURM_HOOK"; then
-        warn "CVSLURM_HOOK $CVSLURM_HOOK is not executable by user slurm (hooks run as SlurmUser)"
-    fi
+    case "$SLURM_VER" in 22.05 | 24.11 | 26.05) ;; *) fail "SLURM=$SLURM_VER: want 22.05 (the host's), 24.11 or 26.05" ;; esac
     log "down (cleaning up previous run)"
     do_down
     mkdir -p "$W"
+    if [[ "$SLURM_VER" != 22.05 ]]; then
+        R="$("$REPO/tests/cluster/rootfs.sh" "$SLURM_VER")" || fail "no root filesystem for Slurm $SLURM_VER"
+        mount_rootfs
+    fi
+    if [[ -n "${CVSLURM_HOOK:-}" ]] && ! inroot runuser -u slurm -- test -x "$CVSLURM_HOOK"; then
+        warn "CVSLURM_HOOK $CVSLURM_HOOK is not executable by user slurm (hooks run as SlurmUser)"
+    fi
+    mkdir -p "$W"
     rm -rf "$W/log"
     install -d -m 0755 "$W" "$W/run" "$W/spool"
-    install -d -o slurm -g slurm -m 0755 "$W/state" "$W/log"
+    inroot install -d -o slurm -g slurm -m 0755 "$W/state" "$W/log"
+    printf '%s\n' "$SLURM_VER" >"$W/run/slurm.version"
+    [[ -z "$R" ]] || printf '%s\n' "$R" >"$W/run/rootfs"
+    write_wrappers
     WITH_DBD_ACTIVE="${WITH_DBD:-0}"
     [[ "$WITH_DBD_ACTIVE" == 1 ]] && touch "$W/run/dbd.used"
     printf '%s\n' "$CLUSTER_NAME" >"$W/run/cluster.name"
-    log "writing $ETC/slurm.conf ($n nodes, hook=${CVSLURM_HOOK:-none}, dbd=$WITH_DBD_ACTIVE)"
+    log "writing $ETC/slurm.conf (Slurm $SLURM_VER, $n nodes, hook=${CVSLURM_HOOK:-none}, dbd=$WITH_DBD_ACTIVE)"
     write_configs "$n" "${CVSLURM_HOOK:-}" "$WITH_DBD_ACTIVE"
     log "network: bridge $BRIDGE $BRIDGE_IP/24 + $n namespaces"
     setup_bridge
@@ -585,8 +728,8 @@ cmd_up() {
     start_slurmctld
     for i in "${nodes[@]}"; do start_slurmd "$i"; done
     log "slurmd started on ${nodes[*]}; waiting for idle"
-    wait_nodes_idle 60 "${nodes[@]}" || die "nodes did not become idle: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
-    log "up: $n nodes idle in $((SECONDS - t0)) s; description in $W/nodes.env and $W/nodes.json"
+    wait_nodes_idle 60 "${nodes[@]}" || die "nodes did not become idle: $(inroot sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+    log "up: Slurm $SLURM_VER ($(inroot sinfo --version)), $n nodes idle in $((SECONDS - t0)) s; description in $W/nodes.env and $W/nodes.json"
 }
 
 cmd_status() {
@@ -602,8 +745,9 @@ cmd_status() {
         if pid_alive "$pid"; then printf '%-16s pid %-8s running\n' "$name" "$pid"; else printf '%-16s pid %-8s DEAD\n' "$name" "$pid"; fi
     done
     printf 'namespaces: %s\n' "$(ip netns list | awk '{print $1}' | grep "^$NS_PREFIX" | tr '\n' ' ' || true)"
-    sinfo -N -o '%N %P %T' 2>&1 || true
-    squeue 2>&1 || true
+    printf 'Slurm %s%s, commands in %s/bin\n' "$SLURM_VER" "${R:+ (root filesystem $R)}" "$W"
+    inroot sinfo -N -o '%N %P %T' 2>&1 || true
+    inroot squeue 2>&1 || true
 }
 
 cmd_add_node() {
@@ -634,10 +778,10 @@ cmd_del_node() {
     stop_slurmd "$name"
     kill_netns_pids "$(node_get "$name" NS)"
     for ((i = 0; i < 50; i++)); do
-        scontrol delete nodename="$name" 2>/dev/null && break
+        inroot scontrol delete nodename="$name" 2>/dev/null && break
         sleep 0.2
     done
-    sinfo -h -N -o '%N' | grep -qx "$name" && die "scontrol delete nodename=$name failed"
+    inroot sinfo -h -N -o '%N' | grep -qx "$name" && die "scontrol delete nodename=$name failed"
     delete_node_netns "$name"
     write_nodes_desc
     log "del-node $name: deleted"
@@ -650,6 +794,14 @@ cmd_stop_slurmd() {
     node_exists "$name" || fail "unknown node $name"
     stop_slurmd "$name"
     log "stop-slurmd $name: stopped (state now: $(node_state "$name"))"
+}
+
+cmd_restart_slurmctld() {
+    need_root
+    take_lock
+    [[ -f "$W/run/slurmctld.pid.ours" ]] || fail "cluster is not up"
+    stop_pidfiles "$W/run/slurmctld.pid.ours:slurmctld"
+    start_slurmctld
 }
 
 cmd_start_slurmd() {
@@ -671,14 +823,14 @@ cmd_exec() {
     shift
     [[ $# -gt 0 ]] || fail "usage: exec NAME CMD..."
     node_exists "$name" || fail "unknown node $name"
-    exec ip netns exec "$(node_get "$name" NS)" unshare --uts -- sh -c "$SETHOST" "$name" "$@"
+    exec ip netns exec "$(node_get "$name" NS)" unshare --uts -- sh -c "$ENTER" "$name" "$R" "$@"
 }
 
 cmd_wait_idle() {
     local timeout="${1:-60}" nodes
     mapfile -t nodes < <(static_nodes)
     [[ ${#nodes[@]} -gt 0 ]] || fail "cluster is not up"
-    wait_nodes_idle "$timeout" "${nodes[@]}" || die "not all nodes idle after $timeout s: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+    wait_nodes_idle "$timeout" "${nodes[@]}" || die "not all nodes idle after $timeout s: $(inroot sinfo -h -N -o '%N %T' | tr '\n' ' ')"
     log "all static nodes idle"
 }
 
@@ -686,7 +838,7 @@ main() {
     local cmd="${1:-}"
     [[ $# -gt 0 ]] && shift
     case "$cmd" in
-        up | down | add-node | del-node | stop-slurmd | start-slurmd)
+        up | down | add-node | del-node | stop-slurmd | start-slurmd | restart-slurmctld)
             set -o errtrace
             trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
             ;;
@@ -699,6 +851,7 @@ main() {
         del-node) cmd_del_node "$@" ;;
         stop-slurmd) cmd_stop_slurmd "$@" ;;
         start-slurmd) cmd_start_slurmd "$@" ;;
+        restart-slurmctld) cmd_restart_slurmctld ;;
         exec) cmd_exec "$@" ;;
         wait-idle) cmd_wait_idle "$@" ;;
         *)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests of install.sh: fresh install, idempotent second run, --dry-run, refusing a site's own
-# PrologSlurmctld on Slurm < 24.05, adding beside it on 24.05+, Include + spacing, offline,
-# uninstall leaving slurm.conf byte-identical.
+# PrologSlurmctld on Slurm < 24.05, adding its own line beside it on 24.05+, Include + spacing,
+# offline, uninstall leaving slurm.conf byte-identical.
 #
 # Usage: sudo tests/install/test_install.sh
 # Needs root, python3 (the CloudVision stand-in), curl, and a cvslurm binary ($CVSLURM_BIN, else
@@ -12,7 +12,11 @@
 # of the test cluster's /etc/slurm/slurm.conf (tests/cluster/cluster.sh up) when there is one,
 # else a minimal one. With LIVE=1 and a running test cluster, the fresh install/uninstall also
 # run against the real /etc/slurm/slurm.conf with `scontrol reconfigure`; the file is restored
-# byte for byte at the end (checked by sha256).
+# byte for byte at the end (checked by sha256). The live checks restart slurmctld
+# (tests/cluster/cluster.sh restart-slurmctld) after every change and require it to come up:
+# fresh install, second run, uninstall, then a site's own hooks (installed beside them on Slurm
+# 24.05+, refused with the line to add on older Slurm). Slurm commands come from PATH: put the
+# cluster's bin dir first (tests/run-all.sh does) to test another version than the host's.
 #
 # Prints "ok - NAME" / "not ok - NAME" per check and "N passed, M failed"; exits 1 on failure.
 set -euo pipefail
@@ -45,6 +49,8 @@ if [[ ! -x "$BIN" ]]; then
 fi
 
 S="$(mktemp -d /tmp/cvslurm-install-test.XXXXXX)"
+# slurmctld (SlurmUser) must reach the hooks installed under it
+chmod 0755 "$S"
 STANDIN_PID=""
 LIVE_BACKUP=""
 cleanup() {
@@ -54,7 +60,7 @@ cleanup() {
         if ! cmp -s "$LIVE_BACKUP" /etc/slurm/slurm.conf; then
             cat "$LIVE_BACKUP" >/etc/slurm/slurm.conf
             echo "# restored /etc/slurm/slurm.conf"
-            scontrol reconfigure >/dev/null 2>&1 || true
+            "$ROOT/tests/cluster/cluster.sh" restart-slurmctld >/dev/null 2>&1 || true
         fi
     fi
     rm -rf "$S"
@@ -190,7 +196,10 @@ env_for "$C"
 { base_conf; printf 'EpilogSlurmctld=/usr/local/sbin/site-epilog'; } >"$SLURM_CONF"
 sha_c="$(sha256sum <"$SLURM_CONF")"
 if SLURM_VERSION=24.05 run_install "$C/out.1"; then ok "24.05: install beside the site's EpilogSlurmctld"; else notok "24.05: install beside the site's EpilogSlurmctld" "$(tail -3 "$C/out.1")"; fi
-check "24.05: both hooks in one marked line" grep -qxF "EpilogSlurmctld=/usr/local/sbin/site-epilog,$INSTALL_DIR/cvslurm-hook  $MARK" "$SLURM_CONF"
+check "24.05: our EpilogSlurmctld on its own marked line" grep -qxF "EpilogSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK" "$SLURM_CONF"
+check "24.05: the site's EpilogSlurmctld line kept as it was" grep -qxF "EpilogSlurmctld=/usr/local/sbin/site-epilog" "$SLURM_CONF"
+check "24.05: no comma list (Slurm 24.11+ reads it as one path and does not start)" \
+    sh -c "! grep -i '^[[:space:]]*[pe][a-z]*logslurmctld[[:space:]]*=.*,' '$SLURM_CONF'"
 cp "$SLURM_CONF" "$C/after1"
 SLURM_VERSION=24.05 run_install "$C/out.2" || true
 check "24.05: second run no change" cmp -s "$C/after1" "$SLURM_CONF"
@@ -225,30 +234,77 @@ else
 fi
 "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
 
-# ========== 7. LIVE=1: the test cluster's /etc/slurm/slurm.conf, with scontrol reconfigure ==========
+# ========== 7. LIVE=1: the test cluster's /etc/slurm/slurm.conf, slurmctld restarted ==========
+# restarted NAME: slurmctld really restarted from the current slurm.conf and answering
+restarted() {
+    local name="$1" out
+    if out="$("$ROOT/tests/cluster/cluster.sh" restart-slurmctld 2>&1)" && scontrol ping 2>/dev/null | grep -q 'is UP'; then
+        ok "$name"
+    else
+        notok "$name" "$(printf '%s' "$out" | grep -E 'ERROR|fatal|error' | tail -n 3 | tr '\n' ' ')"
+    fi
+}
+at_least_24_05() { local a1 a2; IFS=. read -r a1 a2 <<<"$1"; ((10#$a1 > 24 || (10#$a1 == 24 && 10#$a2 >= 5))); }
+live_install() { # LOG
+    "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" --no-service >"$1" 2>&1
+}
 if [[ "${LIVE:-0}" == 1 ]]; then
     if scontrol ping 2>/dev/null | grep -q 'is UP' && head -n 1 /etc/slurm/slurm.conf | grep -q 'managed by cvslurm tests/cluster'; then
+        LV="$(scontrol --version | grep -oE '[0-9]+\.[0-9]+' | head -n 1)"
         E="$S/e"
         env_for "$E"
-        export SLURM_CONF=/etc/slurm/slurm.conf
+        export SLURM_CONF=/etc/slurm/slurm.conf SLURM_CONF_DIR="$E/etc"
         LIVE_BACKUP="$S/slurm.conf.live"
         cp -a /etc/slurm/slurm.conf "$LIVE_BACKUP"
-        if grep -qi '^[[:space:]]*prologslurmctld' /etc/slurm/slurm.conf; then
-            if "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" >"$E/out.1" 2>&1; then
-                notok "live: cluster with its own hook is refused"
-            else
-                ok "live: cluster with its own hook is refused"
-            fi
-        else
-            if "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" >"$E/out.1" 2>&1; then
-                ok "live: install with scontrol reconfigure"
-            else
-                notok "live: install with scontrol reconfigure" "$(tail -3 "$E/out.1")"
-            fi
-            check "live: slurmctld runs our PrologSlurmctld" sh -c "scontrol show config | grep -i '^PrologSlurmctld' | grep -qF '$INSTALL_DIR/cvslurm-hook'"
-            "$INSTALL" --uninstall >"$E/out.u" 2>&1 || true
-            check "live: uninstall restores /etc/slurm/slurm.conf byte for byte" cmp -s "$LIVE_BACKUP" /etc/slurm/slurm.conf
+        if grep -qi '^[[:space:]]*[pe][a-z]*logslurmctld' /etc/slurm/slurm.conf; then
+            notok "live: the test cluster has no hook of its own" "bring it up without CVSLURM_HOOK"
         fi
+        # --- fresh install, restart, second run, uninstall, restart
+        if live_install "$E/out.1"; then ok "live $LV: fresh install"; else notok "live $LV: fresh install" "$(tail -3 "$E/out.1")"; fi
+        restarted "live $LV: slurmctld restarts after the fresh install"
+        check "live $LV: slurmctld runs our PrologSlurmctld" sh -c "scontrol show config | grep -i '^PrologSlurmctld' | grep -qF '$INSTALL_DIR/cvslurm-hook'"
+        cp -a /etc/slurm/slurm.conf "$E/installed"
+        live_install "$E/out.2" || true
+        check "live $LV: second run says no change" grep -qx "install.sh: no change" "$E/out.2"
+        check "live $LV: second run leaves slurm.conf alone" cmp -s "$E/installed" /etc/slurm/slurm.conf
+        restarted "live $LV: slurmctld restarts after the second run"
+        "$INSTALL" --uninstall >"$E/out.u" 2>&1 || true
+        check "live $LV: uninstall restores /etc/slurm/slurm.conf byte for byte" cmp -s "$LIVE_BACKUP" /etc/slurm/slurm.conf
+        restarted "live $LV: slurmctld restarts after the uninstall"
+        "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+
+        # --- a site's own hooks (executable, on their own lines)
+        F="$S/f"
+        env_for "$F"
+        export SLURM_CONF=/etc/slurm/slurm.conf SLURM_CONF_DIR="$F/etc"
+        printf '#!/bin/sh\nexit 0\n' >"$F/site-prolog.sh"
+        printf '#!/bin/sh\nexit 0\n' >"$F/site-epilog.sh"
+        chmod 0755 "$F" "$F/site-prolog.sh" "$F/site-epilog.sh"
+        printf 'PrologSlurmctld=%s\nEpilogSlurmctld=%s\n' "$F/site-prolog.sh" "$F/site-epilog.sh" >>/etc/slurm/slurm.conf
+        restarted "live $LV: slurmctld restarts with the site's own hooks"
+        cp -a /etc/slurm/slurm.conf "$F/site.conf"
+        if at_least_24_05 "$LV"; then
+            if live_install "$F/out.1"; then ok "live $LV: install beside the site's hooks"; else notok "live $LV: install beside the site's hooks" "$(tail -3 "$F/out.1")"; fi
+            check "live $LV: our hooks on their own marked lines" \
+                test "$(grep -c -- "^[PE][a-z]*logSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK\$" /etc/slurm/slurm.conf)" = 2
+            check "live $LV: the site's lines kept" sh -c "grep -qxF 'PrologSlurmctld=$F/site-prolog.sh' /etc/slurm/slurm.conf && grep -qxF 'EpilogSlurmctld=$F/site-epilog.sh' /etc/slurm/slurm.conf"
+            restarted "live $LV: slurmctld restarts with both hooks"
+            check "live $LV: slurmctld runs both PrologSlurmctld" sh -c "hooks_out=\$(scontrol show config | grep -i '^PrologSlurmctld'); echo \"\$hooks_out\" | grep -qF '$F/site-prolog.sh' && echo \"\$hooks_out\" | grep -qF '$INSTALL_DIR/cvslurm-hook'"
+            cp -a /etc/slurm/slurm.conf "$F/both.conf"
+            live_install "$F/out.2" || true
+            check "live $LV: second run beside the site's hooks changes nothing" cmp -s "$F/both.conf" /etc/slurm/slurm.conf
+            "$INSTALL" --uninstall >"$F/out.u" 2>&1 || true
+            check "live $LV: uninstall leaves the site's slurm.conf byte-identical" cmp -s "$F/site.conf" /etc/slurm/slurm.conf
+            restarted "live $LV: slurmctld restarts after the uninstall beside the site's hooks"
+        else
+            if live_install "$F/out.1"; then notok "live $LV: a site's own hook is refused"; else ok "live $LV: a site's own hook is refused"; fi
+            check "live $LV: the refusal shows the line to add" grep -qF "\"$INSTALL_DIR/cvslurm-hook\"" "$F/out.1"
+            check "live $LV: the refusal leaves slurm.conf alone" cmp -s "$F/site.conf" /etc/slurm/slurm.conf
+            restarted "live $LV: slurmctld restarts after the refusal"
+        fi
+        "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+        cat "$LIVE_BACKUP" >/etc/slurm/slurm.conf
+        restarted "live $LV: slurmctld restarts with the cluster's own slurm.conf again"
     else
         echo "# LIVE=1 but no running test cluster (tests/cluster/cluster.sh up): live checks skipped"
     fi
