@@ -4,7 +4,7 @@
 //! [`attribute`] is pure: the caller fetches the job's GPUs ([`crate::slurm::job_gpus`]) and
 //! the nodes' records (the inventory's copies in StateDir, [`crate::outbox::Outbox::load_node_record`]).
 
-use crate::mode::discover::DiscoverRecord;
+use crate::node_record::DiscoverRecord;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 

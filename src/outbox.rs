@@ -581,10 +581,7 @@ impl Outbox {
 
     /// Keeps the inventory's latest discover record of a node (its GPU topology included), for
     /// `send` and the service to attribute jobs to interfaces (`JobInterfaces`).
-    pub fn save_node_record(
-        &self,
-        rec: &crate::mode::discover::DiscoverRecord,
-    ) -> Result<(), String> {
+    pub fn save_node_record(&self, rec: &crate::node_record::DiscoverRecord) -> Result<(), String> {
         self.ensure_dirs()?;
         let json = serde_json::to_vec(rec).map_err(|e| format!("cannot encode record: {e}"))?;
         write_durably(
@@ -602,7 +599,7 @@ impl Outbox {
     pub fn load_node_record(
         &self,
         node: &str,
-    ) -> Result<Option<crate::mode::discover::DiscoverRecord>, String> {
+    ) -> Result<Option<crate::node_record::DiscoverRecord>, String> {
         use std::io::Read;
         use std::os::unix::fs::OpenOptionsExt;
         let p = self.dir("nodes").join(format!("{}.json", safe_name(node)));
@@ -615,7 +612,7 @@ impl Outbox {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(format!("cannot read {}: {e}", p.display())),
         };
-        let max = crate::mode::inventory::MAX_RECORD_BYTES;
+        let max = crate::node_record::MAX_RECORD_BYTES;
         let mut s = String::new();
         f.take(max as u64 + 1)
             .read_to_string(&mut s)
@@ -623,7 +620,7 @@ impl Outbox {
         if s.len() > max {
             return Err(format!("{}: larger than {max} bytes", p.display()));
         }
-        let rec = crate::mode::discover::DiscoverRecord::parse_line(&s)
+        let rec = crate::node_record::DiscoverRecord::parse_line(&s)
             .map_err(|e| format!("{}: {e}", p.display()))?;
         if rec.node_name != node {
             return Err(format!(
@@ -1262,7 +1259,7 @@ mod tests {
             .load_node_record("dgx1")
             .unwrap_err()
             .contains("not a discover record"));
-        fs::write(&p, vec![b' '; crate::mode::inventory::MAX_RECORD_BYTES + 1]).unwrap();
+        fs::write(&p, vec![b' '; crate::node_record::MAX_RECORD_BYTES + 1]).unwrap();
         assert!(ob
             .load_node_record("dgx1")
             .unwrap_err()

@@ -152,7 +152,7 @@ impl JobConfig {
         match (&self.nodes, &self.interfaces) {
             (Some(_), Some(_)) => return Err(format!("job {id}: both nodes and interfaces")),
             (None, Some(i)) => {
-                if let Some(bad) = i.values.iter().find(|m| !crate::mode::discover::is_mac(m)) {
+                if let Some(bad) = i.values.iter().find(|m| !crate::node_record::is_mac(m)) {
                     return Err(format!(
                         "job {id}: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
                     ));
@@ -319,6 +319,44 @@ mod tests {
         assert_eq!(job_name("train", Some("gpu")), "train@gpu");
         assert_eq!(job_name("train", None), "train");
         assert_eq!(job_name("train", Some("")), "train");
+    }
+
+    /// Slurm's own notion of a final state (`JobInfo::ended`) and the CloudVision mapping
+    /// agree on every state word.
+    #[test]
+    fn ended_agrees_with_the_state_map() {
+        for w in [
+            "RUNNING",
+            "COMPLETING",
+            "SUSPENDED",
+            "CONFIGURING",
+            "PENDING",
+            "REQUEUED",
+            "COMPLETED",
+            "FAILED",
+            "NODE_FAIL",
+            "BOOT_FAIL",
+            "OUT_OF_MEMORY",
+            "DEADLINE",
+            "TIMEOUT",
+            "PREEMPTED",
+            "LAUNCH_FAILED",
+            "CANCELLED",
+            "REVOKED",
+            "CANCELLED by 0",
+            "completed",
+            "",
+        ] {
+            let j = crate::slurm::JobInfo {
+                state: w.into(),
+                ..Default::default()
+            };
+            assert_eq!(
+                j.ended(),
+                JobState::from_slurm(w).is_some_and(JobState::is_terminal),
+                "{w}"
+            );
+        }
     }
 
     #[test]

@@ -14,9 +14,10 @@
 //! The sender holds the outbox's drainer lock for its whole life: in-flight events are its
 //! own until it dies, and a `flush` beside it leaves them alone.
 
+use crate::attribution::JobInterfaces;
 use crate::cloudvision::{Client, SendError};
 use crate::delivery::{backoff, send_item, DrainReport};
-use crate::mode::hook;
+use crate::hook_facts as hook;
 use crate::outbox::{Event, Finish, Item, Outbox};
 use crate::runner::Slurm;
 use crate::slurm::{self, JobInfo};
@@ -127,6 +128,10 @@ struct Shared {
     state: Mutex<State>,
     ready: Condvar,
     stop: &'static AtomicBool,
+    /// `JobInterfaces`: how a job's place is sent.
+    interfaces: JobInterfaces,
+    /// For the enrichment's question to slurmctld (which GPUs a job holds).
+    slurm: Slurm,
 }
 
 #[derive(Default)]
@@ -166,6 +171,7 @@ struct Setup {
     client: Client,
     outbox: Outbox,
     slurm: Slurm,
+    interfaces: JobInterfaces,
     workers: usize,
     max_events: usize,
     stop: &'static AtomicBool,
@@ -188,6 +194,7 @@ pub fn start(
     let setup = Setup {
         client,
         slurm: Slurm::new(cfg.slurm_bin_dir.as_deref()),
+        interfaces: cfg.job_interfaces,
         workers: cfg.max_concurrent_requests.max(1),
         max_events: cfg.outbox_max_events,
         stop,
@@ -218,6 +225,7 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
         client,
         outbox,
         slurm,
+        interfaces,
         workers,
         max_events,
         stop,
@@ -235,6 +243,8 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
         state: Mutex::new(State::default()),
         ready: Condvar::new(),
         stop,
+        interfaces,
+        slurm: slurm.clone(),
     });
     for i in 0..workers {
         let (sh, ob, cl) = (shared.clone(), outbox.clone(), client.clone());
@@ -535,6 +545,24 @@ fn worker(sh: &Shared, outbox: &Outbox, client: &Client) {
     }
 }
 
+/// With `JobInterfaces=gpu|auto`, the record of a Slurm job as it is sent: the MACs of the
+/// NICs nearest the GPUs it holds on shared nodes (see [`crate::attribution::enrich`]). Asked
+/// here, on a sender thread, never in the hook. `None`: send the event as queued.
+fn enrich(sh: &Shared, outbox: &Outbox, item: &Item) -> Option<Item> {
+    let Item::Job { job } = item else {
+        return None;
+    };
+    if sh.interfaces == JobInterfaces::Nodes
+        || job.nodes.is_none()
+        || job.job_type == Some(crate::payload::JobType::Tenant)
+    {
+        return None;
+    }
+    let mut job = job.clone();
+    crate::attribution::enrich(sh.interfaces, &sh.slurm, outbox, &mut job);
+    Some(Item::Job { job })
+}
+
 /// Takes, sends and finishes one event.
 fn deliver(sh: &Shared, outbox: &Outbox, client: &Client, ev: &Event) {
     let taken = match outbox.take(ev) {
@@ -547,7 +575,8 @@ fn deliver(sh: &Shared, outbox: &Outbox, client: &Client, ev: &Event) {
         }
     };
     let what = taken.item.describe();
-    let result = send_item(client, &taken.item, None);
+    let enriched = enrich(sh, outbox, &taken.item);
+    let result = send_item(client, enriched.as_ref().unwrap_or(&taken.item), None);
     let finish = match &result {
         Ok(a) => {
             let mut st = lock(sh);

@@ -10,7 +10,6 @@ pub mod json;
 pub mod version;
 
 use crate::hostlist;
-use crate::payload::JobState;
 use crate::runner::Slurm;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -64,6 +63,32 @@ impl JobInfo {
     /// True while slurmctld still winds the job down (the `COMPLETING` word or flag).
     pub fn completing(&self) -> bool {
         self.states.iter().any(|s| s == "COMPLETING")
+    }
+
+    /// Has the job reached one of Slurm's final states (COMPLETED, FAILED, CANCELLED,
+    /// TIMEOUT, …)? COMPLETING, RUNNING and the pending states are not final.
+    pub fn ended(&self) -> bool {
+        let word = self
+            .state
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .trim_end_matches('+')
+            .to_ascii_uppercase();
+        matches!(
+            word.as_str(),
+            "COMPLETED"
+                | "FAILED"
+                | "NODE_FAIL"
+                | "BOOT_FAIL"
+                | "OUT_OF_MEMORY"
+                | "DEADLINE"
+                | "TIMEOUT"
+                | "PREEMPTED"
+                | "LAUNCH_FAILED"
+                | "CANCELLED"
+                | "REVOKED"
+        )
     }
 
     /// Is this the job users call `id` (`12345`, or array task `12345_7`)?
@@ -483,11 +508,9 @@ pub fn lookup(slurm: &Slurm, job_id: &str) -> Result<JobInfo, String> {
     let from_ctl = job_by_id(slurm, job_id, COMMAND_TIMEOUT);
     if let Ok(Some(j)) = &from_ctl {
         // Slurm 22.05 names an ending job only COMPLETING; accounting has its final state.
-        let terminal =
-            |j: &JobInfo| JobState::from_slurm(&j.state).is_some_and(JobState::is_terminal);
-        if j.completing() && !terminal(j) {
+        if j.completing() && !j.ended() {
             if let Ok(Some(a)) = sacct_job(slurm, job_id, COMMAND_TIMEOUT) {
-                if terminal(&a) {
+                if a.ended() {
                     return Ok(a);
                 }
             }

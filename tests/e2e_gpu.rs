@@ -272,12 +272,61 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     let out = nodes_site.run(&["send", "--dry-run", &a]);
     let text = stdout(&out);
     assert!(!text.contains("# job"), "{text}");
-    let body: Value = serde_json::from_str(
-        text.trim_start_matches("POST /api/resources/computejob/v1/JobConfig\n"),
-    )
-    .unwrap();
+    let (first, json) = text.split_once('\n').unwrap();
+    assert!(
+        first.starts_with("POST https://")
+            && first.ends_with("/api/resources/computejob/v1/JobConfig"),
+        "{first}"
+    );
+    let body: Value = serde_json::from_str(json).unwrap();
     assert_eq!(strings(&body["nodes"]["values"]), ["n1"]);
     assert!(body.get("interfaces").is_none());
+
+    // The service path: a prolog hook hands job b's RUNNING to the service, which asks
+    // slurmctld for its GPUs off the hook's path and sends its MACs.
+    cv.reset();
+    let svc = Service::start(&site);
+    let partition = String::from_utf8_lossy(
+        &Command::new("squeue")
+            .args(["-h", "-j", &b, "-o", "%P"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    let (out, _) = site.hook(&[
+        ("SLURM_SCRIPT_CONTEXT", "prolog_slurmctld"),
+        ("SLURM_JOB_ID", &b),
+        ("SLURM_CLUSTER_NAME", CLUSTER),
+        ("SLURM_JOB_NAME", "share-b"),
+        ("SLURM_JOB_PARTITION", &partition),
+        ("SLURM_JOB_NODELIST", "n1"),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let key = format!("{b}@{CLUSTER}");
+    let until = Instant::now() + Duration::from_secs(30);
+    let job = loop {
+        let j = cv.state()["jobs"][&key].clone();
+        if j.is_object() {
+            break j;
+        }
+        assert!(
+            Instant::now() < until,
+            "the service never sent job {b}: {}",
+            site.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        site.log()
+            .contains(&format!("job {key}: RUNNING queued for the service")),
+        "{}",
+        site.log()
+    );
+    assert_eq!(strings(&job["interfaces"]["values"]), want_b, "{job}");
+    assert!(job.get("nodes").is_none(), "{job}");
+    drop(svc);
 
     let _ = Command::new("scancel").args([&a, &b, &c]).status();
 }

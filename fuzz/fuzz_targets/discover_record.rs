@@ -2,7 +2,7 @@
 //! line that parses back to the same record.
 #![no_main]
 
-use cvslurm::mode::discover::{is_mac, DiscoverRecord};
+use cvslurm::node_record::{is_mac, DiscoverRecord};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

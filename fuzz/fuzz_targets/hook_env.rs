@@ -2,7 +2,7 @@
 //! `KEY=VALUE` lines (as `env` prints them, like the hookenv-*.txt fixtures).
 #![no_main]
 
-use cvslurm::mode::hook::{parse_exit_code, HookEnv};
+use cvslurm::hook_facts::{parse_exit_code, HookEnv};
 use cvslurm::hostlist;
 use libfuzzer_sys::fuzz_target;
 use std::collections::HashMap;

@@ -13,7 +13,7 @@
 
 use crate::cloudvision::{Client, ClientOptions};
 use crate::config::Config;
-use crate::hostlist;
+use crate::hook_facts::{epilog_state, epilog_times, final_state_named, HookEnv, Phase};
 use crate::logging;
 use crate::outbox::{EndFacts, Enqueued, Event, Item, Outbox};
 use crate::payload::{JobConfig, JobState, Key};
@@ -35,207 +35,6 @@ pub struct Args {
     /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
     #[argh(option)]
     pub config: Option<PathBuf>,
-}
-
-/// Which of the two hooks is running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// PrologSlurmctld: the job was allocated its nodes.
-    Prolog,
-    /// EpilogSlurmctld: the job ended.
-    Epilog,
-}
-
-/// What slurmctld told the hook about the job.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HookEnv {
-    /// Prolog or epilog.
-    pub phase: Phase,
-    /// `SLURM_JOB_ID`.
-    pub job_id: String,
-    /// `SLURM_CLUSTER_NAME`.
-    pub cluster: String,
-    /// `SLURM_JOB_NAME`.
-    pub name: String,
-    /// `SLURM_JOB_PARTITION`.
-    pub partition: Option<String>,
-    /// `SLURM_JOB_NODELIST`, expanded.
-    pub nodes: Vec<String>,
-    /// `SLURM_JOB_START_TIME` (Slurm 23.02+).
-    pub start: Option<i64>,
-    /// `SLURM_JOB_END_TIME` (Slurm 23.02+; in the prolog it is the time limit, not an end).
-    pub end: Option<i64>,
-    /// `SLURM_JOB_EXIT_CODE2` as (exit code, signal).
-    pub exit: Option<(i32, i32)>,
-    /// `SLURM_JOB_RESTART_COUNT` (a requeued job runs its hooks again under the same id).
-    pub restart_count: u32,
-}
-
-impl HookEnv {
-    /// Reads the hook environment. The error names every missing or malformed variable.
-    pub fn from_vars(vars: &HashMap<String, String>) -> Result<HookEnv, String> {
-        let get = |k: &str| vars.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
-        let mut missing = Vec::new();
-        let mut bad = Vec::new();
-        let phase = match get("SLURM_SCRIPT_CONTEXT") {
-            Some("prolog_slurmctld") => Some(Phase::Prolog),
-            Some("epilog_slurmctld") => Some(Phase::Epilog),
-            Some(other) => {
-                bad.push(format!(
-                    "SLURM_SCRIPT_CONTEXT={other:?} (cvslurm hook runs as PrologSlurmctld or EpilogSlurmctld only)"
-                ));
-                None
-            }
-            None => {
-                missing.push("SLURM_SCRIPT_CONTEXT");
-                None
-            }
-        };
-        let mut need = |k: &'static str| match get(k) {
-            Some(v) => v.to_string(),
-            None => {
-                missing.push(k);
-                String::new()
-            }
-        };
-        let job_id = need("SLURM_JOB_ID");
-        let cluster = need("SLURM_CLUSTER_NAME");
-        let nodelist = need("SLURM_JOB_NODELIST");
-        // A job name may legitimately be empty only in theory; Slurm always sets one.
-        let name = vars.get("SLURM_JOB_NAME").map(|s| s.to_string());
-        if name.is_none() {
-            missing.push("SLURM_JOB_NAME");
-        }
-        if !job_id.is_empty() && !job_id.bytes().all(|b| b.is_ascii_digit()) {
-            bad.push(format!("SLURM_JOB_ID={job_id:?} is not a job number"));
-        }
-        let nodes = if nodelist.is_empty() {
-            Vec::new()
-        } else {
-            match hostlist::expand(&nodelist) {
-                Ok(n) if !n.is_empty() => n,
-                Ok(_) => {
-                    bad.push("SLURM_JOB_NODELIST is empty".to_string());
-                    Vec::new()
-                }
-                Err(e) => {
-                    bad.push(format!("SLURM_JOB_NODELIST: {e}"));
-                    Vec::new()
-                }
-            }
-        };
-        let epoch = |k: &str, bad: &mut Vec<String>| match get(k) {
-            None => None,
-            Some(v) => match v.parse::<i64>() {
-                Ok(n) if n > 0 => Some(n),
-                _ => {
-                    bad.push(format!("{k}={v:?} is not epoch seconds"));
-                    None
-                }
-            },
-        };
-        let start = epoch("SLURM_JOB_START_TIME", &mut bad);
-        let end = epoch("SLURM_JOB_END_TIME", &mut bad);
-        let exit = match get("SLURM_JOB_EXIT_CODE2") {
-            None => None,
-            Some(v) => match parse_exit_code(v) {
-                Some(x) => Some(x),
-                None => {
-                    bad.push(format!("SLURM_JOB_EXIT_CODE2={v:?} is not exit:signal"));
-                    None
-                }
-            },
-        };
-        let restart_count = get("SLURM_JOB_RESTART_COUNT")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        if !missing.is_empty() || !bad.is_empty() {
-            let mut parts = Vec::new();
-            if !missing.is_empty() {
-                parts.push(format!("missing {}", missing.join(", ")));
-            }
-            parts.extend(bad);
-            return Err(parts.join("; "));
-        }
-        Ok(HookEnv {
-            phase: phase.expect("checked above"),
-            job_id,
-            cluster,
-            name: name.unwrap_or_default(),
-            partition: get("SLURM_JOB_PARTITION").map(String::from),
-            nodes,
-            start,
-            end,
-            exit,
-            restart_count,
-        })
-    }
-
-    /// `<jobid>@<cluster>`.
-    pub fn key(&self) -> String {
-        format!("{}@{}", self.job_id, self.cluster)
-    }
-}
-
-/// Parses `exit:signal` (`0:0`, `3:0`, `0:9`).
-pub fn parse_exit_code(s: &str) -> Option<(i32, i32)> {
-    let (e, sig) = s.trim().split_once(':')?;
-    Some((e.parse().ok()?, sig.parse().ok()?))
-}
-
-/// The end state of a job in the epilog.
-///
-/// The exit codes alone cannot tell a success from a cancel, a time limit or a node-failure
-/// requeue: all read `0:0`. So slurmctld's view of the job (its JSON, [`slurm::job_by_id`])
-/// decides when there is one:
-/// - a final state maps directly: from 23.02 on slurmctld names it while the epilog runs
-///   (`["CANCELLED","COMPLETING"]`); 22.05 says only `COMPLETING`, and then:
-/// - `Restarts` above the environment's restart count: the job was requeued (node failure),
-///   this run failed and the job will run again under the same id;
-/// - `Reason=TimeLimit`: it hit its time limit (FAILED, as Slurm's TIMEOUT);
-/// - a non-zero exit in `ExitCode`: FAILED;
-/// - a signal in `ExitCode` that the job's own exit code (`SLURM_JOB_EXIT_CODE2`) does not
-///   show came from outside: scancel, CANCELLED; one it does show killed the job from
-///   inside (its own `kill -9`, the OOM killer): FAILED, as Slurm records it.
-///
-/// Without slurmctld's view the exit codes decide: `0:0` completed, anything else failed.
-pub fn epilog_state(
-    exit: Option<(i32, i32)>,
-    restart_count: u32,
-    ctl: Option<&JobInfo>,
-) -> JobState {
-    let (code, sig) = exit.unwrap_or((0, 0));
-    if let Some(j) = ctl {
-        let word = j.state.split_whitespace().next().unwrap_or("");
-        if !matches!(word, "COMPLETING" | "RUNNING" | "CONFIGURING" | "") {
-            if let Some(s) = JobState::from_slurm(&j.state) {
-                return s;
-            }
-        }
-        if j.restarts.is_some_and(|r| r > restart_count) || matches!(word, "PENDING" | "REQUEUED") {
-            return JobState::Failed;
-        }
-        if j.reason.as_deref() == Some("TimeLimit") {
-            return JobState::Failed;
-        }
-        if let Some((ccode, csig)) = j.exit_code.as_deref().and_then(parse_exit_code) {
-            if ccode != 0 {
-                return JobState::Failed;
-            }
-            if csig != 0 {
-                return if sig == 0 {
-                    JobState::Cancelled
-                } else {
-                    JobState::Failed
-                };
-            }
-        }
-    }
-    if (code, sig) == (0, 0) {
-        JobState::Completed
-    } else {
-        JobState::Failed
-    }
 }
 
 /// The environment variables the hook reads (nothing else is read: another variable with
@@ -334,42 +133,6 @@ fn watchdog(t0: Instant) {
         _ => {}
     }
     std::process::exit(0);
-}
-
-/// Did slurmctld name the job's final state (`["CANCELLED","COMPLETING"]` from 24.11 on), so
-/// the epilog's end needs no verification against Slurm's record?
-pub fn final_state_named(j: &JobInfo) -> bool {
-    !matches!(
-        j.state.as_str(),
-        "COMPLETING" | "RUNNING" | "CONFIGURING" | "PENDING" | "REQUEUED" | ""
-    ) && JobState::from_slurm(&j.state).is_some_and(JobState::is_terminal)
-}
-
-/// The start and end the epilog sends: Slurm's own StartTime and EndTime, the ones sacct
-/// records. From the environment where Slurm gives them (23.02 and later), else from
-/// slurmctld's record of the job (22.05), else the prolog's record of the start and "now".
-/// A job requeued since (slurmctld counts more restarts than this run's environment) has a
-/// new start in slurmctld: this run's start is then the prolog's record.
-pub fn epilog_times(
-    env: &HookEnv,
-    ctl: Option<&JobInfo>,
-    recorded_start: Option<i64>,
-    now: i64,
-) -> (i64, i64) {
-    let ctl = ctl.filter(|j| {
-        !(j.restarts.is_some_and(|r| r > env.restart_count)
-            || matches!(j.state.as_str(), "PENDING" | "REQUEUED"))
-    });
-    let start = env
-        .start
-        .or_else(|| ctl.and_then(|j| j.start))
-        .or(recorded_start)
-        .unwrap_or(now);
-    let end = env
-        .end
-        .or_else(|| ctl.and_then(|j| j.end).filter(|e| *e >= start && *e <= now))
-        .unwrap_or(now);
-    (start, end)
 }
 
 /// Runs the hook. Always returns 0.
@@ -684,38 +447,6 @@ fn build_event(
     (ev, named_final)
 }
 
-/// The final record of an epilog's event queued for the service (see [`EndFacts`]): the end
-/// state from the exit codes and slurmctld's view (`ctl`, `None` when it no longer knows the
-/// job or could not be asked), and Slurm's own start and end times where the epilog had none.
-pub fn finish_end(job: &JobConfig, facts: &EndFacts, ctl: Option<&JobInfo>) -> JobConfig {
-    let mut j = job.clone();
-    j.state = epilog_state(facts.exit, facts.restart_count, ctl);
-    // slurmctld's times are this run's unless the job was requeued since (a new run, a new
-    // start): then the epilog's own stay.
-    let this_run = ctl.filter(|c| {
-        !(c.restarts.is_some_and(|r| r > facts.restart_count)
-            || matches!(c.state.as_str(), "PENDING" | "REQUEUED"))
-    });
-    if let Some(c) = this_run {
-        if !facts.start_known {
-            if let Some(s) = c.start.and_then(format_epoch) {
-                j.start_time = Some(s);
-            }
-        }
-        if !facts.end_known {
-            let start = c.start.unwrap_or(0);
-            if let Some(e) = c
-                .end
-                .filter(|e| *e >= start && *e <= now_epoch())
-                .and_then(format_epoch)
-            {
-                j.end_time = Some(e);
-            }
-        }
-    }
-    j
-}
-
 /// Asks slurmctld how the job ended, within what is left of the budget (keeping half of it for
 /// CloudVision). `None` when it cannot tell in time.
 fn lookup_end_state(cfg: &Config, env: &HookEnv, deadline: Instant) -> Option<JobInfo> {
@@ -759,6 +490,7 @@ fn nodes_summary(nodes: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hook_facts::finish_end;
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

@@ -171,8 +171,7 @@ fn split_label(line: &str) -> (Option<usize>, &str) {
     (None, line)
 }
 
-/// The longest discover line accepted from a worker.
-pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
+pub use crate::node_record::MAX_RECORD_BYTES;
 
 /// What inventory needs to run.
 pub struct Inventory<'a> {

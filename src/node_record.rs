@@ -1,0 +1,381 @@
+//! The record a worker's `cvslurm discover` prints and the controller's inventory reads: its
+//! type, its validation (every byte of it comes from a worker, and is hostile until checked),
+//! and the `cvslurm-part` lines that carry long records through srun.
+
+use crate::payload::{DataInterface, Key, NodeConfig};
+use crate::topology::Topology;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+/// The longest discover line accepted from a worker.
+pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
+
+/// One interface in a discovery record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Interface {
+    /// Interface name (`eth0`).
+    pub name: String,
+    /// Lower-case MAC address.
+    pub mac_address: String,
+    /// IPv4 addresses, primary first.
+    pub ip_addresses: Vec<String>,
+}
+
+/// What `discover` prints: one node's identity and data interfaces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoverRecord {
+    /// The Slurm node name (`SLURMD_NODENAME`).
+    pub node_name: String,
+    /// The host name, up to the first dot.
+    pub hostname: String,
+    /// The cluster name (`SLURM_CLUSTER_NAME`), if known.
+    pub location: Option<String>,
+    /// The interfaces, sorted by name.
+    pub interfaces: Vec<Interface>,
+    /// GPUs and the GPU nearness of the interfaces (`discover --topology` on a node with
+    /// GPUs). Never part of the NodeConfig; absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
+}
+
+impl DiscoverRecord {
+    /// Parses and validates one line of discover output. The error says what is wrong.
+    pub fn parse_line(line: &str) -> Result<DiscoverRecord, String> {
+        let rec: DiscoverRecord =
+            serde_json::from_str(line).map_err(|e| format!("not a discover record: {e}"))?;
+        rec.validate()?;
+        Ok(rec)
+    }
+
+    /// Checks names, MAC and IPv4 syntax.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_name.is_empty() || self.node_name.len() > 255 {
+            return Err("empty or overlong node_name".into());
+        }
+        if self.hostname.len() > 255
+            || self
+                .hostname
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(format!("bad hostname {:?}", self.hostname));
+        }
+        if self.interfaces.len() > 4096 {
+            return Err("more than 4096 interfaces".into());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for i in &self.interfaces {
+            if !names.insert(i.name.as_str()) {
+                return Err(format!("interface {} listed twice", i.name));
+            }
+            if i.ip_addresses.len() > 1024 {
+                return Err(format!("interface {}: more than 1024 addresses", i.name));
+            }
+            if i.name.is_empty() || i.name.len() > 64 {
+                return Err(format!("bad interface name {:?}", i.name));
+            }
+            if !is_mac(&i.mac_address) {
+                return Err(format!("interface {}: bad MAC {:?}", i.name, i.mac_address));
+            }
+            for ip in &i.ip_addresses {
+                if ip.parse::<Ipv4Addr>().is_err() {
+                    return Err(format!("interface {}: bad IPv4 address {ip:?}", i.name));
+                }
+            }
+        }
+        if let Some(t) = &self.topology {
+            t.validate(&names)?;
+        }
+        Ok(())
+    }
+
+    /// The NodeConfig for CloudVision.
+    pub fn to_node_config(&self, cluster: &str) -> NodeConfig {
+        NodeConfig {
+            key: Key {
+                id: self.node_name.clone(),
+            },
+            location: Some(cluster.to_string()),
+            hostname: Some(self.hostname.clone()),
+            data_interfaces: self
+                .interfaces
+                .iter()
+                .map(|i| DataInterface {
+                    name: i.name.clone(),
+                    mac_address: i.mac_address.clone(),
+                    ip_addresses: i.ip_addresses.clone().into(),
+                })
+                .collect::<Vec<_>>()
+                .into(),
+        }
+    }
+}
+
+/// The prefix of the lines a long record is split into ([`to_parts`]).
+pub const PART_PREFIX: &str = "cvslurm-part ";
+/// The longest line [`to_parts`] writes. slurmstepd forwards a task's output to srun in
+/// messages of at most 1024 bytes, cut at the last newline: a longer line is cut and, when
+/// several nodes answer one srun, interleaved with theirs. Shorter lines arrive whole.
+const PART_LINE_MAX: usize = 1000;
+/// The most parts one record may have.
+const MAX_PARTS: usize = 4096;
+
+/// Splits a record's JSON into lines `cvslurm-part <node> <i> <n> <chunk>` of at most
+/// [`PART_LINE_MAX`] bytes each, newline included (chunks are cut on character boundaries).
+pub fn to_parts(node: &str, json: &str) -> String {
+    let room = PART_LINE_MAX
+        .saturating_sub(PART_PREFIX.len() + node.len() + 2 * 6 + 1)
+        .max(64);
+    let mut chunks = Vec::new();
+    let mut rest = json;
+    while !rest.is_empty() {
+        let mut end = room.min(rest.len());
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        chunks.push(&rest[..end]);
+        rest = &rest[end..];
+    }
+    let n = chunks.len();
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{PART_PREFIX}{node} {} {n} {c}\n", i + 1))
+        .collect()
+}
+
+/// Reads discover output: whole records (one JSON line, the old form) and records split into
+/// parts by [`to_parts`], which may arrive interleaved with other nodes' lines. Memory stays
+/// bounded: each record at most `max_record` bytes, all unfinished records together at most
+/// `max_pending`.
+#[derive(Debug)]
+pub struct RecordReader {
+    max_record: usize,
+    max_pending: usize,
+    pending: BTreeMap<String, (usize, BTreeMap<usize, String>, usize)>,
+    pending_bytes: usize,
+}
+
+impl RecordReader {
+    /// A reader with these bounds.
+    pub fn new(max_record: usize, max_pending: usize) -> RecordReader {
+        RecordReader {
+            max_record,
+            max_pending,
+            pending: BTreeMap::new(),
+            pending_bytes: 0,
+        }
+    }
+
+    /// Takes one non-empty line; returns a record (or why the line or record is bad) when one
+    /// is complete, `None` while a split record still misses parts.
+    pub fn push(&mut self, line: &str) -> Option<Result<DiscoverRecord, String>> {
+        let Some(rest) = line.strip_prefix(PART_PREFIX) else {
+            return Some(DiscoverRecord::parse_line(line));
+        };
+        let mut f = rest.splitn(4, ' ');
+        let (Some(node), Some(i), Some(n), Some(chunk)) = (f.next(), f.next(), f.next(), f.next())
+        else {
+            return Some(Err("bad record part: too few fields".into()));
+        };
+        let (Ok(i), Ok(n)) = (i.parse::<usize>(), n.parse::<usize>()) else {
+            return Some(Err("bad record part: numbers expected".into()));
+        };
+        if node.is_empty() || node.len() > 255 || i == 0 || i > n || n > MAX_PARTS {
+            return Some(Err(format!("bad record part {i} of {n}")));
+        }
+        if self.pending_bytes + chunk.len() > self.max_pending {
+            return Some(Err("too much unfinished record output; part dropped".into()));
+        }
+        let entry = self
+            .pending
+            .entry(node.to_string())
+            .or_insert_with(|| (n, BTreeMap::new(), 0));
+        if entry.0 != n || entry.1.contains_key(&i) || entry.2 + chunk.len() > self.max_record {
+            let (_, _, bytes) = self.pending.remove(node).expect("present");
+            self.pending_bytes -= bytes;
+            return Some(Err(format!(
+                "record parts of node {node:?} disagree, repeat or exceed {} bytes",
+                self.max_record
+            )));
+        }
+        entry.1.insert(i, chunk.to_string());
+        entry.2 += chunk.len();
+        self.pending_bytes += chunk.len();
+        if entry.1.len() < n {
+            return None;
+        }
+        let (_, parts, bytes) = self.pending.remove(node).expect("present");
+        self.pending_bytes -= bytes;
+        let json: String = parts.into_values().collect();
+        Some(DiscoverRecord::parse_line(&json).and_then(|r| {
+            if r.node_name == node {
+                Ok(r)
+            } else {
+                Err(format!(
+                    "record parts of node {node:?} hold node {:?}",
+                    r.node_name
+                ))
+            }
+        }))
+    }
+}
+
+/// True for a lower-case `aa:bb:cc:dd:ee:ff`.
+pub fn is_mac(s: &str) -> bool {
+    s.len() == 17
+        && s.split(':').count() == 6
+        && s.split(':').all(|p| {
+            p.len() == 2
+                && p.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_validation() {
+        let ok = r#"{"node_name":"n1","hostname":"n1","location":"c","interfaces":[{"name":"eth0","mac_address":"02:99:00:00:01:01","ip_addresses":["10.99.0.11"]}]}"#;
+        let r = DiscoverRecord::parse_line(ok).unwrap();
+        assert_eq!(
+            r.to_node_config("c").data_interfaces.values[0]
+                .ip_addresses
+                .values,
+            ["10.99.0.11"]
+        );
+        for bad in [
+            "garbage",
+            "",
+            r#"{"node_name":"","hostname":"x","location":null,"interfaces":[]}"#,
+            r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[{"name":"eth0","mac_address":"ZZ","ip_addresses":[]}]}"#,
+            r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[{"name":"eth0","mac_address":"02:99:00:00:01:01","ip_addresses":["300.1.1.1"]}]}"#,
+            r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[],"extra":1}"#,
+            r#"{"node_name":"n1","hostname":"a b","location":null,"interfaces":[]}"#,
+            r#"{"node_name":"n1","hostname":"x","location":null,"interfaces":[{"name":"eth0","mac_address":"02:99:00:00:01:01","ip_addresses":[]},{"name":"eth0","mac_address":"02:99:00:00:01:02","ip_addresses":[]}]}"#,
+        ] {
+            assert!(DiscoverRecord::parse_line(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A DGX record (about 2.6 kB) goes out in lines under 1000 bytes and is put together
+    /// again, even interleaved line by line with another node's parts and whole records.
+    #[test]
+    fn split_records_survive_interleaving() {
+        let a = crate::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        let b = crate::topology::fixtures::record("dgx2", "dgx-a100", "02:dd:00:02");
+        let (ja, jb) = (
+            serde_json::to_string(&a).unwrap(),
+            serde_json::to_string(&b).unwrap(),
+        );
+        assert!(ja.len() > 2000, "{}", ja.len());
+        let pa = to_parts("dgx1", &ja);
+        let pb = to_parts("dgx2", &jb);
+        assert!(pa.lines().all(|l| l.len() < PART_LINE_MAX), "{pa}");
+        assert!(pa.lines().count() >= 3);
+        let old = r#"{"node_name":"n1","hostname":"n1","location":null,"interfaces":[]}"#;
+        let mut lines: Vec<&str> = Vec::new();
+        for (x, y) in pa.lines().zip(pb.lines()) {
+            lines.extend([y, x, old]);
+        }
+        let mut r = RecordReader::new(1 << 20, 1 << 22);
+        let got: Vec<DiscoverRecord> = lines
+            .iter()
+            .filter_map(|l| r.push(l))
+            .map(|x| x.unwrap())
+            .collect();
+        let names: Vec<&str> = got.iter().map(|g| g.node_name.as_str()).collect();
+        assert_eq!(
+            names.iter().filter(|n| **n == "n1").count(),
+            pa.lines().count()
+        );
+        assert_eq!(got.iter().find(|g| g.node_name == "dgx1"), Some(&a));
+        assert_eq!(got.iter().find(|g| g.node_name == "dgx2"), Some(&b));
+        assert_eq!(r.pending_bytes, 0);
+        // Hostile parts: repeated, inconsistent, oversized, forged node, garbage numbers.
+        let first = pa.lines().next().unwrap();
+        let mut r = RecordReader::new(1 << 20, 1 << 22);
+        assert!(r.push(first).is_none());
+        assert!(r.push(first).unwrap().unwrap_err().contains("repeat"));
+        assert_eq!(r.pending_bytes, 0);
+        let forged = to_parts("dgx9", &ja);
+        let mut r = RecordReader::new(1 << 20, 1 << 22);
+        let out: Vec<_> = forged.lines().filter_map(|l| r.push(l)).collect();
+        assert!(out[0].as_ref().unwrap_err().contains("hold node \"dgx1\""));
+        let mut small = RecordReader::new(1500, 1 << 22);
+        let errs: Vec<_> = pa.lines().filter_map(|l| small.push(l)).collect();
+        assert!(errs[0].as_ref().unwrap_err().contains("exceed 1500 bytes"));
+        let mut tight = RecordReader::new(1 << 20, 1200);
+        let errs: Vec<_> = pa.lines().filter_map(|l| tight.push(l)).collect();
+        assert!(errs[0]
+            .as_ref()
+            .unwrap_err()
+            .contains("too much unfinished"));
+        for bad in [
+            "cvslurm-part n1 0 2 x",
+            "cvslurm-part n1 3 2 x",
+            "cvslurm-part n1 x 2 y",
+            "cvslurm-part n1 1",
+        ] {
+            assert!(
+                RecordReader::new(1 << 20, 1 << 20)
+                    .push(bad)
+                    .unwrap()
+                    .is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    /// Records with topology: older records still parse, the NodeConfig is byte-identical
+    /// with or without it, and hostile topology is refused.
+    #[test]
+    fn topology_in_records() {
+        let rec = crate::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        let line = serde_json::to_string(&rec).unwrap();
+        assert_eq!(DiscoverRecord::parse_line(&line).unwrap(), rec);
+        let mut plain = rec.clone();
+        plain.topology = None;
+        let plain_line = serde_json::to_string(&plain).unwrap();
+        assert!(!plain_line.contains("topology"));
+        assert_eq!(
+            serde_json::to_vec(&rec.to_node_config("c")).unwrap(),
+            serde_json::to_vec(&plain.to_node_config("c")).unwrap()
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut w = v.clone();
+            f(&mut w);
+            DiscoverRecord::parse_line(&w.to_string()).unwrap_err()
+        };
+        let e = bad(&|w| w["topology"]["nics"][0]["gpus"][0] = 42.into());
+        assert!(e.contains("names an unknown GPU"), "{e}");
+        let e = bad(&|w| w["topology"]["nics"][0]["name"] = "eth9".into());
+        assert!(e.contains("not a reported interface"), "{e}");
+        let e = bad(&|w| w["topology"]["gpus"][1]["index"] = 0.into());
+        assert!(e.contains("repeated GPU index"), "{e}");
+        let e = bad(&|w| w["topology"]["gpus"][0]["pci"] = "../../etc".into());
+        assert!(e.contains("bad GPU PCI address"), "{e}");
+        let e = bad(&|w| w["topology"]["nics"][0]["near"] = "adjacent".into());
+        assert!(e.contains("not a discover record"), "{e}");
+        let e = bad(&|w| w["topology"]["extra"] = 1.into());
+        assert!(e.contains("unknown field"), "{e}");
+        let e = bad(&|w| {
+            let g = w["topology"]["gpus"][0].clone();
+            let many: Vec<serde_json::Value> = (0..65)
+                .map(|i| {
+                    let mut g = g.clone();
+                    g["index"] = i.into();
+                    g
+                })
+                .collect();
+            w["topology"]["gpus"] = many.into();
+        });
+        assert!(e.contains("more than 64 GPUs"), "{e}");
+    }
+}
