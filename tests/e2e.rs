@@ -462,11 +462,7 @@ fn send_running_job_from_scontrol_and_ended_job_from_sacct() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
-    let bodies: Vec<Value> = text
-        .split("POST /api/resources/computejob/v1/JobConfig\n")
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| serde_json::from_str(s).unwrap())
-        .collect();
+    let bodies = dry_run_bodies(&text);
     assert_eq!(bodies.len(), 2, "{text}");
     assert_eq!(bodies[0]["state"], "JOB_STATE_RUNNING");
     assert_eq!(bodies[0]["type"], "JOB_TYPE_CONFIGURED");
@@ -1217,11 +1213,7 @@ fn hostile_job_names_forge_no_record() {
     let out = Command::new(&f.bin).args(&args).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
-    let bodies: Vec<Value> = text
-        .split("POST /api/resources/computejob/v1/JobConfig\n")
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| serde_json::from_str(s).unwrap())
-        .collect();
+    let bodies = dry_run_bodies(&text);
     assert_eq!(bodies.len(), 4, "{text}");
     assert_eq!(bodies[0]["key"]["id"], key(&victim));
     assert_eq!(bodies[0]["state"], "JOB_STATE_RUNNING");
@@ -1280,12 +1272,11 @@ fn hostile_job_names_forge_no_record() {
         .args(["send", "--dry-run", &ids[0]])
         .output()
         .unwrap();
-    let b: Value = serde_json::from_str(
-        stdout(&out).trim_start_matches("POST /api/resources/computejob/v1/JobConfig\n"),
-    )
-    .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&out), stderr(&out)));
+    let bodies = dry_run_bodies(&stdout(&out));
+    assert_eq!(bodies.len(), 1, "{}{}", stdout(&out), stderr(&out));
+    let b = &bodies[0];
     assert_eq!(b["state"], "JOB_STATE_COMPLETED");
-    assert_eq!(nodes_of(&b), ["n2"]);
+    assert_eq!(nodes_of(b), ["n2"]);
 }
 
 /// `cvslurm check` names the Slurm release and how it is read.
@@ -1437,4 +1428,31 @@ fn verification_corrects_times_to_slurms() {
         "{fixed}"
     );
     assert!(!mark.exists());
+}
+
+/// The JobConfig bodies `cvslurm send --dry-run` printed, each after its request line
+/// (`POST https://<ApiServer>/api/resources/computejob/v1/JobConfig`).
+fn dry_run_bodies(text: &str) -> Vec<Value> {
+    let mut bodies = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        if line.starts_with("POST ") {
+            assert!(
+                line.starts_with("POST https://")
+                    && line.ends_with("/api/resources/computejob/v1/JobConfig"),
+                "{line}"
+            );
+            if !cur.trim().is_empty() {
+                bodies.push(serde_json::from_str(&cur).unwrap_or_else(|e| panic!("{e}: {cur}")));
+            }
+            cur.clear();
+        } else {
+            cur.push_str(line);
+            cur.push('\n');
+        }
+    }
+    if !cur.trim().is_empty() {
+        bodies.push(serde_json::from_str(&cur).unwrap_or_else(|e| panic!("{e}: {cur}")));
+    }
+    bodies
 }
