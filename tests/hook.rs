@@ -308,16 +308,25 @@ fn hanging_cloudvision_never_delays_past_the_budget() {
     cv.set_mode(json!({"mode": "hang"}));
     let (out, took) = site.hook(&job_env("prolog_slurmctld", "80", &[]));
     assert_eq!(out.status.code(), Some(0));
+    // The request was cut at the hook's own deadline (what is left of the 1 s budget), not
+    // at some longer timeout; the wall-clock bound is loose on purpose (a loaded CI machine
+    // starts processes slowly) and still far below a hang.
+    let log = site.log();
+    let cut_at: f64 = log
+        .split("did not answer within ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no timeout in the log: {log}"));
     assert!(
-        took < Duration::from_millis(1500),
+        cut_at <= 1.0,
+        "cut after {cut_at} s with a 1 s budget: {log}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
         "hook took {took:?} with a 1 s budget"
     );
     assert_eq!(site.outbox().len(), 1, "the event is kept");
-    assert!(
-        site.log().contains("did not answer within"),
-        "{}",
-        site.log()
-    );
 }
 
 #[test]
@@ -532,7 +541,8 @@ fn a_held_outbox_lock_makes_the_hook_send_directly_and_say_so_truthfully() {
     let held = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).unwrap();
     let (out, took) = site.hook(&job_env("prolog_slurmctld", "92", &[]));
     assert_eq!(out.status.code(), Some(0));
-    assert!(took < Duration::from_secs(3), "{took:?}");
+    // Loose bound (process start on a loaded machine); a hook blocked on the lock never ends.
+    assert!(took < Duration::from_secs(10), "{took:?}");
     assert_eq!(cv.accepted("JobConfig").len(), 1, "sent directly");
     // CloudVision down as well: the log says the event is lost, not that it is kept.
     cv.set_mode(json!({"mode": "status", "status": 503}));
