@@ -6,7 +6,7 @@
 # Slurm 24.11 and 26.05 for the test clusters: tests/cluster/rootfs.sh),
 # and the Rust musl target.
 set -euo pipefail
-pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 musl-tools
+pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 musl-tools libcap2-bin
       python3 openssl curl procps util-linux ca-certificates rpm mmdebstrap)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -277,7 +277,9 @@ impl Inventory<'_> {
         cmd.env("SLURM_HOSTFILE", &hostfile.0)
             .arg(format!("--job-name={}", cfg.discovery_job_name))
             .arg("--distribution=arbitrary")
-            .args(["--nodes", &n, "--ntasks", &n])
+            // No --nodes: the host file names them, and Slurm 24.11 and later refuse
+            // --nodes beside --distribution=arbitrary.
+            .args(["--ntasks", &n])
             .arg(format!("--time={minutes}"))
             .args(["--label", "--quiet", "--no-kill", "--kill-on-bad-exit=0"]);
         match target {

@@ -240,12 +240,20 @@ write_wrappers() {
     local c dir="$W/bin" path
     rm -rf "$dir"
     mkdir -p "$dir"
+    if [[ -n "$R" ]]; then
+        # cvslurm run as root drops to SlurmUser (StateDir's owner) before it calls Slurm, as
+        # the hooks run as SlurmUser: the wrappers must chroot for SlurmUser too. A copy of
+        # chroot with CAP_SYS_CHROOT, usable by root and group slurm only, removed by `down`
+        # (test machines only).
+        install -m 0750 -o root -g slurm /usr/sbin/chroot "$dir/.chroot"
+        setcap cap_sys_chroot+ep "$dir/.chroot" || die "setcap cap_sys_chroot on $dir/.chroot failed (libcap2-bin)"
+    fi
     for c in $CLIENTS slurmctld slurmd slurmdbd; do
         case "$c" in slurmctld | slurmd | slurmdbd) path=/usr/sbin/$c ;; *) path=/usr/bin/$c ;; esac
         if [[ -n "$R" ]]; then
             # shellcheck disable=SC2016
-            printf '#!/bin/sh\n# Slurm %s: %s from %s (tests/cluster/cluster.sh)\n[ -e /.cvslurm-rootfs ] && exec %s "$@"\nexec /usr/sbin/chroot %s /bin/sh -c '"'"'cd "$0" 2>/dev/null || cd /; exec "$@"'"'"' "$PWD" %s "$@"\n' \
-                "$SLURM_VER" "$c" "$R" "$path" "$R" "$path" >"$dir/$c"
+            printf '#!/bin/sh\n# Slurm %s: %s from %s (tests/cluster/cluster.sh)\n[ -e /.cvslurm-rootfs ] && exec %s "$@"\nexec %s %s /bin/sh -c '"'"'cd "$0" 2>/dev/null || cd /; exec "$@"'"'"' "$PWD" %s "$@"\n' \
+                "$SLURM_VER" "$c" "$R" "$path" "$dir/.chroot" "$R" "$path" >"$dir/$c"
         else
             # shellcheck disable=SC2016
             printf '#!/bin/sh\n# Slurm %s: the host'"'"'s %s (tests/cluster/cluster.sh)\nexec %s "$@"\n' "$SLURM_VER" "$c" "$path" >"$dir/$c"
