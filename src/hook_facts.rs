@@ -220,6 +220,13 @@ pub fn final_state_named(j: &JobInfo) -> bool {
     ) && JobState::from_slurm(&j.state).is_some_and(JobState::is_terminal)
 }
 
+/// Was the job requeued since the run whose hook saw `restart_count` (slurmctld counts more
+/// restarts, or holds it pending again)? Then slurmctld's times belong to a new run.
+fn requeued_since(j: &JobInfo, restart_count: u32) -> bool {
+    j.restarts.is_some_and(|r| r > restart_count)
+        || matches!(j.state.as_str(), "PENDING" | "REQUEUED")
+}
+
 /// The start and end the epilog sends: Slurm's own StartTime and EndTime, the ones sacct
 /// records. From the environment where Slurm gives them (23.02 and later), else from
 /// slurmctld's record of the job (22.05), else the prolog's record of the start and "now".
@@ -231,10 +238,7 @@ pub fn epilog_times(
     recorded_start: Option<i64>,
     now: i64,
 ) -> (i64, i64) {
-    let ctl = ctl.filter(|j| {
-        !(j.restarts.is_some_and(|r| r > env.restart_count)
-            || matches!(j.state.as_str(), "PENDING" | "REQUEUED"))
-    });
+    let ctl = ctl.filter(|j| !requeued_since(j, env.restart_count));
     let start = env
         .start
         .or_else(|| ctl.and_then(|j| j.start))
@@ -255,10 +259,7 @@ pub fn finish_end(job: &JobConfig, facts: &EndFacts, ctl: Option<&JobInfo>) -> J
     j.state = epilog_state(facts.exit, facts.restart_count, ctl);
     // slurmctld's times are this run's unless the job was requeued since (a new run, a new
     // start): then the epilog's own stay.
-    let this_run = ctl.filter(|c| {
-        !(c.restarts.is_some_and(|r| r > facts.restart_count)
-            || matches!(c.state.as_str(), "PENDING" | "REQUEUED"))
-    });
+    let this_run = ctl.filter(|c| !requeued_since(c, facts.restart_count));
     if let Some(c) = this_run {
         if !facts.start_known {
             if let Some(s) = c.start.and_then(format_epoch) {

@@ -178,14 +178,11 @@ pub fn jobs_by_id(
     ids: &[String],
     timeout: Duration,
 ) -> Result<HashMap<String, JobInfo>, String> {
-    // Only ids that can be jobs reach a command line (record names in StateDir are not trusted).
-    let ids: Vec<String> = ids.iter().filter(|i| valid_job_id(i)).cloned().collect();
+    let ids = job_ids(ids);
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
-    let started = std::time::Instant::now();
-    let reader = version::version(slurm, timeout)?.reader();
-    let left = timeout.saturating_sub(started.elapsed());
+    let (reader, left) = reader_within(slurm, timeout)?;
     let one = match ids.as_slice() {
         [one] => Some(one.as_str()),
         _ => None,
@@ -195,14 +192,20 @@ pub fn jobs_by_id(
 
 /// Every job slurmctld holds (running, pending, and ended ones for `MinJobAge`), in one call.
 pub fn all_jobs(slurm: &Slurm, timeout: Duration) -> Result<Vec<JobInfo>, String> {
+    let (reader, left) = reader_within(slurm, timeout)?;
+    ctl_jobs(slurm, reader, None, left)
+}
+
+/// Only ids that can be jobs reach a command line (record names in StateDir are not trusted).
+fn job_ids(ids: &[String]) -> Vec<String> {
+    ids.iter().filter(|i| valid_job_id(i)).cloned().collect()
+}
+
+/// The reader for this Slurm release, and what is left of `timeout` after asking for it.
+fn reader_within(slurm: &Slurm, timeout: Duration) -> Result<(Reader, Duration), String> {
     let started = std::time::Instant::now();
     let reader = version::version(slurm, timeout)?.reader();
-    ctl_jobs(
-        slurm,
-        reader,
-        None,
-        timeout.saturating_sub(started.elapsed()),
-    )
+    Ok((reader, timeout.saturating_sub(started.elapsed())))
 }
 
 /// slurmctld's JSON: `scontrol --all --json show job [ID]`, or before 23.02 `squeue --all
@@ -235,13 +238,11 @@ pub fn sacct_jobs(
     ids: &[String],
     timeout: Duration,
 ) -> Result<HashMap<String, JobInfo>, String> {
-    let ids: Vec<String> = ids.iter().filter(|i| valid_job_id(i)).cloned().collect();
+    let ids = job_ids(ids);
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
-    let started = std::time::Instant::now();
-    let reader = version::version(slurm, timeout)?.reader();
-    let left = timeout.saturating_sub(started.elapsed());
+    let (reader, left) = reader_within(slurm, timeout)?;
     let list = ids.join(",");
     let jobs = json_jobs(slurm, "sacct", &[reader.json_flag, "-j", &list], left)?;
     Ok(pick(jobs, &ids))
