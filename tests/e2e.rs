@@ -159,10 +159,25 @@ fn shared() -> (&'static Fixture, RwLockReadGuard<'static, ()>) {
     (f, CLUSTER_LOCK.read().unwrap_or_else(|e| e.into_inner()))
 }
 
-/// Exclusive use: may stop nodes or make CloudVision misbehave.
+/// Exclusive use: may stop nodes or make CloudVision misbehave. It starts on a whole
+/// cluster: a node that an earlier test stopped and put back (its `Restore` ran when that
+/// test failed midway) is waited for until slurmctld has it responding again, so one failure
+/// does not fail the tests after it.
 fn exclusive() -> (&'static Fixture, RwLockWriteGuard<'static, ()>) {
     let f = fixture();
-    (f, CLUSTER_LOCK.write().unwrap_or_else(|e| e.into_inner()))
+    let g = CLUSTER_LOCK.write().unwrap_or_else(|e| e.into_inner());
+    let whole = || {
+        (1..=NODES).all(|i| {
+            let st = node_state(&format!("n{i}"));
+            !st.is_empty()
+                && !st.ends_with('*')
+                && !["down", "drain", "fail", "unknown", "not_responding"]
+                    .iter()
+                    .any(|bad| st.starts_with(bad))
+        })
+    };
+    wait_until("every node responding", Duration::from_secs(90), whole);
+    (f, g)
 }
 
 /// The cluster's Slurm commands (the version under test), from the host and from inside the
@@ -587,15 +602,16 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
     // A node whose slurmd is dead is reported unavailable; the others are still sent.
     cluster_sh(&["stop-slurmd", "n4"], &[]);
     let _restore = Restore(&["start-slurmd", "n4"]);
-    wait_until("n4 to be not responding", Duration::from_secs(60), || {
-        node_state("n4").ends_with('*')
+    // down* is where it stays (idle* lasts only until SlurmdTimeout, 5 s here: a state read
+    // there could change between inventory's sinfo and this test's).
+    wait_until("n4 to be down and not responding", Duration::from_secs(60), || {
+        node_state("n4") == "down*"
     });
     let out = Command::new(&f.bin).args(["inventory"]).output().unwrap();
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
-    let st = node_state("n4");
     assert!(
-        text.contains(&format!("3 sent, 0 failed, 1 unavailable (n4 ({st}))")),
+        text.contains("3 sent, 0 failed, 1 unavailable (n4 (down*))"),
         "{text}"
     );
     // Discovery through srun --bcast: nothing needs to be installed on the workers.

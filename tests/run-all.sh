@@ -47,9 +47,15 @@ if [ -n "$BIN" ]; then
     && tail -5 "$LOG_DIR/rpm.log" || { tail -20 "$LOG_DIR/rpm.log"; failures+=("rpm package"); }
 fi
 
+# On a failure, what each failing test printed (cargo's first "failures:" block), so the CI
+# summary says why and not only which; capped so a flood cannot bury the rest.
+failure_details() { # LOG
+  awk '/^failures:$/ {n++; next} /^test result/ {n += n % 2} n % 2 == 1' "$1" | head -200
+}
+
 step "unit and integration tests"
 cargo test 2>&1 | tee "$LOG_DIR/cargo-test.log" | grep -E '^(test |test result|failures:|---- )' 
-[ "${PIPESTATUS[0]}" = 0 ] || failures+=("cargo test")
+[ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/cargo-test.log"; failures+=("cargo test"); }
 
 # e2e + install tests on one Slurm version; logs e2e-VERSION.log and install-VERSION.log
 version_suites() { # VERSION
@@ -58,7 +64,7 @@ version_suites() { # VERSION
   SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
     cargo test --release --test e2e -- --ignored --test-threads=4 2>&1 \
     | tee "$LOG_DIR/e2e-$v.log" | grep -E '^(test |test result|failures:|---- |\[e2e\])'
-  [ "${PIPESTATUS[0]}" = 0 ] || failures+=("$v: end-to-end tests")
+  [ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/e2e-$v.log"; failures+=("$v: end-to-end tests"); }
   for p in /var/tmp/cvslurm-e2e/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
   rm -f /etc/slurm/cloudvision.conf
@@ -66,7 +72,7 @@ version_suites() { # VERSION
     step "Slurm $v: end-to-end test of JobInterfaces on GPU nodes"
     cargo test --release --test e2e_gpu -- --ignored 2>&1 \
       | tee "$LOG_DIR/e2e-gpu-$v.log" | grep -E '^(test |test result|failures:|---- )'
-    [ "${PIPESTATUS[0]}" = 0 ] || failures+=("$v: GPU end-to-end test")
+    [ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/e2e-gpu-$v.log"; failures+=("$v: GPU end-to-end test"); }
   fi
   step "Slurm $v: install.sh on the real cluster"
   if SLURM="$v" tests/cluster/cluster.sh up 2 >"$LOG_DIR/install-cluster-$v.log" 2>&1; then

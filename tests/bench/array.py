@@ -208,10 +208,18 @@ def setup(kind, delay, tasks, timeout, standins):
                                          if n.endswith(".json")]) \
                 if os.path.isdir(os.path.join(state_dir, "outbox")) else 0
             text = open(log_file, errors="replace").read()
-            delays = [int(m) for m in re.findall(
-                r"outbox: delivered job \S+ \S+ \(HTTP 200, (\d+) ms after", text)]
+            found = re.findall(
+                r"outbox: delivered job \S+ (\S+) \(HTTP 200, (\d+) ms after", text)
+            delays = [int(ms) for _, ms in found]
             if delays:
                 res["p50"], res["p99"] = pct(delays, 50), pct(delays, 99)
+                # RUNNING and the ends apart: an end also waits for its RUNNING and for the
+                # batch question to slurmctld.
+                for tag, pick in (("run", lambda st: st == "RUNNING"),
+                                  ("end", lambda st: st != "RUNNING")):
+                    d = [int(ms) for st, ms in found if pick(st)]
+                    if d:
+                        res[tag + "_p50"], res[tag + "_p99"] = pct(d, 50), pct(d, 99)
             sent = [int(m) for m in re.findall(r": sent \S+ on .*\(HTTP 200, (\d+) ms\)", text)]
             if sent:
                 res["hook_send_p50"], res["hook_send_p99"] = pct(sent, 50), pct(sent, 99)
@@ -436,6 +444,9 @@ def main():
             right = "%d / %d" % (r["right"], a.tasks) if "right" in r else "-"
             if "p50" in r:
                 delay = "%d / %d ms" % (r["p50"], r["p99"])
+                if "run_p50" in r and "end_p50" in r:
+                    delay += " (RUNNING %d / %d, end %d / %d)" % (
+                        r["run_p50"], r["run_p99"], r["end_p50"], r["end_p99"])
             elif "hook_send_p50" in r:
                 delay = "in the hook: %d / %d ms" % (r["hook_send_p50"], r["hook_send_p99"])
             else:
