@@ -24,6 +24,10 @@
 #   --binary PATH             the cvslurm binary to install (default: a prebuilt
 #                             target/x86_64-unknown-linux-musl/release/cvslurm, else build it)
 #   --no-service              do not install the cvslurm systemd service
+#   --no-epilog               PrologSlurmctld only: no EpilogSlurmctld line, and the service
+#                             sends each end from slurmctld (ReconcileInterval=5); for
+#                             clusters whose scheduler must never wait on an epilog
+#                             (README, "Without EpilogSlurmctld"). Needs the service
 #   --no-reconfigure          do not run `scontrol reconfigure`
 #   -h, --help                this text
 #
@@ -66,6 +70,7 @@ PURGE=0
 OPT_BINARY=""
 SERVICE=1
 RECONFIGURE=1
+NO_EPILOG=0
 while (($#)); do
     case "$1" in
         --api-server) OPT_SERVER="${2:?--api-server needs HOST[:PORT]}"; shift ;;
@@ -82,6 +87,7 @@ while (($#)); do
         --binary) OPT_BINARY="${2:?--binary needs a path}"; shift ;;
         --binary=*) OPT_BINARY="${1#*=}" ;;
         --no-service) SERVICE=0 ;;
+        --no-epilog) NO_EPILOG=1 ;;
         --no-reconfigure) RECONFIGURE=0 ;;
         -h | --help) usage; exit 0 ;;
         --api-token | --api-token=*) die "--api-token would put the secret on the command line; use --api-token-file FILE or API_TOKEN" ;;
@@ -90,6 +96,7 @@ while (($#)); do
     shift
 done
 ((PURGE == 0 || UNINSTALL == 1)) || die "--purge goes with --uninstall"
+((NO_EPILOG == 0 || SERVICE == 1)) || die "--no-epilog needs the cvslurm service (it sends the ends): drop --no-service"
 
 if [[ -n "${SLURM_CONF_DIR:-}" ]]; then
     SLURM_CONF_FILE="${SLURM_CONF:-$SLURM_CONF_DIR/slurm.conf}"
@@ -450,6 +457,18 @@ MULTI=0
 if [[ -n "$VERSION" ]] && version_ge "$VERSION" 24.05; then MULTI=1; fi
 declare -a ADD_LINES=()
 for key in PrologSlurmctld EpilogSlurmctld; do
+    if ((NO_EPILOG)) && [[ "$key" == EpilogSlurmctld ]]; then
+        # our own marked line (an earlier install) goes with the rebuild below; a site's
+        # script that calls the hook is the site's to change
+        mapfile -t vals < <(conf_all "$key" | tr ',' '\n' | sed 's/^[[:space:]]*//; s/[[:space:]]*$//' | grep -v '^$' || true)
+        for v in "${vals[@]}"; do
+            if calls_our_hook "$v"; then
+                warn "EpilogSlurmctld $v calls cvslurm-hook: --no-epilog leaves it; remove that call for the PrologSlurmctld-only set-up"
+            fi
+        done
+        say "--no-epilog: no EpilogSlurmctld for cvslurm; the service sends each job's end from slurmctld every 5 s"
+        continue
+    fi
     mapfile -t vals < <(conf_all "$key" | tr ',' '\n' | sed 's/^[[:space:]]*//; s/[[:space:]]*$//' | grep -v '^$' || true)
     current="$(conf_last "$key")"
     ours=0; foreign=()
@@ -565,6 +584,7 @@ put_text "$WORK/token" "$TOKEN_DEST" 0600 "$SLURM_USER:$SLURM_GROUP" token secre
 set_keys=("ApiServer=$SERVER" "ApiTokenFile=$TOKEN_DEST" "LogFile=$LOG_FILE" "StateDir=$STATE_DIR")
 [[ -n "$CA" ]] && set_keys+=("CaFile=$CA")
 ((INSECURE)) && set_keys+=("Insecure=yes")
+((NO_EPILOG)) && set_keys+=("ReconcileInterval=5")
 printf '%s\n' "${set_keys[@]}" | awk -F= '
     NR == FNR { want[tolower($1)] = $0; order[++n] = tolower($1); next }
     {

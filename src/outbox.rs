@@ -193,7 +193,14 @@ pub struct Outbox {
     owner: Option<(u32, u32)>,
     /// An in-flight file older than this is from a drainer that died: ignore it.
     pub inflight_stale: Duration,
+    /// The job keys whose end this process delivered, and when (shared by its clones): the
+    /// service's reconciliation never sends a RUNNING for a job whose end is already out.
+    delivered_ends: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
 }
+
+/// How long [`Outbox::recently_ended`] remembers a delivered end: far longer than a job
+/// stays listed as running after it ended.
+pub const REMEMBER_ENDS: Duration = Duration::from_secs(600);
 
 impl Outbox {
     /// The outbox under `state_dir` (nothing is created until something is written).
@@ -202,7 +209,19 @@ impl Outbox {
             root: state_dir.to_path_buf(),
             owner: owner_to_match(state_dir),
             inflight_stale: Duration::from_secs(60),
+            delivered_ends: Default::default(),
         }
+    }
+
+    /// The job keys whose end this process (and its clones) delivered in the last
+    /// [`REMEMBER_ENDS`].
+    pub fn recently_ended(&self) -> std::collections::HashSet<String> {
+        let mut ends = self
+            .delivered_ends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        ends.retain(|_, at| at.elapsed() < REMEMBER_ENDS);
+        ends.keys().cloned().collect()
     }
 
     /// The state directory.
@@ -487,26 +506,49 @@ impl Outbox {
     /// Ends an in-flight event: `Delivered` deletes it, `Retry` puts it back (unless a newer
     /// event for the key arrived meanwhile), `Reject` moves it to `rejected/` with the answer.
     pub fn finish(&self, ev: &Event, outcome: Finish) -> Result<(), String> {
-        let _lock = self.lock()?;
         let name = ev.item.file_name();
         let inflight = self.dir("inflight").join(&name);
         if !matches!(outcome, Finish::Retry) {
             if let Some(next) = &ev.then {
                 // The follower becomes the pending event (durably, before the in-flight file
-                // goes), unless a newer event of the key arrived meanwhile.
+                // goes), unless a newer event of the key arrived meanwhile. Its data is
+                // synced before the lock and its directory after it: hooks never wait for
+                // an fsync here (a crash in between finds the in-flight file and recovers).
                 let pending = self.dir("outbox").join(&name);
-                let newer = read_event(&pending).is_some_and(|cur| cur.rank >= next.rank);
-                if !newer {
-                    write_durably(
-                        &pending,
-                        &serde_json::to_vec(next).map_err(|e| e.to_string())?,
-                        self.owner,
-                    )?;
+                let bytes = serde_json::to_vec(next).map_err(|e| e.to_string())?;
+                let tmp = write_synced_tmp(&pending, &bytes, self.owner)?;
+                let placed = (|| {
+                    let _lock = self.lock()?;
+                    if read_event(&pending).is_some_and(|cur| cur.rank >= next.rank) {
+                        return Ok(false);
+                    }
+                    fs::rename(&tmp, &pending)
+                        .map(|_| true)
+                        .map_err(|e| format!("cannot write {}: {e}", pending.display()))
+                })();
+                match placed {
+                    Ok(true) => sync_dir(&self.dir("outbox")),
+                    Ok(false) => {
+                        let _ = fs::remove_file(&tmp);
+                    }
+                    Err(e) => {
+                        let _ = fs::remove_file(&tmp);
+                        return Err(e);
+                    }
                 }
             }
         }
+        let _lock = self.lock()?;
         match outcome {
             Finish::Delivered => {
+                if let Item::Job { job } = &ev.item {
+                    if job.state.is_terminal() {
+                        self.delivered_ends
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(job.key.id.clone(), Instant::now());
+                    }
+                }
                 // No fsync: if a crash loses this unlink, recover() puts the event back and it
                 // is sent again, which is harmless (a POST replaces the record of its key).
                 let _ = fs::remove_file(&inflight);

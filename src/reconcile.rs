@@ -3,8 +3,13 @@
 //!
 //! - A running job no hook reported (cvslurm installed mid-job, a hook that never ran) gets
 //!   its RUNNING sent.
-//! - A job the prolog recorded whose epilog never came (slurmctld restarted, hook killed) gets
-//!   its end state from slurmctld or accounting.
+//! - A job the prolog recorded whose epilog never came (slurmctld restarted, hook killed, or
+//!   no EpilogSlurmctld at all: the PrologSlurmctld-only set-up) gets its end state from
+//!   slurmctld or accounting.
+//!
+//! One pass costs one slurmctld listing (every job it holds) and, for the ended jobs that
+//! slurmctld has already forgotten (older than `MinJobAge`), one `sacct` call: never a call
+//! per job, however many ended.
 
 use crate::config::Config;
 use crate::outbox::{Event, Item, Outbox};
@@ -25,6 +30,28 @@ pub fn squeue_running(slurm: &Slurm) -> Result<Vec<JobInfo>, String> {
         .into_iter()
         .filter(is_running)
         .collect())
+}
+
+/// Slurm's final record of each of `ids` that has ended: slurmctld's (from `listing`, the
+/// pass's own) when it names a final state, else accounting's, asked for all the others in
+/// one `sacct` call. Ids with no final record yet are absent.
+fn final_records(slurm: &Slurm, listing: &[JobInfo], ids: &[String]) -> HashMap<String, JobInfo> {
+    let mut found: HashMap<String, JobInfo> = crate::slurm::pick(listing.to_vec(), ids)
+        .into_iter()
+        .filter(|(_, j)| j.ended())
+        .collect();
+    let ask: Vec<String> = ids
+        .iter()
+        .filter(|id| !found.contains_key(*id))
+        .cloned()
+        .collect();
+    if !ask.is_empty() {
+        match crate::slurm::sacct_jobs(slurm, &ask, COMMAND_TIMEOUT) {
+            Ok(acct) => found.extend(acct.into_iter().filter(|(_, j)| j.ended())),
+            Err(e) => log::debug!("reconcile: accounting not asked ({e})"),
+        }
+    }
+    found
 }
 
 /// Is the job on its nodes: running, suspended, configuring or completing.
@@ -132,9 +159,11 @@ fn final_state(i: &JobInfo) -> bool {
     i.state != "COMPLETING" && JobState::from_slurm(&i.state).is_some_and(JobState::is_terminal)
 }
 
-/// How old a prolog record must be before its job's absence from squeue means it ended
-/// (a job is listed from allocation on, so this only guards against clock and listing races).
-pub const RECORD_GRACE: Duration = Duration::from_secs(120);
+/// How old a prolog record must be before its job's absence from the running jobs means it
+/// ended. The records are read before slurmctld is asked, and a job is listed from its
+/// allocation on (its PrologSlurmctld runs after it), so a recorded job missing from the
+/// listing has left its nodes; the grace only absorbs clock steps.
+pub const RECORD_GRACE: Duration = Duration::from_secs(1);
 
 /// After this long without learning a vanished job's end, its record is dropped.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(7 * 86_400);
@@ -146,23 +175,36 @@ pub fn reconcile(
     cluster: &str,
     outbox: &Outbox,
 ) -> Result<Report, String> {
-    // Read the records before listing the jobs: a record written after the listing belongs
-    // to a job that is already listed or is younger than the grace period.
+    // The records are read twice. Before the listing, for the ends: a record written after
+    // the listing belongs to a job that is already listed. After it, for the starts: a
+    // prolog that recorded its job (and whose RUNNING may already be delivered and gone from
+    // the outbox) while the listing was taken has reported it, and a second RUNNING from
+    // here could reach CloudVision after the job's end. A job that ended since the listing
+    // (its end delivered, its record gone) is in `recently_ended`.
     let records = outbox.started_jobs();
-    let running = squeue_running(slurm)?;
+    let listing = crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?;
+    let running: Vec<&JobInfo> = listing.iter().filter(|j| is_running(j)).collect();
+    // In this order: an epilog queues its end before it drops its record, and the sender
+    // moves it outbox → in flight → delivered, so a job missing from one read is in a later.
+    let recorded_after: std::collections::HashSet<String> = outbox
+        .started_jobs()
+        .into_iter()
+        .map(|(k, _, _)| k)
+        .collect();
     let pending = outbox.pending_job_keys();
+    let ended = outbox.recently_ended();
     let mut report = Report::default();
-    let recorded: HashMap<&str, i64> = records.iter().map(|(k, s, _)| (k.as_str(), *s)).collect();
     let key_of = |id: &str| format!("{id}@{cluster}");
 
-    for j in &running {
+    for j in running.iter().copied() {
         let key = key_of(&j.job_id);
-        if recorded.contains_key(key.as_str()) || pending.contains(&key) {
+        if recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key) {
             continue;
         }
         // A completing job has ended: its epilog reports it (or the pass below, once it is
-        // gone), never a RUNNING after its end.
-        if j.completing() {
+        // gone), never a RUNNING after its end. A configuring one is in its
+        // PrologSlurmctld, which reports it.
+        if j.completing() || j.states.iter().any(|s| s == "CONFIGURING") {
             continue;
         }
         if cfg.job_wanted(&j.name, j.partition.as_deref()).is_err() {
@@ -192,48 +234,56 @@ pub fn reconcile(
 
     let listed: std::collections::HashSet<String> =
         running.iter().map(|j| key_of(&j.job_id)).collect();
-    for (key, start, age) in &records {
-        if listed.contains(key) || *age < RECORD_GRACE {
-            continue;
-        }
-        let Some((id, rec_cluster)) = key.rsplit_once('@') else {
+    // The recorded jobs that left their nodes: (key, prolog's start, age, job id).
+    let gone: Vec<(&String, i64, Duration, &str)> = records
+        .iter()
+        .filter(|(key, _, age)| !listed.contains(key) && *age >= RECORD_GRACE)
+        .filter_map(|(key, start, age)| {
+            let (id, rec_cluster) = key.rsplit_once('@')?;
+            (rec_cluster == cluster).then_some((key, *start, *age, id))
+        })
+        .collect();
+    let ids: Vec<String> = gone.iter().map(|g| g.3.to_string()).collect();
+    let finals = if ids.is_empty() {
+        HashMap::new()
+    } else {
+        final_records(slurm, &listing, &ids)
+    };
+    for (key, start, age, id) in gone {
+        let Some(info) = finals.get(id) else {
+            if age > GIVE_UP_AFTER {
+                log::warn!("reconcile: job {key} vanished and its end state is unknown after {} days; forgetting it", age.as_secs() / 86_400);
+                outbox.forget_start(key);
+            } else {
+                // Requeued or suspended between the listing and now, or accounting has not
+                // recorded it yet: looked at again next pass.
+                log::debug!("reconcile: job {key}: end state not known yet");
+            }
+            report.unknown += 1;
             continue;
         };
-        if rec_cluster != cluster {
+        let Some(state) = JobState::from_slurm(&info.state).filter(|s| s.is_terminal()) else {
+            report.unknown += 1;
             continue;
-        }
-        match crate::slurm::lookup(slurm, id) {
-            Ok(info) => match JobState::from_slurm(&info.state) {
-                Some(state) if state.is_terminal() => {
-                    // Slurm's own start; the prolog's record where Slurm has none.
-                    let info = JobInfo {
-                        start: info.start.or(Some(*start)),
-                        ..info
-                    };
-                    let Ok(mut job) = crate::payload::job_config(&info, cluster) else {
-                        report.unknown += 1; // no nodes known: look again next pass
-                        continue;
-                    };
-                    job.job_type = None; // a hook's record, not a backfill
-                    log::info!("reconcile: job {key} ended ({}) but no epilog reported it; sending {state}", info.state);
-                    let rank = (info.restarts.unwrap_or(0), 1);
-                    outbox.enqueue(&Event::new(Item::Job { job }, rank))?;
-                    outbox.forget_start(key);
-                    report.ended += 1;
-                }
-                // Requeued or suspended between listing and lookup: look again next pass.
-                _ => report.unknown += 1,
-            },
-            Err(e) => {
-                if *age > GIVE_UP_AFTER {
-                    log::warn!("reconcile: job {key} vanished and its end state is unknown after {} days ({e}); forgetting it", age.as_secs() / 86_400);
-                    outbox.forget_start(key);
-                } else {
-                    log::debug!("reconcile: job {key}: end state not known yet: {e}");
-                }
-                report.unknown += 1;
-            }
-        }
+        };
+        // Slurm's own start; the prolog's record where Slurm has none.
+        let info = JobInfo {
+            start: info.start.or(Some(start)),
+            ..info.clone()
+        };
+        let Ok(mut job) = crate::payload::job_config(&info, cluster) else {
+            report.unknown += 1; // no nodes known: look again next pass
+            continue;
+        };
+        job.job_type = None; // a hook's record, not a backfill
+        log::info!(
+            "reconcile: job {key} ended ({}) but no epilog reported it; sending {state}",
+            info.state
+        );
+        let rank = (info.restarts.unwrap_or(0), 1);
+        outbox.enqueue(&Event::new(Item::Job { job }, rank))?;
+        outbox.forget_start(key);
+        report.ended += 1;
     }
     report.corrected = verify_ends(slurm, outbox)?;
     Ok(report)

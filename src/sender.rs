@@ -4,9 +4,12 @@
 //! - A hook writes its event durably to the outbox, then sends one datagram to
 //!   `StateDir/wake.sock`, a Unix datagram socket this sender has bound. A socket file that
 //!   nobody has bound (the service died) refuses the datagram: the hook then sends itself.
-//! - The dispatcher thread wakes on each datagram (and every few seconds regardless), asks
-//!   slurmctld in one call how the jobs whose epilogs it got ended ([`end_states`]), fixes
-//!   their records, and hands the pending events to `MaxConcurrentRequests` worker threads.
+//! - The dispatcher thread wakes on each datagram (and every few seconds regardless) and
+//!   hands the pending events to `MaxConcurrentRequests` worker threads at once. The ends the
+//!   epilogs queued go first to the settler thread, which asks slurmctld in one call how all
+//!   of them ended ([`end_states`]), fixes their records and hands them out: a RUNNING never
+//!   waits behind that question, and the ends that come in while it is asked form the next
+//!   batch.
 //! - The workers share one client, so at most that many keep-alive TLS connections are open
 //!   whatever the number of hooks. One key is never in two workers: a job's events go out in
 //!   order. A failure pauses every worker (backoff as `flush`; 429's `Retry-After` honoured).
@@ -36,8 +39,10 @@ pub const WAKE_SOCKET: &str = "wake.sock";
 /// How often the dispatcher looks at the outbox even when nobody woke it.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(5);
 
-/// The shortest time between two end-state questions to slurmctld.
-pub const END_STATE_GAP: Duration = Duration::from_millis(100);
+/// The shortest time between two end-state questions to slurmctld: under a burst of epilogs
+/// the ends queued meanwhile are asked for together, so slurmctld answers at most 20 such
+/// questions a second however many jobs end.
+pub const END_STATE_GAP: Duration = Duration::from_millis(50);
 
 /// The longest slurmctld may take to answer the batch end-state question.
 pub const END_STATE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -118,10 +123,12 @@ struct Dispatch {
     /// The pending files (name, seq) already handed to the sync thread.
     synced: HashSet<(String, u128)>,
     /// The sync thread's queue.
-    syncer: std::sync::mpsc::Sender<Vec<String>>,
-    /// When slurmctld was last asked for end states.
-    last_ask: Option<Instant>,
+    syncer: Sender_<Vec<String>>,
+    /// The settler thread's queue: provisional ends to ask slurmctld about.
+    settler: Sender_<Vec<Event>>,
 }
+
+type Sender_<T> = std::sync::mpsc::Sender<T>;
 
 /// What the dispatcher and the workers share.
 struct Shared {
@@ -140,6 +147,8 @@ struct State {
     queue: VecDeque<Event>,
     /// Outbox file names queued or being sent: one key is never in two workers.
     busy: HashSet<String>,
+    /// Outbox file names of provisional ends with the settler (asked about once).
+    settling: HashSet<String>,
     /// No worker starts a send before this (backoff, 429).
     paused_until: Option<Instant>,
     /// Failed passes in a row (for the backoff).
@@ -305,15 +314,17 @@ fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, State> {
     sh.state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, max_events: usize) {
+fn dispatcher(
+    sh: &Arc<Shared>,
+    outbox: &Outbox,
+    sock: &UnixDatagram,
+    slurm: &Slurm,
+    max_events: usize,
+) {
     let mut buf = [0u8; 64];
     let mut next_scan = Instant::now();
     let (syncer, batches) = std::sync::mpsc::channel::<Vec<String>>();
-    let mut ds = Dispatch {
-        synced: HashSet::new(),
-        syncer,
-        last_ask: None,
-    };
+    let (settler, ends) = std::sync::mpsc::channel::<Vec<Event>>();
     let ob = outbox.clone();
     let _ = std::thread::Builder::new()
         .name("sync".into())
@@ -326,6 +337,18 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
                 ob.sync_files(&names);
             }
         });
+    {
+        // The settler ends when the dispatcher does (its queue's sender is in `ds`).
+        let (sh, ob, sl, sy) = (sh.clone(), outbox.clone(), slurm.clone(), syncer.clone());
+        let _ = std::thread::Builder::new()
+            .name("settle".into())
+            .spawn(move || settle_loop(&sh, &ob, &sl, &ends, &sy));
+    }
+    let mut ds = Dispatch {
+        synced: HashSet::new(),
+        syncer,
+        settler,
+    };
     while !sh.stop.load(Ordering::Relaxed) {
         // Sleep until woken, the next periodic scan, or the end of a pause (at most 200 ms,
         // to see `stop`).
@@ -374,9 +397,8 @@ fn dispatcher(sh: &Shared, outbox: &Outbox, sock: &UnixDatagram, slurm: &Slurm, 
     }
 }
 
-/// One look at the outbox: fix the ends that need slurmctld's word, and (`dispatch`) hand
-/// the events to the workers.
-/// `synced`: the pending files (name, seq) already made durable.
+/// One look at the outbox: the new files go to the sync thread, the ends that need
+/// slurmctld's word to the settler, and (`dispatch`) the rest to the workers.
 fn scan(
     sh: &Shared,
     outbox: &Outbox,
@@ -404,23 +426,72 @@ fn scan(
         .iter()
         .map(|e| (e.item.file_name(), e.seq))
         .collect();
-    let busy: HashSet<String> = lock(sh).busy.clone();
+    let (busy, settling) = {
+        let st = lock(sh);
+        (st.busy.clone(), st.settling.clone())
+    };
+    // An end is settled even while its job's RUNNING is being sent (its pending file is
+    // not the one in flight): it is ready the moment the RUNNING is delivered.
     let (provisional, ready): (Vec<Event>, Vec<Event>) = pending
         .into_iter()
-        .filter(|e| !busy.contains(&e.item.file_name()))
+        .filter(|e| !settling.contains(&e.item.file_name()))
         .partition(|e| e.resolve.is_some());
-    // What needs no word from slurmctld goes out first (RUNNING never waits for an end).
+    // What needs no word from slurmctld goes out at once (RUNNING never waits for an end).
     if dispatch {
-        hand_out(sh, ready);
+        hand_out(
+            sh,
+            ready
+                .into_iter()
+                .filter(|e| !busy.contains(&e.item.file_name()))
+                .collect(),
+        );
     }
     if provisional.is_empty() {
         return;
     }
-    // Ends: one slurmctld call for all of them, at most every END_STATE_GAP, so a burst of
-    // epilogs costs slurmctld a few calls, not one per wake-up.
-    if let Some(t) = ds.last_ask {
-        std::thread::sleep(END_STATE_GAP.saturating_sub(t.elapsed()));
+    lock(sh)
+        .settling
+        .extend(provisional.iter().map(|e| e.item.file_name()));
+    if let Err(back) = ds.settler.send(provisional) {
+        // No settler thread: settled here, then.
+        settle_batch(sh, outbox, slurm, back.0, &ds.syncer);
     }
+}
+
+/// The settler thread: asks slurmctld how the queued ends ended, a batch at a time (every
+/// end queued while it asked, or while it waited out [`END_STATE_GAP`], is in the next
+/// batch), and hands the settled events to the workers.
+fn settle_loop(
+    sh: &Shared,
+    outbox: &Outbox,
+    slurm: &Slurm,
+    ends: &std::sync::mpsc::Receiver<Vec<Event>>,
+    syncer: &Sender_<Vec<String>>,
+) {
+    let mut last_ask: Option<Instant> = None;
+    while let Ok(mut batch) = ends.recv() {
+        if let Some(t) = last_ask {
+            std::thread::sleep(END_STATE_GAP.saturating_sub(t.elapsed()));
+        }
+        while let Ok(more) = ends.try_recv() {
+            batch.extend(more);
+        }
+        last_ask = Some(Instant::now());
+        settle_batch(sh, outbox, slurm, batch, syncer);
+    }
+}
+
+/// One question to slurmctld for `provisional` (the ends), their records fixed and made
+/// durable (by the sync thread), then handed out. The ones that changed meanwhile (`resolve`
+/// found another event) are left to the next scan.
+fn settle_batch(
+    sh: &Shared,
+    outbox: &Outbox,
+    slurm: &Slurm,
+    provisional: Vec<Event>,
+    syncer: &Sender_<Vec<String>>,
+) {
+    let names: Vec<String> = provisional.iter().map(|e| e.item.file_name()).collect();
     let ids: Vec<String> = provisional
         .iter()
         .filter_map(|e| match &e.item {
@@ -428,19 +499,29 @@ fn scan(
             _ => None,
         })
         .collect();
+    let asked = Instant::now();
     let ctl = end_states(slurm, &ids, END_STATE_TIMEOUT);
-    ds.last_ask = Some(Instant::now());
+    log::debug!(
+        "settle: {} end(s) asked about in one call ({} ms)",
+        ids.len(),
+        asked.elapsed().as_millis()
+    );
     let settled: Vec<Event> = provisional
         .into_iter()
         .filter_map(|ev| resolve(outbox, ev, &ctl))
         .collect();
-    let names: Vec<String> = settled.iter().map(|e| e.item.file_name()).collect();
-    if let Err(unsent) = ds.syncer.send(names) {
+    let files: Vec<String> = settled.iter().map(|e| e.item.file_name()).collect();
+    if let Err(unsent) = syncer.send(files) {
         outbox.sync_files(&unsent.0);
     }
-    if dispatch {
-        hand_out(sh, settled);
+    let changed = settled.len() < names.len();
+    // Sent once any pause is over (the workers wait it out).
+    hand_out(sh, settled);
+    let mut st = lock(sh);
+    for n in &names {
+        st.settling.remove(n);
     }
+    st.rescan |= changed;
 }
 
 /// Queues events for the workers (each key once).

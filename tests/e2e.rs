@@ -604,9 +604,11 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
     let _restore = Restore(&["start-slurmd", "n4"]);
     // down* is where it stays (idle* lasts only until SlurmdTimeout, 5 s here: a state read
     // there could change between inventory's sinfo and this test's).
-    wait_until("n4 to be down and not responding", Duration::from_secs(60), || {
-        node_state("n4") == "down*"
-    });
+    wait_until(
+        "n4 to be down and not responding",
+        Duration::from_secs(60),
+        || node_state("n4") == "down*",
+    );
     let out = Command::new(&f.bin).args(["inventory"]).output().unwrap();
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
@@ -1480,4 +1482,73 @@ fn dry_run_bodies(text: &str) -> Vec<Value> {
         bodies.push(serde_json::from_str(&cur).unwrap_or_else(|e| panic!("{e}: {cur}")));
     }
     bodies
+}
+
+/// PrologSlurmctld only, no EpilogSlurmctld (README, "Without EpilogSlurmctld"): nothing of
+/// cvslurm's runs when a job ends, and the service's reconciliation sends each end from
+/// slurmctld's listing (or accounting, once slurmctld forgot the job), with Slurm's own state
+/// and times, one listing per pass however many jobs ended.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn prolog_only_set_up_ends_come_from_reconciliation() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let conf = PathBuf::from("/etc/slurm/slurm.conf");
+    let saved = fs::read_to_string(&conf).unwrap();
+    /// Puts slurm.conf back (and slurmctld on it) however the test ends.
+    struct PutBack(PathBuf, String);
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            let _ = fs::write(&self.0, &self.1);
+            let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+                .arg("restart-slurmctld")
+                .output();
+        }
+    }
+    let _put_back = PutBack(conf.clone(), saved.clone());
+    let without: String = saved
+        .lines()
+        .filter(|l| !l.starts_with("EpilogSlurmctld="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(
+        without, saved,
+        "the cluster has no EpilogSlurmctld to take away"
+    );
+    fs::write(&conf, &without).unwrap();
+    cluster_sh(&["restart-slurmctld"], &[]);
+    let ok = sbatch(&["-J", "e2e-prolog-only", "--wrap", "true"]);
+    let bad = sbatch(&["-J", "e2e-prolog-only", "--wrap", "exit 4"]);
+    for (id, state) in [(&ok, "JOB_STATE_COMPLETED"), (&bad, "JOB_STATE_FAILED")] {
+        let v = wait_job(f, id, state, Duration::from_secs(60));
+        let (start, end) = sacct_times(id);
+        assert_eq!(
+            (v["start_time"].as_str(), v["end_time"].as_str()),
+            (Some(start.as_str()), Some(end.as_str())),
+            "job {id}: Slurm's own times"
+        );
+        let states: Vec<Value> = job_events(f, id)
+            .iter()
+            .map(|j| j["state"].clone())
+            .collect();
+        assert_eq!(
+            states,
+            [json!("JOB_STATE_RUNNING"), json!(state)],
+            "job {id}"
+        );
+    }
+    let log = fs::read_to_string(&f.log_file).unwrap();
+    for (id, st) in [(&ok, "COMPLETED"), (&bad, "FAILED")] {
+        assert!(
+            log.contains(&format!(
+                "reconcile: job {} ended ({st}) but no epilog reported it",
+                key(id)
+            )),
+            "{log}"
+        );
+        assert!(
+            !log.contains(&format!("job {}: {st} queued", key(id))),
+            "an epilog ran for job {id}"
+        );
+    }
 }

@@ -429,6 +429,50 @@ fn check_looks_at_what_the_hook_is_not_its_name() {
     );
 }
 
+/// Without EpilogSlurmctld (the PrologSlurmctld-only set-up), `check` says the service sends
+/// the ends, and fails when `ReconcileInterval=0` would leave every end unsent.
+#[test]
+fn check_knows_the_prolog_only_set_up() {
+    for (extra, want) in [
+        (
+            "ReconcileInterval=5",
+            "ok   no EpilogSlurmctld: the PrologSlurmctld-only set-up; the service sends each job's end from slurmctld every 5 s (ReconcileInterval)",
+        ),
+        (
+            "ReconcileInterval=0",
+            "FAIL slurm.conf: no EpilogSlurmctld, and ReconcileInterval=0: no job's end would be sent",
+        ),
+        (
+            "ReconcileInterval=300",
+            "WARN ReconcileInterval=300 s without EpilogSlurmctld",
+        ),
+    ] {
+        let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), extra);
+        let link = site.link("cvslurm-hook");
+        let slurm_conf = site.dir.path().join("slurm.conf");
+        fs::write(
+            &slurm_conf,
+            format!(
+                "ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=root\nPrologSlurmctld={}\n",
+                link.display()
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(bin())
+            .arg("check")
+            .env("CVSLURM_CONF", &site.conf)
+            .env("SLURM_CONF", &slurm_conf)
+            .output()
+            .unwrap();
+        let text = stdout(&out);
+        assert!(text.contains(want), "{extra}: {text}");
+        assert!(
+            !text.contains("no EpilogSlurmctld: add"),
+            "{extra}: the set-up is not a missing hook: {text}"
+        );
+    }
+}
+
 /// A DiscoveryBcast copy runs only if it is byte for byte what inventory sent.
 #[test]
 fn broadcast_copy_verifies_itself() {

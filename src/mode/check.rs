@@ -358,8 +358,29 @@ fn slurm_user(ctx: &mut Context, r: &mut Report) {
 
 fn hooks(ctx: &mut Context, r: &mut Report) {
     let Some(sc) = &ctx.slurm_conf else { return };
-    for key in ["PrologSlurmctld", "EpilogSlurmctld"] {
-        check_hook(r, sc, key);
+    check_hook(r, sc, "PrologSlurmctld");
+    if !hook_programs(sc.all("EpilogSlurmctld")).is_empty() {
+        check_hook(r, sc, "EpilogSlurmctld");
+        return;
+    }
+    // No EpilogSlurmctld at all: the PrologSlurmctld-only set-up (install.sh --no-epilog),
+    // where the service's reconciliation sends the ends.
+    let Some(every) = ctx.cfg.as_ref().map(|c| c.reconcile_interval) else {
+        return;
+    };
+    if every.is_zero() {
+        r.fail("slurm.conf: no EpilogSlurmctld, and ReconcileInterval=0: no job's end would be sent; set ReconcileInterval=5 in cloudvision.conf (the PrologSlurmctld-only set-up: install.sh --no-epilog) or add EpilogSlurmctld=/opt/slurm/cloudvision/cvslurm-hook");
+        return;
+    }
+    r.ok(&format!(
+        "no EpilogSlurmctld: the PrologSlurmctld-only set-up; the service sends each job's end from slurmctld every {} s (ReconcileInterval)",
+        every.as_secs_f64()
+    ));
+    if every > std::time::Duration::from_secs(60) {
+        r.warn(&format!(
+            "ReconcileInterval={} s without EpilogSlurmctld: a job's end reaches CloudVision up to that long after it (install.sh --no-epilog sets 5)",
+            every.as_secs_f64()
+        ));
     }
 }
 

@@ -11,6 +11,8 @@ lists none of its tasks. Set-ups:
   noop        a /bin/sh script (`exit 0`) as both hooks
   service     cvslurm hooks, the cvslurm service running (the default set-up)
   direct      cvslurm hooks, no service: each hook asks slurmctld and sends itself
+  prolog      cvslurm as PrologSlurmctld only (no EpilogSlurmctld), the service running
+              with ReconcileInterval=2: it learns the ends from slurmctld's listing
 
 cvslurm set-ups run with the CloudVision stand-in answering at once and after 200 ms.
 It prints seconds, the ratio to the no-op hook, the events CloudVision accepted (2 per job,
@@ -21,11 +23,19 @@ event to CloudVision's 200 (p50/p99, from the service's log).
 running, median wall and CPU per call (through the rusage.c launcher), and without the
 service for comparison.
 
+`--rounds N` runs the whole list N times, interleaved (none, noop, service-0, ... then again),
+and reports each set-up's median: a single array run swings with whatever else the machine
+does (a missed scheduler pass costs a 30 s backfill wave), so one run settles nothing.
+
 Run as root, inside the cluster lock:
-  flock /var/lock/cvslurm-dev-cluster.lock tests/bench/array.py [--only LIST] [--tasks N]
-Environment: BENCH_BIN (default target/x86_64-unknown-linux-musl/release/cvslurm).
+  flock -o /var/lock/cvslurm-dev-cluster.lock tests/bench/array.py [--only LIST] [--tasks N] [--rounds N]
+Environment: BENCH_BIN (default target/x86_64-unknown-linux-musl/release/cvslurm);
+BENCH_LOG_LEVEL (cvslurm's LogLevel, default info; debug logs each end-state question);
+SLURM=22.05|24.11|26.05 (tests/cluster/cluster.sh: the Slurm release under test; its
+commands are the cluster's wrappers in /var/tmp/cvslurm-cluster/bin).
 """
 import argparse
+import calendar
 import json
 import os
 import pwd
@@ -44,6 +54,10 @@ STANDIN = os.path.join(ROOT, "tests/standin/cv_standin.py")
 BIN = os.path.abspath(os.environ.get(
     "BENCH_BIN", os.path.join(ROOT, "target/x86_64-unknown-linux-musl/release/cvslurm")))
 WORK = "/var/tmp/cvslurm-bench"
+# The set-ups that run cvslurm (and talk to the CloudVision stand-in).
+CVSLURM_KINDS = ("service", "direct", "prolog")
+# The cluster's Slurm commands (the release under test), for this script and the service.
+CLUSTER_BIN = "/var/tmp/cvslurm-cluster/bin"
 CONF = "/etc/slurm/cloudvision.conf"
 TOKEN = "bench-token"
 SLURM = pwd.getpwnam("slurm")
@@ -95,7 +109,7 @@ class Standin:
         self.proc.wait()
 
 
-def write_conf(standin, state_dir, log_file):
+def write_conf(standin, state_dir, log_file, extra=""):
     token = os.path.join(WORK, "cloudvision.token")
     with open(token, "w") as f:
         f.write(TOKEN + "\n")
@@ -104,7 +118,9 @@ def write_conf(standin, state_dir, log_file):
     with open(CONF, "w") as f:
         f.write("# cvslurm array benchmark (tests/bench/array.py)\n"
                 "ApiServer=127.0.0.1:%d\nApiTokenFile=%s\nCaFile=%s\nStateDir=%s\nLogFile=%s\n"
-                % (standin.port, token, standin.ca, state_dir, log_file))
+                "SlurmBinDir=%s\nLogLevel=%s\n%s"
+                % (standin.port, token, standin.ca, state_dir, log_file, CLUSTER_BIN,
+                   os.environ.get("BENCH_LOG_LEVEL", "info"), extra))
     os.chmod(CONF, 0o644)
 
 
@@ -123,7 +139,9 @@ def fresh_state(tag):
 
 def start_service(log_file, standin, nodes):
     proc = subprocess.Popen(
-        ["runuser", "-u", "slurm", "--", os.path.join(WORK, "cvslurm"), "inventory", "--monitor"],
+        # Nice=10, as packaging/cvslurm.service runs it.
+        ["runuser", "-u", "slurm", "--", "nice", "-n", "10", os.path.join(WORK, "cvslurm"),
+         "inventory", "--monitor"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     # Its first inventory runs srun on the nodes: wait until it is done, so it does not
@@ -137,13 +155,17 @@ def start_service(log_file, standin, nodes):
 
 
 def run_array(tasks, timeout):
-    out = sh(["sbatch", "--parsable", "--array=0-%d" % (tasks - 1), "-o", "/dev/null",
-              "-J", "bench", "--wrap", "true"]).stdout.strip()
+    r = sh(["sbatch", "--parsable", "--array=0-%d" % (tasks - 1), "-o", "/dev/null",
+            "-J", "bench", "--wrap", "true"], check=False)
+    if r.returncode != 0:
+        raise SystemExit("sbatch failed: " + r.stderr.strip())
+    out = r.stdout.strip()
     t0 = time.time()
     job = out.split(";")[0]
     while True:
-        left = sh(["squeue", "-h", "-r", "-j", job, "-o", "%i"], check=False).stdout.split()
-        if not left:
+        q = sh(["squeue", "-h", "-r", "-j", job, "-o", "%i"], check=False)
+        # A squeue that failed (slurmctld busy past MessageTimeout) says nothing: ask again.
+        if q.returncode == 0 and not q.stdout.split():
             return time.time() - t0, job
         if time.time() - t0 > timeout:
             sh(["scancel", job], check=False)
@@ -161,6 +183,11 @@ def events(standin):
     return per
 
 
+def epoch(utc):
+    """`YYYY-MM-DDTHH:MM:SSZ` → Unix seconds."""
+    return calendar.timegm(time.strptime(utc, "%Y-%m-%dT%H:%M:%SZ"))
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100.0 * (len(xs) - 1))))] if xs else None
@@ -172,11 +199,16 @@ def setup(kind, delay, tasks, timeout, standins):
     hook = {"none": "", "noop": os.path.join(WORK, "noop-hook.sh")}.get(
         kind, os.path.join(WORK, "cvslurm-hook"))
     res = {"setup": tag}
-    standin = standins.get(delay)
+    standin = standins.get(delay) if kind in CVSLURM_KINDS else None
     state_dir, log_file = fresh_state(tag)
     if standin:
-        write_conf(standin, state_dir, log_file)
-    env = dict(os.environ, CVSLURM_HOOK=hook, CLUSTER_NAME="bench", WITH_DBD="0")
+        write_conf(standin, state_dir, log_file,
+                   "ReconcileInterval=2\n" if kind == "prolog" else "")
+    # MinJobAge=300, Slurm's default (the test cluster's own is 5 s): slurmctld keeps ended
+    # jobs as long as on a production controller, so its listings are as large.
+    env = dict(os.environ, CVSLURM_HOOK=hook, CLUSTER_NAME="bench", WITH_DBD="0",
+               MIN_JOB_AGE="300",
+               CVSLURM_HOOKS="prolog" if kind == "prolog" else "both")
     if not hook:
         env.pop("CVSLURM_HOOK")
     log("%s: cluster up" % tag)
@@ -185,7 +217,7 @@ def setup(kind, delay, tasks, timeout, standins):
         raise SystemExit("cluster up failed:\n" + r.stderr[-3000:])
     service = None
     try:
-        if kind == "service":
+        if kind in ("service", "prolog"):
             service = start_service(log_file, standin, 4)
         if standin:
             standin.control("POST", "reset", {})
@@ -201,6 +233,12 @@ def setup(kind, delay, tasks, timeout, standins):
                     break
                 time.sleep(0.5)
             per = events(standin)
+            # From Slurm's end time (whole seconds) to CloudVision's 200, for every end.
+            res["after_end"] = [
+                r["time"] - epoch(r["body"]["end_time"])
+                for r in standin.control("GET", "requests")
+                if r.get("method") == "POST" and r.get("status") == 200
+                and r.get("path", "").endswith("JobConfig") and r["body"].get("end_time")]
             res["events"] = sum(len(v) for v in per.values())
             res["right"] = sum(1 for v in per.values()
                                if v == ["JOB_STATE_RUNNING", "JOB_STATE_COMPLETED"])
@@ -208,21 +246,13 @@ def setup(kind, delay, tasks, timeout, standins):
                                          if n.endswith(".json")]) \
                 if os.path.isdir(os.path.join(state_dir, "outbox")) else 0
             text = open(log_file, errors="replace").read()
-            found = re.findall(
-                r"outbox: delivered job \S+ (\S+) \(HTTP 200, (\d+) ms after", text)
-            delays = [int(ms) for _, ms in found]
-            if delays:
-                res["p50"], res["p99"] = pct(delays, 50), pct(delays, 99)
-                # RUNNING and the ends apart: an end also waits for its RUNNING and for the
-                # batch question to slurmctld.
-                for tag, pick in (("run", lambda st: st == "RUNNING"),
-                                  ("end", lambda st: st != "RUNNING")):
-                    d = [int(ms) for st, ms in found if pick(st)]
-                    if d:
-                        res[tag + "_p50"], res[tag + "_p99"] = pct(d, 50), pct(d, 99)
-            sent = [int(m) for m in re.findall(r": sent \S+ on .*\(HTTP 200, (\d+) ms\)", text)]
-            if sent:
-                res["hook_send_p50"], res["hook_send_p99"] = pct(sent, 50), pct(sent, 99)
+            # (state, ms) per delivery by the service: RUNNING and the ends apart, as an end
+            # also waits for its RUNNING and for the batch question to slurmctld.
+            res["delays"] = [(st, int(ms)) for st, ms in re.findall(
+                r"outbox: delivered job \S+ (\S+) \(HTTP 200, (\d+) ms after", text)]
+            # Without the service: each hook's own request time.
+            res["hook_sends"] = [int(m) for m in re.findall(
+                r": sent \S+ on .*\(HTTP 200, (\d+) ms\)", text)]
     finally:
         if service:
             service.terminate()
@@ -387,6 +417,67 @@ def burst(jobs, delay_ms, parallel=20):
         st.stop()
 
 
+def merge(results):
+    """One row per set-up over the rounds: median seconds (a stopped run counts as slower
+    than any finished one), every round's seconds, events and right jobs summed, delays
+    pooled."""
+    rows = {}
+    for r in results:
+        m = rows.setdefault(r["setup"], {"setup": r["setup"], "runs": [], "delays": [],
+                                         "hook_sends": [], "after_end": [], "events": 0,
+                                         "right": 0,
+                                         "counted": False})
+        m["runs"].append(r.get("seconds"))
+        m["delays"] += r.get("delays", [])
+        m["hook_sends"] += r.get("hook_sends", [])
+        m["after_end"] += r.get("after_end", [])
+        if "events" in r:
+            m["counted"] = True
+            m["events"] += r["events"]
+            m["right"] += r["right"]
+    for m in rows.values():
+        done = sorted(x for x in m["runs"] if x)
+        m["seconds"] = statistics.median(done + [float("inf")] * (len(m["runs"]) - len(done)))
+    return list(rows.values())
+
+
+def print_table(rows, tasks, timeout, rounds):
+    base = next((r["seconds"] for r in rows if r["setup"] == "noop"), None)
+    print("| set-up | seconds (median of %d) | each round | vs no-op hook | events accepted "
+          "| jobs RUNNING→COMPLETED | delay hook→200 p50 / p99: all; RUNNING; end "
+          "| job's end→200 p50 / p99 |" % rounds)
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        s = r["seconds"]
+        fin = s != float("inf")
+        secs = "%.1f" % s if fin else "> %d (stopped)" % timeout
+        each = ", ".join("%.1f" % x if x else "stopped" for x in r["runs"])
+        ratio = "%.2f×" % (s / base) if fin and base and base != float("inf") else "-"
+        n = len(r["runs"])
+        ev = "%d / %d" % (r["events"], 2 * tasks * n) if r["counted"] else "-"
+        right = "%d / %d" % (r["right"], tasks * n) if r["counted"] else "-"
+        d = r["delays"]
+        if d:
+            parts = []
+            for pick in (lambda st: True, lambda st: st == "RUNNING",
+                         lambda st: st != "RUNNING"):
+                xs = [ms for st, ms in d if pick(st)]
+                parts.append("%d / %d" % (pct(xs, 50), pct(xs, 99)) if xs else "-")
+            delay = "%s ms; %s; %s" % tuple(parts)
+        elif r["hook_sends"]:
+            delay = "in the hook: %d / %d ms" % (pct(r["hook_sends"], 50),
+                                                 pct(r["hook_sends"], 99))
+        else:
+            delay = "-"
+        ae = r["after_end"]
+        after = "%.1f / %.1f s" % (pct(ae, 50), pct(ae, 99)) if ae else "-"
+        if r["setup"].startswith("prolog") and d:
+            # Its ends are queued by the service itself: only the RUNNING delay is the hook's.
+            delay = "RUNNING %s ms" % delay.split("; ")[1]
+        print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (r["setup"], secs, each, ratio, ev,
+                                                             right, delay, after))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -394,12 +485,15 @@ def main():
     ap.add_argument("--timeout", type=float, default=300, help="seconds per array at most")
     ap.add_argument("--runs", type=int, default=200, help="hook calls for hookcost")
     ap.add_argument("--only", default="none,noop,service-0,service-200,direct-0,direct-200,hookcost")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the array set-ups this many times, interleaved; medians reported")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("array.py: run as root (it brings the test cluster up)")
     # A SIGTERM (timeout(1)) still brings the cluster down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     only = a.only.split(",")
+    os.environ["PATH"] = CLUSTER_BIN + ":" + os.environ.get("PATH", "/usr/bin:/bin")
     os.makedirs(WORK, exist_ok=True)
     os.chmod(WORK, 0o755)
     shutil.copy(BIN, os.path.join(WORK, "cvslurm"))
@@ -414,15 +508,18 @@ def main():
     standins = {}
     results = []
     try:
-        for item in only:
-            if item == "hookcost" or item.startswith("burst"):
-                continue
-            kind, _, d = item.partition("-")
-            delay = int(d or 0)
-            if kind in ("service", "direct") and delay not in standins:
-                standins[delay] = Standin(delay)
-            results.append(setup(kind, delay, a.tasks, a.timeout, standins))
-            log("%s: %s" % (item, results[-1]))
+        for rnd in range(a.rounds):
+            for item in only:
+                if item == "hookcost" or item.startswith("burst"):
+                    continue
+                kind, _, d = item.partition("-")
+                delay = int(d or 0)
+                if kind in CVSLURM_KINDS and delay not in standins:
+                    standins[delay] = Standin(delay)
+                r = setup(kind, delay, a.tasks, a.timeout, standins)
+                log("round %d, %s: %s" % (rnd + 1, item, {
+                    k: v for k, v in r.items() if k not in ("delays", "hook_sends", "after_end")}))
+                results.append(r)
     finally:
         for s in standins.values():
             s.stop()
@@ -431,27 +528,10 @@ def main():
         if saved is not None:
             with open(CONF, "w") as f:
                 f.write(saved)
-    base = next((r["seconds"] for r in results if r["setup"] == "noop" and r.get("seconds")), None)
     if results:
-        print("| set-up | seconds | vs no-op hook | events accepted | jobs RUNNING→COMPLETED | "
-              "delay hook→200 p50 / p99 |")
-        print("|---|---|---|---|---|---|")
-        for r in results:
-            s = r.get("seconds")
-            secs = "%.1f" % s if s else "> %d (stopped)" % a.timeout
-            ratio = "%.2f×" % (s / base) if s and base else "-"
-            ev = "%d / %d" % (r["events"], 2 * a.tasks) if "events" in r else "-"
-            right = "%d / %d" % (r["right"], a.tasks) if "right" in r else "-"
-            if "p50" in r:
-                delay = "%d / %d ms" % (r["p50"], r["p99"])
-                if "run_p50" in r and "end_p50" in r:
-                    delay += " (RUNNING %d / %d, end %d / %d)" % (
-                        r["run_p50"], r["run_p99"], r["end_p50"], r["end_p99"])
-            elif "hook_send_p50" in r:
-                delay = "in the hook: %d / %d ms" % (r["hook_send_p50"], r["hook_send_p99"])
-            else:
-                delay = "-"
-            print("| %s | %s | %s | %s | %s | %s |" % (r["setup"], secs, ratio, ev, right, delay))
+        print("Slurm %s, %d-task array, %d round(s)" % (
+            os.environ.get("SLURM", "22.05"), a.tasks, a.rounds))
+        print_table(merge(results), a.tasks, a.timeout, a.rounds)
     bursts = [b for b in only if b.startswith("burst")]
     if bursts:
         print()

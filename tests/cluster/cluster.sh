@@ -19,6 +19,7 @@
 # Environment:
 #   CVSLURM_CLUSTER_DIR  work dir (default /var/tmp/cvslurm-cluster)
 #   CVSLURM_HOOK         if set: PrologSlurmctld=EpilogSlurmctld=$CVSLURM_HOOK
+#   CVSLURM_HOOKS        which of the two get it: both (default) or prolog (PrologSlurmctld only)
 #   WITH_DBD=1           MariaDB + slurmdbd, AccountingStorageType=accounting_storage/slurmdbd
 #   CLUSTER_NAME         default cvtest
 #   MIN_JOB_AGE          default 5 (seconds a finished job stays visible to scontrol)
@@ -606,7 +607,8 @@ EOF
             printf 'AccountingStorageType=accounting_storage/none\n'
         fi
         if [[ -n "$hook" ]]; then
-            printf 'PrologSlurmctld=%s\nEpilogSlurmctld=%s\n' "$hook" "$hook"
+            printf 'PrologSlurmctld=%s\n' "$hook"
+            [[ "${CVSLURM_HOOKS:-both}" == prolog ]] || printf 'EpilogSlurmctld=%s\n' "$hook"
         fi
         printf '%s' "$nodelines"
         printf 'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n'

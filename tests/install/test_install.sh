@@ -234,6 +234,28 @@ else
 fi
 "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
 
+# ========== 6b. --no-epilog: PrologSlurmctld only, and back ==========
+E="$S/e"
+env_for "$E"
+base_conf >"$SLURM_CONF"
+sha_e="$(sha256sum <"$SLURM_CONF")"
+if run_install "$E/out.1" --no-epilog; then ok "--no-epilog installs"; else notok "--no-epilog installs" "$(tail -3 "$E/out.1")"; fi
+check "--no-epilog: our PrologSlurmctld line" grep -qxF "PrologSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK" "$SLURM_CONF"
+check "--no-epilog: no EpilogSlurmctld line" sh -c "! grep -qi '^[[:space:]]*epilogslurmctld' '$SLURM_CONF'"
+check "--no-epilog: the service sends the ends every 5 s" grep -qx "ReconcileInterval=5" "$SLURM_CONF_DIR/cloudvision.conf"
+check "--no-epilog: the final check passes and names the set-up" \
+    sh -c "grep -q 'all checks passed' '$E/out.1' && grep -q 'the PrologSlurmctld-only set-up' '$E/out.1'"
+cp "$SLURM_CONF" "$E/after1"
+run_install "$E/out.2" --no-epilog || true
+check "--no-epilog: second run no change" grep -qx "install.sh: no change" "$E/out.2"
+if run_install "$E/out.3"; then ok "without --no-epilog again: installs"; else notok "without --no-epilog again: installs" "$(tail -3 "$E/out.3")"; fi
+check "without --no-epilog again: both hooks" test "$(grep -c -- "^[PE][a-z]*logSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK\$" "$SLURM_CONF")" = 2
+if run_install "$E/out.4" --no-epilog --no-service; then notok "--no-epilog --no-service is refused"; else ok "--no-epilog --no-service is refused"; fi
+check "the refusal says why" grep -q "needs the cvslurm service" "$E/out.4"
+"$INSTALL" --uninstall --no-reconfigure >"$E/out.u" 2>&1 || true
+check "--no-epilog: uninstall restores slurm.conf byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_e"
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+
 # ========== 7. LIVE=1: the test cluster's /etc/slurm/slurm.conf, slurmctld restarted ==========
 # restarted NAME: slurmctld really restarted from the current slurm.conf and answering
 restarted() {
