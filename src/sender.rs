@@ -39,10 +39,15 @@ pub const WAKE_SOCKET: &str = "wake.sock";
 /// How often the dispatcher looks at the outbox even when nobody woke it.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(5);
 
-/// The shortest time between two end-state questions to slurmctld: under a burst of epilogs
-/// the ends queued meanwhile are asked for together, so slurmctld answers at most 20 such
-/// questions a second however many jobs end.
-pub const END_STATE_GAP: Duration = Duration::from_millis(50);
+/// The settler asks slurmctld once no end has come for this long (or at [`END_STATE_WAIT`]):
+/// not in the middle of a burst of epilogs. Its question (every job's JSON) holds slurmctld's
+/// job lock; asked while a wave of jobs ends, it would hold back the nodes' epilog-complete
+/// messages and the epilogs' own completions together, and the order they then take decides
+/// whether slurmctld schedules the freed CPUs at once (README, "Without EpilogSlurmctld").
+pub const END_STATE_QUIET: Duration = Duration::from_millis(100);
+
+/// The longest an end waits for a quiet moment before the settler asks anyway.
+pub const END_STATE_WAIT: Duration = Duration::from_millis(1000);
 
 /// The longest slurmctld may take to answer the batch end-state question.
 pub const END_STATE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -459,8 +464,8 @@ fn scan(
 }
 
 /// The settler thread: asks slurmctld how the queued ends ended, a batch at a time (every
-/// end queued while it asked, or while it waited out [`END_STATE_GAP`], is in the next
-/// batch), and hands the settled events to the workers.
+/// end queued until a quiet moment, see [`END_STATE_QUIET`], and every one queued while it
+/// asked, is in the batch), and hands the settled events to the workers.
 fn settle_loop(
     sh: &Shared,
     outbox: &Outbox,
@@ -468,15 +473,19 @@ fn settle_loop(
     ends: &std::sync::mpsc::Receiver<Vec<Event>>,
     syncer: &Sender_<Vec<String>>,
 ) {
-    let mut last_ask: Option<Instant> = None;
     while let Ok(mut batch) = ends.recv() {
-        if let Some(t) = last_ask {
-            std::thread::sleep(END_STATE_GAP.saturating_sub(t.elapsed()));
+        let by = Instant::now() + END_STATE_WAIT;
+        loop {
+            let left = by.saturating_duration_since(Instant::now());
+            match ends.recv_timeout(END_STATE_QUIET.min(left)) {
+                Ok(more) if !left.is_zero() => batch.extend(more),
+                Ok(more) => {
+                    batch.extend(more);
+                    break;
+                }
+                Err(_) => break, // quiet (or the dispatcher is gone)
+            }
         }
-        while let Ok(more) = ends.try_recv() {
-            batch.extend(more);
-        }
-        last_ask = Some(Instant::now());
         settle_batch(sh, outbox, slurm, batch, syncer);
     }
 }
