@@ -688,10 +688,12 @@ fn hanging_cloudvision_delays_no_job_and_loses_nothing() {
     let (f, _g) = exclusive();
     // Baseline: how long from allocation to the job's first command with CloudVision fine.
     let delay = |id: &str, stamp: &Path| -> f64 {
+        // The shell creates the file before `date` writes into it: wait for a whole number.
+        let read = || -> Option<f64> { fs::read_to_string(stamp).ok()?.trim().parse().ok() };
         wait_until("the job's stamp", Duration::from_secs(60), || {
-            stamp.exists()
+            read().is_some()
         });
-        let started: f64 = fs::read_to_string(stamp).unwrap().trim().parse().unwrap();
+        let started: f64 = read().unwrap();
         let out = stdout(&slurm("scontrol", &["show", "job", "-o", id]));
         let alloc: f64 = out
             .split_whitespace()
