@@ -103,14 +103,55 @@ impl Slurm {
         self.spawn_wait(cmd, name, args, timeout)
     }
 
+    /// Runs the command, and again (at most twice more, 0.5 s apart, within `timeout`) while
+    /// it fails the way a query does when slurmctld did not answer: nothing on stdout, or
+    /// stderr naming a lost connection. A busy slurmctld stops answering for a few seconds
+    /// now and then (clients give up after `MessageTimeout`); every command run here only
+    /// reads, so asking again is safe. A real answer (an unknown job's JSON error) is not
+    /// asked again.
     fn spawn_wait(
         &self,
-        mut cmd: Command,
+        cmd: Command,
         name: &str,
         args: &[&str],
         timeout: Duration,
     ) -> Result<Output, String> {
+        let by = std::time::Instant::now() + timeout;
+        let mut cmd = cmd;
         cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let left = by.saturating_duration_since(std::time::Instant::now());
+            let out = self.spawn_wait_once(&mut cmd, name, args, left)?;
+            let unanswered = !out.success
+                && (out.stdout.trim().is_empty()
+                    || [
+                        "Socket timed out",
+                        "Unable to contact slurm controller",
+                        "Zero Bytes were transmitted",
+                    ]
+                    .iter()
+                    .any(|m| out.stderr.contains(m)));
+            let left = by.saturating_duration_since(std::time::Instant::now());
+            if !unanswered || tries >= 3 || left < Duration::from_millis(1500) {
+                return Ok(out);
+            }
+            log::debug!(
+                "{name}: no answer from slurmctld ({}); asking again",
+                out.status
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn spawn_wait_once(
+        &self,
+        cmd: &mut Command,
+        name: &str,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<Output, String> {
         let shown = format!("{name} {}", args.join(" "));
         let child = cmd.spawn().map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -227,6 +268,36 @@ mod tests {
             .run("scontrol", &[], Duration::from_secs(1))
             .unwrap_err();
         assert!(e.starts_with("scontrol not found"), "{e}");
+    }
+
+    /// A query that got no answer (nothing printed) is asked again; a real answer is not.
+    #[test]
+    fn asks_again_when_slurmctld_did_not_answer() {
+        let dir = std::env::temp_dir().join(format!("cvslurm-retry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let count = dir.join("count");
+        let s = Slurm::new(Some(Path::new("/bin")));
+        // Fails silently the first time, answers the second.
+        let script = format!(
+            "if [ -e {c} ]; then echo answered; else : > {c}; exit 1; fi",
+            c = count.display()
+        );
+        let out = s
+            .run("sh", &["-c", &script], Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(out, "answered\n");
+        // An error Slurm explains on stdout is final: one run only.
+        let _ = std::fs::remove_file(&count);
+        let script = format!(
+            "echo run >> {c}; echo '{{\"errors\":[1]}}'; exit 1",
+            c = count.display()
+        );
+        let out = s
+            .run_json("sh", &["-c", &script], Duration::from_secs(10))
+            .unwrap();
+        assert!(!out.success);
+        assert_eq!(std::fs::read_to_string(&count).unwrap(), "run\n");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
