@@ -461,7 +461,38 @@ pub fn job_gpus(slurm: &Slurm, job_id: &str, timeout: Duration) -> Result<JobGpu
 
 /// Looks up the cluster name with `scontrol show config`.
 pub fn cluster_name(slurm: &Slurm, timeout: Duration) -> Result<String, String> {
-    let out = slurm.run("scontrol", &["show", "config"], timeout)?;
+    let out = match slurm.run("scontrol", &["show", "config"], timeout) {
+        Ok(out) => out,
+        Err(e) => {
+            // slurmctld did not answer: slurm.conf says the same name.
+            let path = std::env::var_os("SLURM_CONF")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| crate::slurm_conf::DEFAULT_SLURM_CONF.into());
+            let list_dir = |d: &std::path::Path| -> Vec<std::path::PathBuf> {
+                std::fs::read_dir(d)
+                    .map(|it| it.filter_map(|e| e.ok().map(|e| e.path())).collect())
+                    .unwrap_or_default()
+            };
+            let named = crate::slurm_conf::parse_slurm_conf(
+                &path,
+                &|p: &std::path::Path| std::fs::read_to_string(p),
+                &list_dir,
+            )
+            .ok()
+            .and_then(|c| {
+                c.last("ClusterName")
+                    .map(|s| s.value.trim().to_ascii_lowercase())
+            })
+            .filter(|n| !n.is_empty());
+            return match named {
+                Some(n) => {
+                    log::warn!("{e}; ClusterName {n} taken from {}", path.display());
+                    Ok(n)
+                }
+                None => Err(e),
+            };
+        }
+    };
     parse_cluster_name(&out).ok_or_else(|| {
         "ClusterName is not set in slurm.conf (scontrol show config); set it, CloudVision needs a cluster name".to_string()
     })
