@@ -465,25 +465,14 @@ pub fn cluster_name(slurm: &Slurm, timeout: Duration) -> Result<String, String> 
         Ok(out) => out,
         Err(e) => {
             // slurmctld did not answer: slurm.conf says the same name.
-            let path = std::env::var_os("SLURM_CONF")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(|| crate::slurm_conf::DEFAULT_SLURM_CONF.into());
-            let list_dir = |d: &std::path::Path| -> Vec<std::path::PathBuf> {
-                std::fs::read_dir(d)
-                    .map(|it| it.filter_map(|e| e.ok().map(|e| e.path())).collect())
-                    .unwrap_or_default()
-            };
-            let named = crate::slurm_conf::parse_slurm_conf(
-                &path,
-                &|p: &std::path::Path| std::fs::read_to_string(p),
-                &list_dir,
-            )
-            .ok()
-            .and_then(|c| {
-                c.last("ClusterName")
-                    .map(|s| s.value.trim().to_ascii_lowercase())
-            })
-            .filter(|n| !n.is_empty());
+            let path = crate::slurm_conf::slurm_conf_path();
+            let named = crate::slurm_conf::load_slurm_conf(&path)
+                .ok()
+                .and_then(|c| {
+                    c.last("ClusterName")
+                        .map(|s| s.value.trim().to_ascii_lowercase())
+                })
+                .filter(|n| !n.is_empty());
             return match named {
                 Some(n) => {
                     log::warn!("{e}; ClusterName {n} taken from {}", path.display());

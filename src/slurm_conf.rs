@@ -44,6 +44,23 @@ impl SlurmConf {
     }
 }
 
+/// slurm.conf's path: `$SLURM_CONF` (when set and not empty), else [`DEFAULT_SLURM_CONF`].
+pub fn slurm_conf_path() -> PathBuf {
+    std::env::var_os("SLURM_CONF")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_SLURM_CONF), PathBuf::from)
+}
+
+/// Reads slurm.conf at `path` from the file system, `Include`s followed.
+pub fn load_slurm_conf(path: &Path) -> Result<SlurmConf, String> {
+    let list_dir = |d: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(d)
+            .map(|it| it.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default()
+    };
+    parse_slurm_conf(path, &|p: &Path| std::fs::read_to_string(p), &list_dir)
+}
+
 /// Reads slurm.conf at `path`, following `Include` lines (relative to the including file's
 /// directory, `*`/`?` wildcards allowed), with `read` doing the reading (tests pass a map).
 pub fn parse_slurm_conf(

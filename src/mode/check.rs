@@ -8,7 +8,7 @@
 
 use crate::cloudvision::{Client, ClientOptions};
 use crate::config::{Config, Token};
-use crate::slurm_conf::{hook_programs, parse_slurm_conf, SlurmConf, DEFAULT_SLURM_CONF};
+use crate::slurm_conf::{hook_programs, SlurmConf};
 use argh::FromArgs;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -261,9 +261,7 @@ pub struct Args {
 pub fn run(a: Args) -> i32 {
     let mut ctx = Context {
         config_arg: a.config,
-        slurm_conf_path: std::env::var_os("SLURM_CONF")
-            .filter(|p| !p.is_empty())
-            .map_or_else(|| PathBuf::from(DEFAULT_SLURM_CONF), PathBuf::from),
+        slurm_conf_path: crate::slurm_conf::slurm_conf_path(),
         ..Context::default()
     };
     let mut r = Report { failed: 0 };
@@ -300,16 +298,7 @@ fn config_loads(ctx: &mut Context, r: &mut Report) {
 }
 
 fn slurm_conf_parses(ctx: &mut Context, r: &mut Report) {
-    let list_dir = |d: &Path| -> Vec<PathBuf> {
-        fs::read_dir(d)
-            .map(|it| it.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default()
-    };
-    match parse_slurm_conf(
-        &ctx.slurm_conf_path,
-        &|p: &Path| fs::read_to_string(p),
-        &list_dir,
-    ) {
+    match crate::slurm_conf::load_slurm_conf(&ctx.slurm_conf_path) {
         Ok(sc) => {
             for p in &sc.problems {
                 r.fail(&format!("slurm.conf: {p}: fix or remove that Include line"));
