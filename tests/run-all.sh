@@ -64,7 +64,14 @@ version_suites() { # VERSION
   SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
     cargo test --release --test e2e -- --ignored --test-threads=4 2>&1 \
     | tee "$LOG_DIR/e2e-$v.log" | grep -E '^(test |test result|failures:|---- |\[e2e\])'
-  [ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/e2e-$v.log"; failures+=("$v: end-to-end tests"); }
+  if [ "${PIPESTATUS[0]}" != 0 ]; then
+    failure_details "$LOG_DIR/e2e-$v.log"; failures+=("$v: end-to-end tests")
+    # What slurmctld said meanwhile: a failure that is Slurm's shows there.
+    cp -r "${CVSLURM_CLUSTER_DIR:-/var/tmp/cvslurm-cluster}/log" "$LOG_DIR/cluster-log-$v" 2>/dev/null
+    echo "-- slurmctld.log, errors and last lines (all logs: $LOG_DIR/cluster-log-$v)"
+    { grep -E 'error|fatal|timed out|very large processing time' "$LOG_DIR/cluster-log-$v/slurmctld.log" | tail -40
+      tail -20 "$LOG_DIR/cluster-log-$v/slurmctld.log"; } 2>/dev/null
+  fi
   for p in /var/tmp/cvslurm-e2e/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
   rm -f /etc/slurm/cloudvision.conf
