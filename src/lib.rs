@@ -19,6 +19,7 @@ pub mod outbox;
 pub mod payload;
 pub mod privilege;
 pub mod reconcile;
+pub mod resend;
 pub mod runner;
 pub mod sender;
 pub mod slurm;

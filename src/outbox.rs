@@ -21,9 +21,10 @@
 use crate::payload::{JobConfig, NodeConfig};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -197,6 +198,9 @@ pub struct Outbox {
     /// service's reconciliation never sends a RUNNING for a job whose end is already out.
     delivered_ends: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
 }
+
+/// A node record file's inode, modification time and size ([`Outbox::node_record_stamps`]).
+pub type RecordStamp = (u64, SystemTime, u64);
 
 /// How long [`Outbox::recently_ended`] remembers a delivered end: far longer than a job
 /// stays listed as running after it ended.
@@ -481,6 +485,47 @@ impl Outbox {
         list_dir(&self.dir("rejected")).len()
     }
 
+    /// Queues a running job's RUNNING again (its nodes' interfaces changed), only while that
+    /// cannot reach CloudVision after the job's end. Checked under the outbox lock, which
+    /// every writer and the sender's moves take: the job's start record is still there (an
+    /// epilog queues the end before it drops the record), and nothing of the key is pending
+    /// (a pending RUNNING is enriched when sent anyway; a pending end must stay last), in
+    /// flight, or delivered as an end by this process. True when queued.
+    pub fn enqueue_resend(&self, ev: &Event) -> Result<bool, String> {
+        let Item::Job { job } = &ev.item else {
+            return Err("only a job's RUNNING is resent".into());
+        };
+        if job.state != crate::payload::JobState::Running {
+            return Err("only a job's RUNNING is resent".into());
+        }
+        self.ensure_dirs()?;
+        let name = ev.item.file_name();
+        let path = self.dir("outbox").join(&name);
+        let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
+        let tmp = write_tmp(&path, &bytes, self.owner, true)?;
+        let res = (|| {
+            let _lock = self.lock()?;
+            let ended = self
+                .delivered_ends
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&job.key.id);
+            let busy = path.exists() || self.dir("inflight").join(&name).exists();
+            let started = self.dir("jobs").join(safe_name(&job.key.id)).exists();
+            if ended || busy || !started {
+                return Ok(false);
+            }
+            fs::rename(&tmp, &path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Ok(true)
+        })();
+        if !matches!(res, Ok(true)) {
+            let _ = fs::remove_file(&tmp);
+        } else {
+            sync_dir(&self.dir("outbox"));
+        }
+        res
+    }
+
     /// Takes a pending event for sending: moves it to `inflight/` if it is still the pending
     /// one. `None` when it was replaced or taken meanwhile.
     pub fn take(&self, ev: &Event) -> Result<Option<Event>, String> {
@@ -672,6 +717,23 @@ impl Outbox {
             ));
         }
         Ok(Some(rec))
+    }
+
+    /// The nodes with a record in StateDir, each with its file's inode, modification time and
+    /// size: a cheap way to notice a record that changed (see [`crate::resend`]). Records are
+    /// replaced by a rename, so a rewrite always shows a new inode, even within one clock tick.
+    pub fn node_record_stamps(&self) -> BTreeMap<String, RecordStamp> {
+        list_dir(&self.dir("nodes"))
+            .into_iter()
+            .filter_map(|p| {
+                let m = fs::symlink_metadata(&p).ok()?;
+                if !m.file_type().is_file() {
+                    return None;
+                }
+                let stem = p.file_name()?.to_str()?.strip_suffix(".json")?;
+                Some((unsafe_name(stem), (m.ino(), m.modified().ok()?, m.len())))
+            })
+            .collect()
     }
 
     /// Forgets a node's record (it left the cluster).
@@ -1061,6 +1123,44 @@ mod tests {
         let d = std::env::temp_dir().join(format!("cvslurm-outbox-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         d
+    }
+
+    /// A resend is queued only for a job still recorded as started, with nothing of it
+    /// pending or in flight, and whose end this process has not delivered.
+    #[test]
+    fn a_resend_never_follows_the_jobs_end() {
+        let d = tmpdir("resend");
+        let ob = Outbox::new(&d);
+        let run = || Event::new(job("7@c", JobState::Running), (0, 0));
+        // Not reported by a hook (no start record): not resent.
+        assert_eq!(ob.enqueue_resend(&run()), Ok(false));
+        ob.save_start("7@c", 100).unwrap();
+        assert_eq!(ob.enqueue_resend(&run()), Ok(true));
+        // Its RUNNING pending: not a second one.
+        assert_eq!(ob.enqueue_resend(&run()), Ok(false));
+        let first = ob.pending().remove(0);
+        // In flight: not resent either.
+        let taken = ob.take(&first).unwrap().unwrap();
+        assert_eq!(ob.enqueue_resend(&run()), Ok(false));
+        ob.finish(&taken, Finish::Delivered).unwrap();
+        assert_eq!(ob.enqueue_resend(&run()), Ok(true));
+        let again = ob.pending().remove(0);
+        let taken = ob.take(&again).unwrap().unwrap();
+        ob.finish(&taken, Finish::Delivered).unwrap();
+        // The end queued: never a RUNNING after it, pending or delivered, even with the
+        // start record still there (an epilog drops it after queueing the end).
+        let end = Event::new(job("7@c", JobState::Completed), (0, 1));
+        ob.enqueue(&end).unwrap();
+        assert_eq!(ob.enqueue_resend(&run()), Ok(false));
+        let end = ob.pending().remove(0);
+        let taken = ob.take(&end).unwrap().unwrap();
+        ob.finish(&taken, Finish::Delivered).unwrap();
+        assert!(ob.started_jobs().iter().any(|(k, _, _)| k == "7@c"));
+        assert_eq!(ob.enqueue_resend(&run()), Ok(false));
+        assert!(ob.pending().is_empty());
+        // Only RUNNING is resent.
+        assert!(ob.enqueue_resend(&end).is_err());
+        let _ = fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -55,7 +55,7 @@ fn final_records(slurm: &Slurm, listing: &[JobInfo], ids: &[String]) -> HashMap<
 }
 
 /// Is the job on its nodes: running, suspended, configuring or completing.
-fn is_running(j: &JobInfo) -> bool {
+pub(crate) fn is_running(j: &JobInfo) -> bool {
     matches!(
         j.state.as_str(),
         "RUNNING" | "SUSPENDED" | "CONFIGURING" | "COMPLETING"

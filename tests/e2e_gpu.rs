@@ -53,8 +53,9 @@ impl Drop for Down {
 /// Makes `node` a DGX A100 for the processes its slurmd starts: a generated tree (NIC MACs
 /// starting with `mac_prefix`) bind-mounted over `/sys` (keeping the real `/sys/fs`, where
 /// the cgroups are) and `/proc/driver`, in slurmd's own mount namespace only.
+/// A second call stacks a new tree over the first (a NIC swap).
 fn mount_topology(node: &str, mac_prefix: &str) {
-    let dir = PathBuf::from(WORK).join(format!("topo-{node}"));
+    let dir = PathBuf::from(WORK).join(format!("topo-{node}-{}", mac_prefix.replace(':', "")));
     let st = Command::new("bash")
         .arg(repo().join("tests/fixtures/topology/gen.sh"))
         .arg("dgx-a100")
@@ -156,7 +157,8 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     let site = Site::new(
         &cv.server(),
         &cv.ca(),
-        "SlurmBinDir=/usr/bin\nJobInterfaces=auto\nInterfaceRequireIp=no\nDiscoveryTimeout=30",
+        "SlurmBinDir=/usr/bin\nJobInterfaces=auto\nInterfaceRequireIp=no\nDiscoveryTimeout=30\n\
+         PollInterval=1",
     );
 
     // Inventory: NodeConfigs as always (no topology in the payload), records in StateDir.
@@ -326,6 +328,61 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     );
     assert_eq!(strings(&job["interfaces"]["values"]), want_b, "{job}");
     assert!(job.get("nodes").is_none(), "{job}");
+
+    // The inventory changes while the jobs run: n1 is drained, its NICs are swapped (a new
+    // tree, other MACs), and it is resumed. The service rediscovers n1 when it comes back and
+    // sends its running jobs again, attributed from the new record; the job on n2 is left alone.
+    let scontrol = |args: &[&str]| {
+        let out = Command::new("scontrol").args(args).output().unwrap();
+        assert!(out.status.success(), "scontrol {args:?}: {}", stderr(&out));
+    };
+    scontrol(&["update", "nodename=n1", "state=drain", "reason=nic-swap"]);
+    let until = Instant::now() + Duration::from_secs(30);
+    while !site.log().contains("node n1: now drain") {
+        assert!(
+            Instant::now() < until,
+            "the service never saw n1 drained: {}",
+            site.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    mount_topology("n1", "02:ee:00:01");
+    scontrol(&["update", "nodename=n1", "state=resume"]);
+    let new_a = dgx_macs("02:ee:00:01", &gpus_of(&a, "n1"));
+    let new_b = dgx_macs("02:ee:00:01", &gpus_of(&b, "n1"));
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let jobs = cv.state()["jobs"].clone();
+        let got = |id: &str| {
+            jobs[format!("{id}@{CLUSTER}")]["interfaces"]["values"]
+                .as_array()
+                .map(|_| strings(&jobs[format!("{id}@{CLUSTER}")]["interfaces"]["values"]))
+        };
+        if got(&a).as_ref() == Some(&new_a) && got(&b).as_ref() == Some(&new_b) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "jobs {a} and {b} were not resent with n1's new MACs: {jobs}\n{}",
+            site.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = site.log();
+    for id in [&a, &b] {
+        assert!(
+            log.contains(&format!(
+                "job {id}@{CLUSTER}: the inventory of n1 changed; RUNNING queued again"
+            )),
+            "{log}"
+        );
+    }
+    assert!(
+        !log.contains(&format!("job {c}@{CLUSTER}: the inventory")),
+        "{log}"
+    );
+    let whole = cv.state()["jobs"][format!("{c}@{CLUSTER}")].clone();
+    assert_eq!(strings(&whole["nodes"]["values"]), ["n2"], "{whole}");
     drop(svc);
 
     let _ = Command::new("scancel").args([&a, &b, &c]).status();

@@ -540,6 +540,12 @@ impl Inventory<'_> {
         let every = |d: Duration| (!d.is_zero()).then_some(d);
         let mut next_reconcile = Instant::now();
         let mut next_reassert = every(self.cfg.node_reassert_interval).map(|d| Instant::now() + d);
+        let follow_records = self.cfg.job_interfaces != crate::attribution::JobInterfaces::Nodes;
+        let mut records = crate::resend::RecordWatch::default();
+        let mut resend_on: BTreeSet<String> = BTreeSet::new();
+        if follow_records {
+            records.changed(outbox);
+        }
         while !self.stop.load(Ordering::Relaxed) {
             systemd::notify("WATCHDOG=1");
             if next_reassert.is_some_and(|t| Instant::now() >= t) {
@@ -554,6 +560,10 @@ impl Inventory<'_> {
             }
             if Instant::now() >= next_poll {
                 self.poll(&mut known, outbox);
+                if follow_records {
+                    resend_on.extend(records.changed(outbox));
+                    self.resend(&mut resend_on, outbox);
+                }
                 sender.wake();
                 next_poll = Instant::now() + self.cfg.poll_interval;
             }
@@ -578,6 +588,26 @@ impl Inventory<'_> {
         log::info!("stopping");
         systemd::notify("STOPPING=1");
         0
+    }
+
+    /// Queues the RUNNING again of the running jobs on nodes whose record changed (see
+    /// [`crate::resend`]); the nodes stay in `nodes` until slurmctld could be asked.
+    fn resend(&self, nodes: &mut BTreeSet<String>, outbox: &Outbox) {
+        if nodes.is_empty() {
+            return;
+        }
+        match crate::resend::resend_running_on(self.cfg, &self.slurm, &self.cluster, outbox, nodes)
+        {
+            Ok(n) => {
+                if n > 0 {
+                    log::info!(
+                        "{n} running job(s) queued again: the inventory of their nodes changed"
+                    );
+                }
+                nodes.clear();
+            }
+            Err(e) => log::error!("cannot resend the jobs on changed nodes yet: {e}"),
+        }
     }
 
     /// One monitor poll: discover nodes that appeared, came back or are due for re-assertion;
