@@ -24,6 +24,7 @@
 #   CLUSTER_NAME         default cvtest
 #   MIN_JOB_AGE          default 5 (seconds a finished job stays visible to scontrol)
 #   SLURMD_TIMEOUT       default 5 (seconds until a silent slurmd makes its node DOWN)
+#   SLURMCTLD_DEBUG      default info (slurmctld's log level: debug, debug2, … to see its RPCs)
 #   WITH_GPUS=1          8 GPUs per static node as GRES (gres.conf over device nodes in the work dir)
 #   FORCE=1              overwrite an unmanaged /etc/slurm/slurm.conf (backed up, restored on down)
 #   SLURM                22.05 (default: the host's Debian 12 packages), 24.11 (Debian trixie) or
@@ -574,7 +575,7 @@ SlurmctldPidFile=$W/run/slurmctld.pid
 SlurmdPidFile=$W/run/slurmd-%n.pid
 SlurmctldLogFile=$W/log/slurmctld.log
 SlurmdLogFile=$W/log/slurmd-%n.log
-SlurmctldDebug=info
+SlurmctldDebug=${SLURMCTLD_DEBUG:-info}
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
