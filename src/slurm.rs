@@ -275,8 +275,9 @@ pub struct SinfoNode {
 }
 
 impl SinfoNode {
-    /// Idle, allocated, mixed or completing, with no flag that says it is not responding,
-    /// powered down, powering up, rebooting or failing.
+    /// Idle, allocated, mixed, completing or planned (idle, held by the backfill scheduler for
+    /// a pending job), with no flag that says it is not responding, powered down, powering up,
+    /// rebooting or failing.
     pub fn available(&self) -> bool {
         node_state_available(&self.state)
     }
@@ -288,7 +289,7 @@ pub fn node_state_available(state: &str) -> bool {
     base.len() == state.len()
         && matches!(
             base.to_ascii_lowercase().as_str(),
-            "idle" | "allocated" | "mixed" | "completing"
+            "idle" | "allocated" | "mixed" | "completing" | "planned"
         )
 }
 
@@ -557,7 +558,7 @@ mod tests {
 
     #[test]
     fn node_states() {
-        for s in ["idle", "allocated", "mixed", "completing"] {
+        for s in ["idle", "allocated", "mixed", "completing", "planned"] {
             assert!(node_state_available(s), "{s}");
         }
         for s in [
@@ -571,6 +572,7 @@ mod tests {
             "idle%",
             "mixed!",
             "allocated*",
+            "planned*",
             "unknown",
             "future",
         ] {

@@ -225,8 +225,19 @@ mount_rootfs() {
         mountpoint -q "$R$p" || mount --bind "$p" "$R$p"
         done_paths+=("$p")
     done < <(shared_paths | awk '{ print length($0), $0 }' | sort -n | cut -d' ' -f2-)
-    # the host's names, so munged and slurmctld resolve the controller as on the host
-    cp /etc/hosts "$R/etc/hosts"
+    # the host's names, so munged and slurmctld resolve the controller as on the host; and
+    # every cluster address, because slurmctld 24.11+ names the host of each allocation and
+    # submission by a reverse lookup of its peer address: left to DNS, one dropped query costs
+    # 5 s (resolv.conf's timeout), MessageTimeout here, and srun or sbatch gives up with
+    # "Socket timed out on send/recv operation" (measured: 100 concurrent lookups of
+    # 10.99.0.1 against this machine's resolver, the slowest took 5.1 s)
+    {
+        cat /etc/hosts
+        echo "$MARKER"
+        echo "$BRIDGE_IP $CTLD_HOST"
+        local i
+        for ((i = 1; i <= 64; i++)); do echo "$(node_ip "$i") n$i"; done
+    } >"$R/etc/hosts"
 }
 
 umount_rootfs() { # everything mounted under $1, deepest first
