@@ -396,23 +396,11 @@ fn check_looks_at_what_the_hook_is_not_its_name() {
     .unwrap();
     fs::set_permissions(&py, fs::Permissions::from_mode(0o755)).unwrap();
     let link = site.link("cvslurm-hook");
-    let slurm_conf = site.dir.path().join("slurm.conf");
-    fs::write(
-        &slurm_conf,
-        format!(
-            "ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=root\nPrologSlurmctld={}\nEpilogSlurmctld={}\n",
-            py.display(),
-            link.display()
-        ),
-    )
-    .unwrap();
-    let out = std::process::Command::new(bin())
-        .arg("check")
-        .env("CVSLURM_CONF", &site.conf)
-        .env("SLURM_CONF", &slurm_conf)
-        .output()
-        .unwrap();
-    let text = stdout(&out);
+    let text = site.check_with_slurm_conf(&format!(
+        "ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=root\nPrologSlurmctld={}\nEpilogSlurmctld={}\n",
+        py.display(),
+        link.display()
+    ));
     assert!(
         text.contains(&format!(
             "FAIL PrologSlurmctld: {} is a Python script that does not call cvslurm-hook",
@@ -449,22 +437,10 @@ fn check_knows_the_prolog_only_set_up() {
     ] {
         let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), extra);
         let link = site.link("cvslurm-hook");
-        let slurm_conf = site.dir.path().join("slurm.conf");
-        fs::write(
-            &slurm_conf,
-            format!(
-                "ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=root\nPrologSlurmctld={}\n",
-                link.display()
-            ),
-        )
-        .unwrap();
-        let out = std::process::Command::new(bin())
-            .arg("check")
-            .env("CVSLURM_CONF", &site.conf)
-            .env("SLURM_CONF", &slurm_conf)
-            .output()
-            .unwrap();
-        let text = stdout(&out);
+        let text = site.check_with_slurm_conf(&format!(
+            "ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=root\nPrologSlurmctld={}\n",
+            link.display()
+        ));
         assert!(text.contains(want), "{extra}: {text}");
         assert!(
             !text.contains("no EpilogSlurmctld: add"),

@@ -296,6 +296,22 @@ impl Site {
         (out, t.elapsed())
     }
 
+    /// Runs `cvslurm check` with this site's config and a slurm.conf holding `slurm_conf`
+    /// (written in the site's directory); returns what it printed.
+    pub fn check_with_slurm_conf(&self, slurm_conf: &str) -> String {
+        let path = self.dir.path().join("slurm.conf");
+        fs::write(&path, slurm_conf).unwrap();
+        let out = Command::new(bin())
+            .arg("check")
+            .env_remove("CV_API_TOKEN")
+            .env_remove("CV_API_SERVER")
+            .env("CVSLURM_CONF", &self.conf)
+            .env("SLURM_CONF", &path)
+            .output()
+            .unwrap();
+        stdout(&out)
+    }
+
     /// Runs `cvslurm <args>` with this site's config.
     pub fn run(&self, args: &[&str]) -> Output {
         Command::new(bin())
