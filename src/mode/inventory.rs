@@ -227,6 +227,23 @@ impl Inventory<'_> {
                 }
                 Err(e) => log::warn!("discovery: cannot list the jobs on allocated nodes: {e}"),
             }
+            let through: Vec<String> = in_jobs
+                .iter()
+                .map(|(t, ns)| match t {
+                    Target::Job(j) => format!("job {j} ({})", crate::hostlist::compress(ns)),
+                    Target::Partition(p) => format!("partition {p}"),
+                })
+                .collect();
+            log::debug!(
+                "discovery: {} node(s) fully allocated ({}); reached through {}",
+                busy.len(),
+                crate::hostlist::compress(&busy),
+                if through.is_empty() {
+                    "no running job".to_string()
+                } else {
+                    through.join(", ")
+                }
+            );
         }
         let placed: BTreeSet<&String> = in_jobs.values().flatten().collect();
         let mut groups = in_jobs.clone();
