@@ -209,6 +209,29 @@ pub struct NodeConfig {
     pub data_interfaces: Values<DataInterface>,
 }
 
+/// The RUNNING record of a job Slurm lists as running, on `nodes`, started at `start` (epoch
+/// seconds): what a prolog would have sent (no `type`).
+pub fn running_job(
+    info: &crate::slurm::JobInfo,
+    cluster: &str,
+    start: i64,
+    nodes: Vec<String>,
+) -> JobConfig {
+    JobConfig {
+        key: Key {
+            id: format!("{}@{cluster}", info.job_id),
+        },
+        name: Some(job_name(&info.name, info.partition.as_deref())),
+        state: JobState::Running,
+        start_time: crate::timefmt::format_epoch(start),
+        end_time: None,
+        location: Some(cluster.to_string()),
+        job_type: None,
+        nodes: Some(nodes.into()),
+        interfaces: None,
+    }
+}
+
 /// Builds the JobConfig of a job Slurm described.
 pub fn job_config(info: &crate::slurm::JobInfo, cluster: &str) -> Result<JobConfig, String> {
     let state = JobState::from_slurm(&info.state).ok_or_else(|| {

@@ -13,7 +13,7 @@
 
 use crate::config::Config;
 use crate::outbox::{Event, Item, Outbox};
-use crate::payload::{JobConfig, JobState, Key};
+use crate::payload::JobState;
 use crate::runner::Slurm;
 
 use crate::slurm::JobInfo;
@@ -215,17 +215,7 @@ pub fn reconcile(
             _ => continue, // not placed yet
         };
         let start = j.start.unwrap_or_else(crate::timefmt::now_epoch);
-        let job = JobConfig {
-            key: Key { id: key.clone() },
-            name: Some(crate::payload::job_name(&j.name, j.partition.as_deref())),
-            state: JobState::Running,
-            start_time: format_epoch(start),
-            end_time: None,
-            location: Some(cluster.to_string()),
-            job_type: None,
-            nodes: Some(nodes.into()),
-            interfaces: None,
-        };
+        let job = crate::payload::running_job(j, cluster, start, nodes);
         log::info!("reconcile: job {key} runs but no hook reported it; sending RUNNING");
         outbox.enqueue(&Event::new(Item::Job { job }, (0, 0)))?;
         outbox.save_start(&key, start)?;

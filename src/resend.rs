@@ -14,10 +14,8 @@
 
 use crate::node_record::DiscoverRecord;
 use crate::outbox::{Event, Item, Outbox, RecordStamp};
-use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
 use crate::slurm::COMMAND_TIMEOUT;
-use crate::timefmt::format_epoch;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What of a node's record a job's interfaces depend on: its interfaces' names and MACs and
@@ -110,17 +108,7 @@ pub fn resend_running_on(
         if on.is_empty() {
             continue;
         }
-        let job = JobConfig {
-            key: Key { id: key.clone() },
-            name: Some(crate::payload::job_name(&j.name, j.partition.as_deref())),
-            state: JobState::Running,
-            start_time: format_epoch(start),
-            end_time: None,
-            location: Some(cluster.to_string()),
-            job_type: None,
-            nodes: Some(job_nodes.clone().into()),
-            interfaces: None,
-        };
+        let job = crate::payload::running_job(j, cluster, start, job_nodes.clone());
         let rank = (j.restarts.unwrap_or(0), 0);
         if outbox.enqueue_resend(&Event::new(Item::Job { job }, rank))? {
             log::info!(
