@@ -598,26 +598,35 @@ mod tests {
         assert!(nodes[0].partitions.is_empty(), "{:?}", nodes[0].partitions);
     }
 
-    fn gres_fixture(name: &str) -> String {
-        let p = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/slurm-22.05-gres/"
+    fn gres_fixture(version: &str, name: &str) -> String {
+        let p = format!(
+            "{}/tests/fixtures/slurm-{version}-gres/{name}",
+            env!("CARGO_MANIFEST_DIR")
         );
-        std::fs::read_to_string(format!("{p}{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
     }
 
     /// Real records of jobs sharing n1's 8 GPUs, a two-node job, a 6-GPU job and a job
-    /// without GPUs (tests/cluster/capture-gres.sh).
+    /// without GPUs (tests/cluster/capture-gres.sh), from every Slurm version: slurmctld gave
+    /// the same GPUs on each.
     #[test]
     fn job_gpus_from_real_records() {
+        for version in ["22.05", "24.11", "26.05"] {
+            job_gpus_from_real_records_of(version);
+        }
+    }
+
+    fn job_gpus_from_real_records_of(version: &str) {
         let set = |v: &[u32]| {
             v.iter()
                 .copied()
                 .collect::<std::collections::BTreeSet<u32>>()
         };
         for form in ["scontrol-job-d-o-", "scontrol-job-d-"] {
-            let g =
-                |name: &str| parse_job_gpus(&gres_fixture(&format!("{form}{name}.txt"))).unwrap();
+            let g = |name: &str| {
+                parse_job_gpus(&gres_fixture(version, &format!("{form}{name}.txt")))
+                    .unwrap_or_else(|e| panic!("{version} {form}{name}: {e}"))
+            };
             assert_eq!(
                 g("share-a"),
                 JobGpus::from([("n1".into(), set(&[0, 1, 2, 3]))])
@@ -637,7 +646,8 @@ mod tests {
             assert_eq!(g("nogpu"), JobGpus::new());
         }
         // squeue --json's gres_detail holds the same strings, one per node.
-        let v: serde_json::Value = serde_json::from_str(&gres_fixture("squeue.json")).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&gres_fixture(version, "squeue.json")).unwrap();
         let details: Vec<Vec<u32>> = v["jobs"]
             .as_array()
             .unwrap()
@@ -687,18 +697,25 @@ mod tests {
         ] {
             assert!(parse_gres_gpus(bad).is_err(), "{bad}");
         }
-        let real = gres_fixture("scontrol-job-d-o-share-a.txt");
-        // A job name or work directory that carries the markers makes the record ambiguous.
-        let named = real.replacen(
-            "JobName=share-a",
-            "JobName=x JOB_GRES=gpu:8 Nodes=n1 GRES=gpu:8(IDX:0-7) MinCPUsNode=1",
-            1,
-        );
-        assert!(parse_job_gpus(&named)
-            .unwrap_err()
-            .contains("appears 2 times"));
-        let workdir = real.replacen("WorkDir=/tmp", "WorkDir=/tmp/a MinCPUsNode=1", 1);
-        assert!(parse_job_gpus(&workdir).is_err());
+        for version in ["22.05", "24.11", "26.05"] {
+            let real = gres_fixture(version, "scontrol-job-d-o-share-a.txt");
+            // A job name or work directory that carries the markers makes the record
+            // ambiguous.
+            let named = real.replacen(
+                "JobName=share-a",
+                "JobName=x JOB_GRES=gpu:8 Nodes=n1 GRES=gpu:8(IDX:0-7) MinCPUsNode=1",
+                1,
+            );
+            assert!(
+                parse_job_gpus(&named)
+                    .unwrap_err()
+                    .contains("appears 2 times"),
+                "{version}"
+            );
+            let workdir = real.replacen("WorkDir=/tmp", "WorkDir=/tmp/a MinCPUsNode=1", 1);
+            assert_ne!(workdir, real, "{version}");
+            assert!(parse_job_gpus(&workdir).is_err(), "{version}");
+        }
         assert!(parse_job_gpus(&fixture("scontrol-job-gpu-shell.txt"))
             .unwrap_err()
             .contains("no JOB_GRES="));

@@ -1,11 +1,12 @@
-//! End-to-end test of `JobInterfaces` on a real Slurm 22.05 cluster whose nodes have 8 GPUs
-//! as GRES (`cluster.sh` with `WITH_GPUS=1`). The harness's nodes have no GPUs in sysfs, so the
-//! DGX A100 tree of `tests/fixtures/topology/gen.sh` is bind-mounted over `/sys` and
-//! `/proc/driver` inside each node's slurmd mount namespace: the discover steps slurmd starts
-//! see that node as a DGX A100, and nothing ships a test-only setting.
+//! End-to-end test of `JobInterfaces` on a real Slurm cluster (the version `SLURM` names:
+//! 22.05, 24.11 or 26.05) whose nodes have 8 GPUs as GRES (`cluster.sh` with `WITH_GPUS=1`).
+//! The harness's nodes have no GPUs in sysfs, so the DGX A100 tree of
+//! `tests/fixtures/topology/gen.sh` is bind-mounted over `/sys` and `/proc/driver` inside each
+//! node's slurmd mount namespace: the discover steps slurmd starts see that node as a DGX
+//! A100, and nothing ships a test-only setting.
 //!
 //! Needs root and the cluster to itself; run by `tests/run-all.sh`, or by hand:
-//! `cargo test --release --test e2e_gpu -- --ignored`.
+//! `SLURM=24.11 PATH=/var/tmp/cvslurm-cluster/bin:$PATH cargo test --release --test e2e_gpu -- --ignored`.
 
 mod common;
 use common::*;
@@ -19,6 +20,11 @@ use std::time::{Duration, Instant};
 const CLUSTER: &str = "cvtest";
 const CLUSTER_DIR: &str = "/var/tmp/cvslurm-cluster";
 const WORK: &str = "/var/tmp/cvslurm-e2e-gpu";
+
+/// A Slurm command of the version under test (`cluster.sh`'s wrappers, `SLURM=…`).
+fn slurm_cmd(name: &str) -> Command {
+    Command::new(format!("{CLUSTER_DIR}/bin/{name}"))
+}
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -66,12 +72,15 @@ fn mount_topology(node: &str, mac_prefix: &str) {
     assert!(st.success());
     fs::create_dir_all(dir.join("sys/fs")).unwrap();
     let pid = fs::read_to_string(format!("{CLUSTER_DIR}/run/slurmd-{node}.pid")).unwrap();
+    // Slurm 24.11 and later run in a root filesystem: its /sys and /proc are the ones slurmd sees.
+    let root = fs::read_to_string(format!("{CLUSTER_DIR}/run/rootfs")).unwrap_or_default();
+    let r = root.trim();
     let d = dir.display();
     let out = Command::new("nsenter")
         .args(["-t", pid.trim(), "-m", "sh", "-c"])
         .arg(format!(
-            "mount --rbind /sys/fs {d}/sys/fs && mount --rbind {d}/sys /sys && \
-             mount --bind {d}/proc/driver /proc/driver"
+            "mount --rbind {r}/sys/fs {d}/sys/fs && mount --rbind {d}/sys {r}/sys && \
+             mount --bind {d}/proc/driver {r}/proc/driver"
         ))
         .output()
         .unwrap();
@@ -81,7 +90,7 @@ fn mount_topology(node: &str, mac_prefix: &str) {
 fn sbatch(args: &[&str]) -> String {
     let mut a = vec!["--parsable", "-o", "/dev/null", "-e", "/dev/null"];
     a.extend(args);
-    let out = Command::new("sbatch")
+    let out = slurm_cmd("sbatch")
         .args(&a)
         .current_dir("/tmp")
         .output()
@@ -93,7 +102,7 @@ fn sbatch(args: &[&str]) -> String {
 fn wait_running(ids: &[&str]) {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
-        let out = Command::new("squeue")
+        let out = slurm_cmd("squeue")
             .args(["-h", "-t", "RUNNING", "-o", "%i"])
             .output()
             .unwrap();
@@ -108,7 +117,7 @@ fn wait_running(ids: &[&str]) {
 
 /// The GPU indices slurmctld gave `job` on `node`, read with the library's own parser.
 fn gpus_of(job: &str, node: &str) -> Vec<u32> {
-    let out = Command::new("scontrol")
+    let out = slurm_cmd("scontrol")
         .args(["show", "job", "-d", "-o", job])
         .output()
         .unwrap();
@@ -150,6 +159,8 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
         &["up", "2"],
         &[("WITH_GPUS", "1"), ("CLUSTER_NAME", CLUSTER)],
     );
+    let version = slurm_cmd("scontrol").arg("--version").output().unwrap();
+    eprintln!("[e2e_gpu] {}", stdout(&version).trim());
     mount_topology("n1", "02:dd:00:01");
     mount_topology("n2", "02:dd:00:02");
     let cv = Standin::start();
@@ -157,8 +168,8 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     let site = Site::new(
         &cv.server(),
         &cv.ca(),
-        "SlurmBinDir=/usr/bin\nJobInterfaces=auto\nInterfaceRequireIp=no\nDiscoveryTimeout=30\n\
-         PollInterval=1",
+        &format!("SlurmBinDir={CLUSTER_DIR}/bin\nJobInterfaces=auto\nInterfaceRequireIp=no\nDiscoveryTimeout=30\n\
+         PollInterval=1"),
     );
 
     // Inventory: NodeConfigs as always (no topology in the payload), records in StateDir.
@@ -270,7 +281,11 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     );
 
     // JobInterfaces=nodes: the same job by node name, no rule line.
-    let nodes_site = Site::new(&cv.server(), &cv.ca(), "SlurmBinDir=/usr/bin");
+    let nodes_site = Site::new(
+        &cv.server(),
+        &cv.ca(),
+        &format!("SlurmBinDir={CLUSTER_DIR}/bin"),
+    );
     let out = nodes_site.run(&["send", "--dry-run", &a]);
     let text = stdout(&out);
     assert!(!text.contains("# job"), "{text}");
@@ -289,7 +304,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     cv.reset();
     let svc = Service::start(&site);
     let partition = String::from_utf8_lossy(
-        &Command::new("squeue")
+        &slurm_cmd("squeue")
             .args(["-h", "-j", &b, "-o", "%P"])
             .output()
             .unwrap()
@@ -333,7 +348,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     // tree, other MACs), and it is resumed. The service rediscovers n1 when it comes back and
     // sends its running jobs again, attributed from the new record; the job on n2 is left alone.
     let scontrol = |args: &[&str]| {
-        let out = Command::new("scontrol").args(args).output().unwrap();
+        let out = slurm_cmd("scontrol").args(args).output().unwrap();
         assert!(out.status.success(), "scontrol {args:?}: {}", stderr(&out));
     };
     scontrol(&["update", "nodename=n1", "state=drain", "reason=nic-swap"]);
@@ -385,5 +400,5 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     assert_eq!(strings(&whole["nodes"]["values"]), ["n2"], "{whole}");
     drop(svc);
 
-    let _ = Command::new("scancel").args([&a, &b, &c]).status();
+    let _ = slurm_cmd("scancel").args([&a, &b, &c]).status();
 }

@@ -75,12 +75,10 @@ version_suites() { # VERSION
   for p in /var/tmp/cvslurm-e2e/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
   rm -f /etc/slurm/cloudvision.conf
-  if [ "$v" = 22.05 ]; then
-    step "Slurm $v: end-to-end test of JobInterfaces on GPU nodes"
-    cargo test --release --test e2e_gpu -- --ignored 2>&1 \
-      | tee "$LOG_DIR/e2e-gpu-$v.log" | grep -E '^(test |test result|failures:|---- )'
-    [ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/e2e-gpu-$v.log"; failures+=("$v: GPU end-to-end test"); }
-  fi
+  step "Slurm $v: end-to-end test of JobInterfaces on GPU nodes"
+  SLURM="$v" PATH="$CLUSTER_BIN:$PATH" cargo test --release --test e2e_gpu -- --ignored 2>&1 \
+    | tee "$LOG_DIR/e2e-gpu-$v.log" | grep -E '^(test |test result|failures:|---- )'
+  [ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/e2e-gpu-$v.log"; failures+=("$v: GPU end-to-end test"); }
   step "Slurm $v: install.sh on the real cluster"
   if SLURM="$v" tests/cluster/cluster.sh up 2 >"$LOG_DIR/install-cluster-$v.log" 2>&1; then
     SLURM="$v" PATH="$CLUSTER_BIN:$PATH" LIVE=1 CVSLURM_BIN="$PWD/$BIN" tests/install/test_install.sh 2>&1 \

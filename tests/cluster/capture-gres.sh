@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Captures what slurmctld says about jobs holding GPUs (GRES), for the parsers of issue 12.
-#   sudo flock /var/lock/cvslurm-dev-cluster.lock tests/cluster/capture-gres.sh
+#   sudo [SLURM=24.11] flock /var/lock/cvslurm-dev-cluster.lock tests/cluster/capture-gres.sh
 # Brings the cluster up with WITH_GPUS=1 (8 GPUs per node), runs jobs that share n1's GPUs,
 # a two-node GPU job, a whole-node GPU job and a job without GPUs, saves the raw outputs in
-# tests/fixtures/slurm-22.05-gres/, and takes the cluster down.
+# tests/fixtures/slurm-VERSION-gres/ (VERSION: SLURM, default 22.05), and takes the cluster
+# down.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-OUT="${FIXTURES_OUT:-$HERE/../fixtures/slurm-22.05-gres}"
+OUT="${FIXTURES_OUT:-$HERE/../fixtures/slurm-${SLURM:-22.05}-gres}"
 CL="$HERE/cluster.sh"
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+# the version's own commands (cluster.sh's wrappers), then the system's
+export PATH="${CVSLURM_CLUSTER_DIR:-/var/tmp/cvslurm-cluster}/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 unset SLURM_CONF SLURM_TIME_FORMAT
 trap '"$CL" down >/dev/null 2>&1 || true' EXIT
 WITH_GPUS=1 MIN_JOB_AGE=600 "$CL" up 3 >/dev/null
