@@ -55,12 +55,19 @@ fn final_records(slurm: &Slurm, listing: &[JobInfo], ids: &[String]) -> HashMap<
 }
 
 /// Is the job on its nodes: running, suspended, configuring or completing.
-pub(crate) fn is_running(j: &JobInfo) -> bool {
+fn is_running(j: &JobInfo) -> bool {
     matches!(
         j.state.as_str(),
         "RUNNING" | "SUSPENDED" | "CONFIGURING" | "COMPLETING"
     ) || j.completing()
         || j.states.iter().any(|s| s == "CONFIGURING")
+}
+
+/// Can a RUNNING be sent for the job from here: on its nodes, past its PrologSlurmctld (a
+/// configuring job's prolog reports it) and not ending (a completing job's epilog, or the
+/// next pass, reports its end; never a RUNNING after it).
+pub(crate) fn running_settled(j: &JobInfo) -> bool {
+    is_running(j) && !j.completing() && !j.states.iter().any(|s| s == "CONFIGURING")
 }
 
 /// What one pass did.
@@ -201,10 +208,7 @@ pub fn reconcile(
         if recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key) {
             continue;
         }
-        // A completing job has ended: its epilog reports it (or the pass below, once it is
-        // gone), never a RUNNING after its end. A configuring one is in its
-        // PrologSlurmctld, which reports it.
-        if j.completing() || j.states.iter().any(|s| s == "CONFIGURING") {
+        if !running_settled(j) {
             continue;
         }
         if cfg.job_wanted(&j.name, j.partition.as_deref()).is_err() {

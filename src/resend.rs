@@ -3,10 +3,10 @@
 //! name), a NIC swapped while the node was drained, a GPU or NIC that moved on the PCIe tree.
 //!
 //! The service watches the node records in `StateDir/nodes/` (its own polls write them, and so
-//! does a `cvslurm inventory` run by hand): each monitor poll compares their modification
-//! inodes, times and sizes, and reads only the files that changed. A record counts as changed for jobs
-//! when the interface names and MACs or the GPU topology differ (an IP address does not:
-//! JobConfig carries MACs). The running jobs on the changed nodes then get their RUNNING
+//! does a `cvslurm inventory` run by hand): each monitor poll compares their inodes,
+//! modification times and sizes, and reads only the files that changed. A record counts as
+//! changed for jobs when the interface names and MACs or the GPU topology differ (an IP
+//! address does not: JobConfig carries MACs). The running jobs on the changed nodes then get their RUNNING
 //! queued again, built like the first one, and the sender attributes it anew from the new
 //! record. One slurmctld listing per change, never one call per job.
 //!
@@ -92,10 +92,10 @@ pub fn resend_running_on(
         .map(|(k, start, _)| (k, start))
         .collect();
     let mut queued = 0;
-    for j in listing.iter().filter(|j| crate::reconcile::is_running(j)) {
-        if j.completing() || j.states.iter().any(|s| s == "CONFIGURING") {
-            continue;
-        }
+    for j in listing
+        .iter()
+        .filter(|j| crate::reconcile::running_settled(j))
+    {
         let key = format!("{}@{cluster}", j.job_id);
         let Some(start) = starts.get(&key).copied() else {
             continue; // not reported yet: reconciliation sends it, from the new record
@@ -104,16 +104,20 @@ pub fn resend_running_on(
             continue;
         }
         let Ok(job_nodes) = j.nodes() else { continue };
-        let on: Vec<&String> = job_nodes.iter().filter(|n| nodes.contains(*n)).collect();
+        let on: Vec<&str> = job_nodes
+            .iter()
+            .filter(|n| nodes.contains(*n))
+            .map(String::as_str)
+            .collect();
         if on.is_empty() {
             continue;
         }
-        let job = crate::payload::running_job(j, cluster, start, job_nodes.clone());
+        let on = on.join(",");
+        let job = crate::payload::running_job(j, cluster, start, job_nodes);
         let rank = (j.restarts.unwrap_or(0), 0);
         if outbox.enqueue_resend(&Event::new(Item::Job { job }, rank))? {
             log::info!(
-                "job {key}: the inventory of {} changed; RUNNING queued again for its interfaces",
-                on.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",")
+                "job {key}: the inventory of {on} changed; RUNNING queued again for its interfaces"
             );
             queued += 1;
         } else {

@@ -369,9 +369,8 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     loop {
         let jobs = cv.state()["jobs"].clone();
         let got = |id: &str| {
-            jobs[format!("{id}@{CLUSTER}")]["interfaces"]["values"]
-                .as_array()
-                .map(|_| strings(&jobs[format!("{id}@{CLUSTER}")]["interfaces"]["values"]))
+            let macs = &jobs[format!("{id}@{CLUSTER}")]["interfaces"]["values"];
+            macs.is_array().then(|| strings(macs))
         };
         if got(&a).as_ref() == Some(&new_a) && got(&b).as_ref() == Some(&new_b) {
             break;
