@@ -16,8 +16,7 @@ use std::path::{Path, PathBuf};
 
 /// True when a file name is one the cvslurm binary runs as its hook mode.
 pub fn is_hook_name(name: &str) -> bool {
-    let base = name.strip_suffix(".py").unwrap_or(name);
-    matches!(base, "cvslurm-hook" | "cv-job-hook")
+    !name.contains('/') && crate::cli::mode_from_argv0(name) == Some("hook")
 }
 
 /// How a configured hook program reaches cvslurm, or why it does not.
@@ -247,6 +246,10 @@ const CHECKS: &[Check] = &[
     log_file,
     delivery_path,
 ];
+
+/// The long flags of `cvslurm check` (`--help` aside), for `cvslurm --list-flags check`, the
+/// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
+pub const FLAGS: &[&str] = &["--config"];
 
 /// Check the set-up: config, token, CloudVision, slurm.conf hooks, StateDir and LogFile.
 #[derive(FromArgs, Debug)]
