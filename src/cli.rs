@@ -198,15 +198,27 @@ pub fn main(args: Vec<String>) -> i32 {
 mod tests {
     use super::*;
 
-    /// The long flags argh's help for `mode` lists (`--help` aside).
+    /// The long flags argh's help for `mode` lists (`--help` aside): those of the usage line
+    /// and those opening a line of the Options section (`-v, --verbose`).
     fn help_flags(mode: &str) -> Vec<String> {
         let early = Cli::from_args(&["cvslurm"], &[mode, "--help"]).unwrap_err();
         assert!(early.status.is_ok(), "{mode} --help: {}", early.output);
-        let mut flags: Vec<String> = early
-            .output
-            .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
-            .filter(|w| w.starts_with("--") && w.len() > 2 && *w != "--help")
+        let usage = early.output.lines().next().unwrap_or_default().to_string();
+        assert!(usage.starts_with("Usage: "), "{usage}");
+        let mut words: Vec<String> = usage
+            .split(|c: char| c.is_whitespace() || c == '[' || c == ']')
             .map(String::from)
+            .collect();
+        for line in early.output.lines().skip_while(|l| *l != "Options:") {
+            let opening = line
+                .split_whitespace()
+                .map(|w| w.trim_end_matches(','))
+                .take_while(|w| w.starts_with('-'));
+            words.extend(opening.map(String::from));
+        }
+        let mut flags: Vec<String> = words
+            .into_iter()
+            .filter(|w| w.starts_with("--") && w.len() > 2 && w != "--help")
             .collect();
         flags.sort();
         flags.dedup();

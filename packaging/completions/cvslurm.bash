@@ -9,7 +9,7 @@ _cvslurm_mode_opts() {
         discover) echo "--node-name --interface-regex --physical-only --require-ip --sys-class-net --sys-root --topology --expect-sha256 --help" ;;
         flush) echo "--config --no-reconcile --verbose -v --help" ;;
         status) echo "--config --json --max-age --offline --help" ;;
-        check) echo "--config --help" ;;
+        check) echo "--config --slurm-facts --hook --slurm-version --help" ;;
     esac
 }
 
@@ -30,7 +30,7 @@ _cvslurm() {
     esac
 
     case "$prev" in
-        --config | --api-token-file)
+        --config | --api-token-file | --hook)
             mapfile -t COMPREPLY < <(compgen -f -- "$cur")
             return 0
             ;;
@@ -50,7 +50,7 @@ _cvslurm() {
             mapfile -t COMPREPLY < <(compgen -W "$(sinfo -h -N -o '%N' 2>/dev/null | sort -u)" -- "$cur")
             return 0
             ;;
-        --api-server | --api-token | --tenant | --name | --location | --start | --end | --nodes | --interfaces | --poll-interval | --max-age | --interface-regex | --expect-sha256 | --list-flags)
+        --api-server | --api-token | --tenant | --name | --location | --start | --end | --nodes | --interfaces | --poll-interval | --max-age | --interface-regex | --expect-sha256 | --list-flags | --slurm-version)
             return 0
             ;;
     esac
