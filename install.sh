@@ -44,9 +44,6 @@ set -euo pipefail
 
 readonly MARK="# added by cvslurm install.sh"
 readonly MARK_RE=' # added by cvslurm install\.sh$'
-readonly MODES=(cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover cvslurm-flush
-    cvslurm-status cvslurm-check cv-job-hook cv-job-send cv-node-inventory interface_discovery
-    cv-job-hook.py cv-job-send.py cv-node-inventory.py interface_discovery.py)
 SRC_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly SRC_DIR
 
@@ -141,78 +138,11 @@ man_old() { if [[ -f "$MANIFEST" ]]; then grep -v '^#' "$MANIFEST" || true; fi; 
 man_has() { man_old | grep -qxF "$1"; }
 man_add() { MAN_NEW+=("$1"); }
 
-# ---------- slurm.conf reading ----------
-# conf_settings FILE [DEPTH]: prints "key<TAB>value<TAB>file" for every Key=Value line of FILE
-# and the files it Includes (keys lower-cased; comment and our own marked lines skipped).
-conf_settings() {
-    local f="$1" depth="${2:-0}" raw line key val dir pat inc
-    ((depth <= 16)) || { warn "Include nested more than 16 deep at $f (a loop?)"; return 0; }
-    [[ -r "$f" ]] || { warn "cannot read Include $f"; return 0; }
-    dir="$(dirname "$f")"
-    while IFS= read -r raw || [[ -n "$raw" ]]; do
-        [[ "$raw" =~ $MARK_RE ]] && continue
-        line="${raw%%#*}"
-        line="${line#"${line%%[![:space:]]*}"}"
-        line="${line%"${line##*[![:space:]]}"}"
-        [[ -n "$line" ]] || continue
-        if [[ "$line" =~ ^[Ii][Nn][Cc][Ll][Uu][Dd][Ee][[:space:]]+([^=].*)$ ]]; then
-            pat="${BASH_REMATCH[1]}"
-            pat="${pat#\"}"; pat="${pat%\"}"
-            [[ "$pat" == /* ]] || pat="$dir/$pat"
-            if [[ "$pat" == *[*?]* ]]; then
-                while IFS= read -r inc; do
-                    [[ -n "$inc" ]] && conf_settings "$inc" $((depth + 1))
-                done < <(compgen -G "$pat" | sort)
-            else
-                conf_settings "$pat" $((depth + 1))
-            fi
-            continue
-        fi
-        [[ "$line" =~ ^([A-Za-z]+)[[:space:]]*=[[:space:]]*(.*)$ ]] || continue
-        key="${BASH_REMATCH[1],,}"
-        val="${BASH_REMATCH[2]}"
-        if [[ "$val" == \"* ]]; then
-            val="${val#\"}"; val="${val%%\"*}"
-        else
-            val="${val%%[[:space:]]*}"
-        fi
-        printf '%s\t%s\t%s\n' "$key" "$val" "$f"
-    done <"$f"
-}
-# conf_last KEY: the value slurmctld uses (the last one).
-conf_last() { awk -F'\t' -v k="${1,,}" '$1 == k { v = $2 } END { print v }' "$WORK/settings"; }
-# conf_all KEY: every value, one per line.
-conf_all() { awk -F'\t' -v k="${1,,}" '$1 == k { print $2 }' "$WORK/settings"; }
-
-slurm_version() {
-    local v="${SLURM_VERSION:-}" c
-    if [[ -z "$v" ]]; then
-        for c in "slurmctld -V" "scontrol --version" "sinfo --version"; do
-            # shellcheck disable=SC2086
-            v="$($c 2>/dev/null | grep -oE '[0-9]+\.[0-9]+' | head -n 1)" && [[ -n "$v" ]] && break
-        done
-    fi
-    printf '%s' "$v"
-}
-version_ge() { # A >= B for MAJOR.MINOR
-    local a1 a2 b1 b2
-    IFS=. read -r a1 a2 <<<"$1"
-    IFS=. read -r b1 b2 <<<"$2"
-    ((10#$a1 > 10#$b1 || (10#$a1 == 10#$b1 && 10#${a2:-0} >= 10#${b2:-0})))
-}
-
-# a foreign hook program that already calls cvslurm-hook (a site script with our line in it)
-calls_our_hook() {
-    local p="$1"
-    [[ -f "$p" ]] || return 1
-    grep -v '^[[:space:]]*#' "$p" 2>/dev/null | grep -qE '(cvslurm-hook|cv-job-hook)'
-}
-is_our_hook() {
-    local p="$1"
-    [[ "$p" == "$HOOK" ]] && return 0
-    case "${p##*/}" in cvslurm-hook | cv-job-hook | cv-job-hook.py) ;; *) return 1 ;; esac
-    [[ -e "$p" && -e "$HOOK" && "$(readlink -f "$p")" == "$(readlink -f "$HOOK")" ]]
-}
+# ---------- slurm.conf facts ----------
+# The binary reads slurm.conf (Includes followed), the Slurm version and the hooks with the
+# parser it uses itself: `cvslurm check --slurm-facts` prints key=value lines.
+# fact KEY: every value of KEY, one per line.
+fact() { awk -v k="$1" 'index($0, k "=") == 1 { print substr($0, length(k) + 2) }' "$WORK/facts"; }
 
 # ---------- change helpers (record changes; apply unless dry run) ----------
 CHANGES=0
@@ -373,11 +303,37 @@ fi
 
 # ---------- checks (before anything changes) ----------
 [[ -r "$SLURM_CONF_FILE" ]] || die "cannot read $SLURM_CONF_FILE: set SLURM_CONF (or SLURM_CONF_DIR) to the slurm.conf slurmctld uses"
-conf_settings "$SLURM_CONF_FILE" >"$WORK/settings"
-CLUSTER="$(conf_last ClusterName)"
+# the binary
+BINARY="$OPT_BINARY"
+if [[ -z "$BINARY" ]]; then
+    for c in "$SRC_DIR/target/x86_64-unknown-linux-musl/release/cvslurm" "$SRC_DIR/cvslurm"; do
+        [[ -x "$c" ]] && { BINARY="$c"; break; }
+    done
+fi
+if [[ -z "$BINARY" ]]; then
+    if ((DRY)); then
+        die "no prebuilt binary: --dry-run needs one to read slurm.conf; build it (cargo build --release --target x86_64-unknown-linux-musl) or give --binary PATH"
+    else
+        [[ -f "$SRC_DIR/Cargo.toml" ]] || die "no cvslurm binary: give --binary PATH"
+        command -v cargo >/dev/null 2>&1 || die "no prebuilt binary and no cargo: build it elsewhere and give --binary PATH"
+        say "building the static binary (cargo build --release --target x86_64-unknown-linux-musl)"
+        (cd "$SRC_DIR" && cargo build --release --target x86_64-unknown-linux-musl) || die "the build failed: see the cargo output above"
+        BINARY="$SRC_DIR/target/x86_64-unknown-linux-musl/release/cvslurm"
+    fi
+fi
+if [[ -n "$BINARY" ]]; then
+    [[ -x "$BINARY" ]] || die "$BINARY is not an executable file"
+    "$BINARY" --version >/dev/null 2>&1 || die "$BINARY --version failed: is it a cvslurm binary for this machine?"
+fi
+
+facts_args=(check --slurm-facts --hook "$HOOK")
+[[ -z "${SLURM_VERSION:-}" ]] || facts_args+=(--slurm-version "$SLURM_VERSION")
+"$BINARY" "${facts_args[@]}" >"$WORK/facts" 2>"$WORK/facts.err" \
+    || die "$BINARY check --slurm-facts failed: $(head -c 500 "$WORK/facts.err")"
+while IFS= read -r p; do warn "$p"; done < <(fact problem)
+CLUSTER="$(fact cluster_name)"
 [[ -n "$CLUSTER" ]] || die "no ClusterName in $SLURM_CONF_FILE: set ClusterName= (CloudVision uses it as the job's location)"
-SLURM_USER="$(conf_last SlurmUser)"
-SLURM_USER="${SLURM_USER:-root}"
+SLURM_USER="$(fact slurm_user)"
 getent passwd "$SLURM_USER" >/dev/null || die "SlurmUser $SLURM_USER (from $SLURM_CONF_FILE) is not a known user: create it or fix SlurmUser"
 SLURM_GROUP="$(id -gn "$SLURM_USER")"
 say "cluster $CLUSTER, SlurmUser $SLURM_USER, slurm.conf $SLURM_CONF_FILE"
@@ -452,32 +408,32 @@ else
 fi
 
 # the hooks: ours, none, or the site's own
-VERSION="$(slurm_version)"
+VERSION="$(fact slurm_version)"
+VERSION="${VERSION%.*}"
 MULTI=0
-if [[ -n "$VERSION" ]] && version_ge "$VERSION" 24.05; then MULTI=1; fi
+if [[ "$(fact several_hooks)" == yes ]]; then MULTI=1; fi
 declare -a ADD_LINES=()
 for key in PrologSlurmctld EpilogSlurmctld; do
     if ((NO_EPILOG)) && [[ "$key" == EpilogSlurmctld ]]; then
         # our own marked line (an earlier install) goes with the rebuild below; a site's
         # script that calls the hook is the site's to change
-        mapfile -t vals < <(conf_all "$key" | tr ',' '\n' | sed 's/^[[:space:]]*//; s/[[:space:]]*$//' | grep -v '^$' || true)
-        for v in "${vals[@]}"; do
-            if calls_our_hook "$v"; then
+        while read -r kind v; do
+            if [[ "$kind" == calls ]]; then
                 warn "EpilogSlurmctld $v calls cvslurm-hook: --no-epilog leaves it; remove that call for the PrologSlurmctld-only set-up"
             fi
-        done
+        done < <(fact "$key.program")
         say "--no-epilog: no EpilogSlurmctld for cvslurm; the service sends each job's end from slurmctld every 5 s"
         continue
     fi
-    mapfile -t vals < <(conf_all "$key" | tr ',' '\n' | sed 's/^[[:space:]]*//; s/[[:space:]]*$//' | grep -v '^$' || true)
-    current="$(conf_last "$key")"
+    current="$(fact "$key")"
     ours=0; foreign=()
-    for v in "${vals[@]}"; do
-        if is_our_hook "$v"; then ours=1
-        elif calls_our_hook "$v"; then ours=1; say "$key $v already calls cvslurm-hook"
-        else foreign+=("$v")
-        fi
-    done
+    while read -r kind v; do
+        case "$kind" in
+            ours) ours=1 ;;
+            calls) ours=1; say "$key $v already calls cvslurm-hook" ;;
+            *) foreign+=("$v") ;;
+        esac
+    done < <(fact "$key.program")
     if ((ours)); then continue; fi
     if ((${#foreign[@]} == 0)); then
         ADD_LINES+=("$key=$HOOK  $MARK")
@@ -491,29 +447,6 @@ for key in PrologSlurmctld EpilogSlurmctld; do
             "$key" "$current" "${VERSION:-(unknown version)}" "$key" "$current" "\"$HOOK\"" "$key")"
     fi
 done
-
-# the binary
-BINARY="$OPT_BINARY"
-if [[ -z "$BINARY" ]]; then
-    for c in "$SRC_DIR/target/x86_64-unknown-linux-musl/release/cvslurm" "$SRC_DIR/cvslurm"; do
-        [[ -x "$c" ]] && { BINARY="$c"; break; }
-    done
-fi
-if [[ -z "$BINARY" ]]; then
-    if ((DRY)); then
-        say "no prebuilt binary: a real run builds it with cargo build --release --target x86_64-unknown-linux-musl"
-    else
-        [[ -f "$SRC_DIR/Cargo.toml" ]] || die "no cvslurm binary: give --binary PATH"
-        command -v cargo >/dev/null 2>&1 || die "no prebuilt binary and no cargo: build it elsewhere and give --binary PATH"
-        say "building the static binary (cargo build --release --target x86_64-unknown-linux-musl)"
-        (cd "$SRC_DIR" && cargo build --release --target x86_64-unknown-linux-musl) || die "the build failed: see the cargo output above"
-        BINARY="$SRC_DIR/target/x86_64-unknown-linux-musl/release/cvslurm"
-    fi
-fi
-if [[ -n "$BINARY" ]]; then
-    [[ -x "$BINARY" ]] || die "$BINARY is not an executable file"
-    "$BINARY" --version >/dev/null 2>&1 || die "$BINARY --version failed: is it a cvslurm binary for this machine?"
-fi
 
 # ---------- plan + apply ----------
 # directories
@@ -559,7 +492,10 @@ if [[ -n "$BINARY" ]]; then
     fi
     man_add "file $INSTALL_DIR/cvslurm"
 fi
-for m in "${MODES[@]}"; do
+# the mode links: every name `cvslurm --list-modes` gives (the mode, then its link names)
+mapfile -t MODE_LINKS < <("$BINARY" --list-modes | cut -d' ' -f2- | tr ' ' '\n' | grep -v '^$')
+((${#MODE_LINKS[@]} > 0)) || die "$BINARY --list-modes printed no mode: is it a cvslurm binary of this version?"
+for m in "${MODE_LINKS[@]}"; do
     link="$INSTALL_DIR/$m"
     if [[ -L "$link" && "$(readlink "$link")" == cvslurm ]]; then :; else
         [[ -e "$link" && ! -L "$link" ]] && die "$link exists and is not a symlink: move it away"

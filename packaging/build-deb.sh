@@ -124,6 +124,11 @@ for f in opt/slurm/cloudvision/cvslurm opt/slurm/cloudvision/cvslurm-hook lib/sy
     [[ -e "$SCRATCH/$f" ]] || { echo "missing after install: /$f" >&2; fail=1; }
 done
 "$SCRATCH/opt/slurm/cloudvision/cvslurm" --version
+while read -r _ names; do
+    for m in $names; do
+        [[ -L "$SCRATCH/opt/slurm/cloudvision/$m" ]] || { echo "missing after install: the mode link /opt/slurm/cloudvision/$m" >&2; fail=1; }
+    done
+done < <("$SCRATCH/opt/slurm/cloudvision/cvslurm" --list-modes)
 "$SCRATCH/opt/slurm/cloudvision/cvslurm-status" --help >/dev/null
 dpkg --root="$SCRATCH" -s cvslurm | grep -E '^(Status|Version):'
 # removal: refused while slurm.conf names the hook (Slurm 24.11+ would not start), then done

@@ -48,4 +48,9 @@ for f in /opt/slurm/cloudvision/cvslurm /opt/slurm/cloudvision/cvslurm-hook /lib
     # One listing, searched with a here-string: `rpm | grep -q` dies of SIGPIPE under pipefail.
     grep -qx "$f" <<<"$LISTING" || { echo "build-rpm.sh: $f missing from the package" >&2; exit 1; }
 done
+while read -r _ names; do
+    for m in $names; do
+        grep -qx "/opt/slurm/cloudvision/$m" <<<"$LISTING" || { echo "build-rpm.sh: the mode link /opt/slurm/cloudvision/$m is missing from the package" >&2; exit 1; }
+    done
+done < <("$BIN" --list-modes)
 echo "build-rpm.sh: ok"

@@ -8,9 +8,11 @@ stage_files() {
         "$d/etc/logrotate.d" "$d/usr/share/man/man8" "$d/usr/share/man/man5" \
         "$d/usr/share/bash-completion/completions" "$d/usr/share/doc/cvslurm"
     install -m 0755 "$bin" "$d/opt/slurm/cloudvision/cvslurm"
-    for m in cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover cvslurm-flush cvslurm-check \
-        cvslurm-status cv-job-hook cv-job-send cv-node-inventory interface_discovery \
-        cv-job-hook.py cv-job-send.py cv-node-inventory.py interface_discovery.py; do
+    # the mode links: every name the binary lists (`cvslurm --list-modes`: mode, then link names)
+    local -a links
+    mapfile -t links < <("$bin" --list-modes | cut -d' ' -f2- | tr ' ' '\n' | grep -v '^$')
+    ((${#links[@]} > 0)) || { echo "stage_files: $bin --list-modes printed no mode" >&2; return 1; }
+    for m in "${links[@]}"; do
         ln -sfn cvslurm "$d/opt/slurm/cloudvision/$m"
         # bash-completion loads completions by command name
         [[ "$m" == *.py ]] || ln -sfn cvslurm "$d/usr/share/bash-completion/completions/$m"

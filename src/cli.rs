@@ -14,6 +14,15 @@ pub struct Cli {
     /// print the version and exit
     #[argh(switch)]
     pub version: bool,
+    /// print each mode and the link names (argv[0]) that select it, one mode per line
+    #[argh(switch)]
+    pub list_modes: bool,
+    /// print every cloudvision.conf key with its default (Key=default), one per line
+    #[argh(switch)]
+    pub list_config_keys: bool,
+    /// print the flags MODE accepts, one per line
+    #[argh(option, arg_name = "MODE")]
+    pub list_flags: Option<String>,
     #[argh(subcommand)]
     mode: Option<Mode>,
 }
@@ -30,20 +39,63 @@ enum Mode {
     Check(check::Args),
 }
 
-/// The mode a busybox-style argv[0] names, if any.
+/// Every mode, with the busybox-style names (argv[0]) that select it: the one list of modes
+/// and link names. install.sh, the packages and the tests read it from `cvslurm --list-modes`.
+/// The names of the earlier Python tools also come with `.py`.
+pub const MODES: &[(&str, &[&str])] = &[
+    ("hook", &["cvslurm-hook", "cv-job-hook", "cv-job-hook.py"]),
+    ("send", &["cvslurm-send", "cv-job-send", "cv-job-send.py"]),
+    (
+        "inventory",
+        &[
+            "cvslurm-inventory",
+            "cv-node-inventory",
+            "cv-node-inventory.py",
+        ],
+    ),
+    (
+        "discover",
+        &[
+            "cvslurm-discover",
+            "interface_discovery",
+            "interface_discovery.py",
+        ],
+    ),
+    ("flush", &["cvslurm-flush"]),
+    ("status", &["cvslurm-status"]),
+    ("check", &["cvslurm-check"]),
+];
+
+/// The mode a busybox-style argv[0] names, if any (a trailing `.py` is ignored).
 pub fn mode_from_argv0(argv0: &str) -> Option<&'static str> {
     let base = Path::new(argv0).file_name()?.to_str()?;
     let base = base.strip_suffix(".py").unwrap_or(base);
-    match base {
-        "cvslurm-hook" | "cv-job-hook" => Some("hook"),
-        "cvslurm-send" | "cv-job-send" => Some("send"),
-        "cvslurm-inventory" | "cv-node-inventory" => Some("inventory"),
-        "cvslurm-discover" | "interface_discovery" => Some("discover"),
-        "cvslurm-flush" => Some("flush"),
-        "cvslurm-status" => Some("status"),
-        "cvslurm-check" => Some("check"),
-        _ => None,
-    }
+    MODES
+        .iter()
+        .find(|(_, names)| names.contains(&base))
+        .map(|(mode, _)| *mode)
+}
+
+/// The long flags a mode accepts (`--help` aside), from the table beside its `Args`.
+pub fn mode_flags(mode: &str) -> Option<&'static [&'static str]> {
+    Some(match mode {
+        "hook" => hook::FLAGS,
+        "send" => send::FLAGS,
+        "inventory" => inventory::FLAGS,
+        "discover" => discover::FLAGS,
+        "flush" => flush::FLAGS,
+        "status" => status::FLAGS,
+        "check" => check::FLAGS,
+        _ => return None,
+    })
+}
+
+/// `--list-modes`: one line per mode, the mode then its link names.
+fn list_modes() -> String {
+    MODES
+        .iter()
+        .map(|(mode, names)| format!("{mode} {}\n", names.join(" ")))
+        .collect()
 }
 
 /// Runs the program with these arguments (argv[0] first); returns the exit code.
@@ -99,9 +151,37 @@ pub fn main(args: Vec<String>) -> i32 {
         println!("cvslurm {}", env!("CARGO_PKG_VERSION"));
         return 0;
     }
+    if cli.list_modes {
+        print!("{}", list_modes());
+        return 0;
+    }
+    if cli.list_config_keys {
+        for k in crate::config::KEYS {
+            println!("{}={}", k.name, k.default);
+        }
+        return 0;
+    }
+    if let Some(mode) = &cli.list_flags {
+        let Some(flags) = mode_flags(mode) else {
+            let modes: Vec<&str> = MODES.iter().map(|(m, _)| *m).collect();
+            eprintln!(
+                "cvslurm: --list-flags {mode:?}: no such mode; the modes are {}",
+                modes.join(", ")
+            );
+            return 2;
+        };
+        for f in flags {
+            println!("{f}");
+        }
+        return 0;
+    }
     match cli.mode {
         None => {
-            eprintln!("cvslurm: no mode given: cvslurm hook|send|inventory|discover|flush|status|check; cvslurm help for more");
+            let modes: Vec<&str> = MODES.iter().map(|(m, _)| *m).collect();
+            eprintln!(
+                "cvslurm: no mode given: cvslurm {}; cvslurm help for more",
+                modes.join("|")
+            );
             2
         }
         Some(Mode::Hook(a)) => hook::run(a),
@@ -111,5 +191,83 @@ pub fn main(args: Vec<String>) -> i32 {
         Some(Mode::Flush(a)) => flush::run(a),
         Some(Mode::Status(a)) => status::run(a),
         Some(Mode::Check(a)) => check::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The long flags argh's help for `mode` lists (`--help` aside): those of the usage line
+    /// and those opening a line of the Options section (`-v, --verbose`).
+    fn help_flags(mode: &str) -> Vec<String> {
+        let early = Cli::from_args(&["cvslurm"], &[mode, "--help"]).unwrap_err();
+        assert!(early.status.is_ok(), "{mode} --help: {}", early.output);
+        let usage = early.output.lines().next().unwrap_or_default().to_string();
+        assert!(usage.starts_with("Usage: "), "{usage}");
+        let mut words: Vec<String> = usage
+            .split(|c: char| c.is_whitespace() || c == '[' || c == ']')
+            .map(String::from)
+            .collect();
+        for line in early.output.lines().skip_while(|l| *l != "Options:") {
+            let opening = line
+                .split_whitespace()
+                .map(|w| w.trim_end_matches(','))
+                .take_while(|w| w.starts_with('-'));
+            words.extend(opening.map(String::from));
+        }
+        let mut flags: Vec<String> = words
+            .into_iter()
+            .filter(|w| w.starts_with("--") && w.len() > 2 && w != "--help")
+            .collect();
+        flags.sort();
+        flags.dedup();
+        flags
+    }
+
+    #[test]
+    fn every_mode_has_a_flag_table_matching_its_parser() {
+        for (mode, _) in MODES {
+            let table = mode_flags(mode).unwrap_or_else(|| panic!("{mode}: no flag table"));
+            let mut sorted: Vec<String> = table.iter().map(|f| f.to_string()).collect();
+            sorted.sort();
+            assert_eq!(
+                sorted,
+                help_flags(mode),
+                "{mode}: FLAGS and argh's help differ"
+            );
+            for f in table {
+                // A switch parses alone, an option with a value; neither is unrecognized.
+                for args in [vec![*mode, f], vec![*mode, f, "1"]] {
+                    if let Err(e) = Cli::from_args(&["cvslurm"], &args) {
+                        assert!(
+                            !e.output.contains(&format!("Unrecognized argument: {f}")),
+                            "{args:?}: {}",
+                            e.output
+                        );
+                    }
+                }
+            }
+        }
+        assert!(mode_flags("bogus").is_none());
+    }
+
+    #[test]
+    fn every_mode_is_a_subcommand_and_its_names_select_it() {
+        for (mode, names) in MODES {
+            assert!(
+                Cli::from_args(&["cvslurm"], &[mode, "--help"])
+                    .unwrap_err()
+                    .status
+                    .is_ok(),
+                "{mode} is not a subcommand"
+            );
+            for n in *names {
+                assert_eq!(mode_from_argv0(&format!("/opt/x/{n}")), Some(*mode), "{n}");
+            }
+        }
+        assert_eq!(mode_from_argv0("cvslurm-flush.py"), Some("flush"));
+        assert_eq!(mode_from_argv0("cvslurm"), None);
+        assert_eq!(mode_from_argv0("cvslurm-bogus"), None);
     }
 }

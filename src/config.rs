@@ -166,35 +166,272 @@ impl Default for Config {
     }
 }
 
-/// Every key the file may hold, in the spelling the documentation uses.
-pub const KEYS: &[&str] = &[
-    "ApiServer",
-    "ApiTokenFile",
-    "CaFile",
-    "ApiServerPin",
-    "Insecure",
-    "LogFile",
-    "LogLevel",
-    "JobNameInclude",
-    "JobNameExclude",
-    "Partitions",
-    "PollInterval",
-    "InterfaceRegex",
-    "InterfacePhysicalOnly",
-    "InterfaceRequireIp",
-    "DiscoveryJobName",
-    "DiscoveryTimeout",
-    "DiscoveryBcast",
-    "HookTimeout",
-    "RequestTimeout",
-    "StateDir",
-    "SlurmBinDir",
-    "MaxConcurrentRequests",
-    "ReconcileInterval",
-    "NodeReassertInterval",
-    "OutboxMaxEvents",
-    "JobInterfaces",
+/// One key of cloudvision.conf: its name as the documentation spells it, its default as text
+/// (empty: unset) and how a value is applied. [`KEYS`] is the one list of keys: the parser
+/// knows only what it lists, and `cvslurm --list-config-keys` prints it.
+pub struct Key {
+    /// The name, in the spelling the documentation uses (matched case-insensitively).
+    pub name: &'static str,
+    /// The default, as it would be written in the file (empty: not set).
+    pub default: &'static str,
+    /// Applies a value to a config.
+    set: fn(&mut Config, &str) -> Result<(), String>,
+}
+
+/// Every key the file may hold, with its default and its parser.
+pub const KEYS: &[Key] = &[
+    Key {
+        name: "ApiServer",
+        default: "",
+        set: |c, v| {
+            if v.starts_with("http://") {
+                return Err("CloudVision is reached over HTTPS only; drop \"http://\"".into());
+            }
+            let v = v.trim_start_matches("https://").trim_end_matches('/');
+            c.api_server = (!v.is_empty()).then(|| v.to_string());
+            Ok(())
+        },
+    },
+    Key {
+        name: "ApiTokenFile",
+        default: "",
+        set: |c, v| {
+            c.api_token_file = Some(path(v)?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "CaFile",
+        default: "",
+        set: |c, v| {
+            c.ca_file = Some(path(v)?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "ApiServerPin",
+        default: "",
+        set: |c, v| {
+            c.api_server_pins = v
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(crate::tls::parse_pin)
+                .collect::<Result<_, _>>()?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "Insecure",
+        default: "no",
+        set: |c, v| {
+            c.insecure = parse_bool(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "LogFile",
+        default: "/var/log/slurm/cvjob.log",
+        set: |c, v| {
+            c.log_file = path(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "LogLevel",
+        default: "info",
+        set: |c, v| {
+            c.log_level = parse_level(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "JobNameInclude",
+        default: "",
+        set: |c, v| {
+            c.job_name_include = opt_regex(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "JobNameExclude",
+        default: "^cv-",
+        set: |c, v| {
+            c.job_name_exclude = opt_regex(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "Partitions",
+        default: "",
+        set: |c, v| {
+            c.partitions = v
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(String::from)
+                .collect();
+            Ok(())
+        },
+    },
+    Key {
+        name: "PollInterval",
+        default: "60",
+        set: |c, v| {
+            c.poll_interval = parse_duration(v, 1.0)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "InterfaceRegex",
+        default: "^(eth|eno|ens|enp|em)",
+        set: |c, v| {
+            c.interface_regex = Regex::new(v).map_err(|e| regex_error(v, &e))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "InterfacePhysicalOnly",
+        default: "yes",
+        set: |c, v| {
+            c.interface_physical_only = parse_bool(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "InterfaceRequireIp",
+        default: "yes",
+        set: |c, v| {
+            c.interface_require_ip = parse_bool(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "DiscoveryJobName",
+        default: "cv-interface-discovery",
+        set: |c, v| {
+            if v.is_empty() {
+                return Err("needs a job name".into());
+            }
+            c.discovery_job_name = v.to_string();
+            Ok(())
+        },
+    },
+    Key {
+        name: "DiscoveryTimeout",
+        default: "120",
+        set: |c, v| {
+            c.discovery_timeout = parse_duration(v, 1.0)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "DiscoveryBcast",
+        default: "no",
+        set: |c, v| {
+            c.discovery_bcast = parse_bool(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "HookTimeout",
+        default: "2",
+        set: |c, v| {
+            c.hook_timeout = parse_duration(v, 0.1)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "RequestTimeout",
+        default: "10",
+        set: |c, v| {
+            c.request_timeout = parse_duration(v, 0.1)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "StateDir",
+        default: "/var/spool/cvslurm",
+        set: |c, v| {
+            c.state_dir = path(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "SlurmBinDir",
+        default: "",
+        set: |c, v| {
+            c.slurm_bin_dir = Some(path(v)?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "MaxConcurrentRequests",
+        default: "32",
+        set: |c, v| {
+            c.max_concurrent_requests =
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=256).contains(n))
+                    .ok_or_else(|| format!("{v:?} is not a whole number from 1 to 256"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "ReconcileInterval",
+        default: "300",
+        set: |c, v| {
+            c.reconcile_interval = parse_duration(v, 0.0)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "NodeReassertInterval",
+        default: "1d",
+        set: |c, v| {
+            c.node_reassert_interval = parse_duration(v, 0.0)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "OutboxMaxEvents",
+        default: "100000",
+        set: |c, v| {
+            c.outbox_max_events = v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| format!("{v:?} is not a whole number of at least 1"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "JobInterfaces",
+        default: "nodes",
+        set: |c, v| {
+            c.job_interfaces = crate::attribution::JobInterfaces::parse(v)?;
+            Ok(())
+        },
+    },
 ];
+
+/// A path value: not empty.
+fn path(v: &str) -> Result<PathBuf, String> {
+    if v.is_empty() {
+        Err("needs a path".into())
+    } else {
+        Ok(PathBuf::from(v))
+    }
+}
+
+/// A regex value; empty means none.
+fn opt_regex(v: &str) -> Result<Option<Regex>, String> {
+    if v.is_empty() {
+        Ok(None)
+    } else {
+        Regex::new(v).map(Some).map_err(|e| regex_error(v, &e))
+    }
+}
 
 impl Config {
     /// Loads the configuration: `explicit` path, else `$CVSLURM_CONF`, else the default path
@@ -255,7 +492,7 @@ impl Config {
             };
             let (key, value) = (key.trim(), unquote(value.trim()));
             if let Err(msg) = cfg.set(key, value) {
-                let e = at(format!("{}: {msg}", canonical_key(key).unwrap_or(key)));
+                let e = at(format!("{}: {msg}", find_key(key).map_or(key, |k| k.name)));
                 cfg.problems.push(e);
             }
         }
@@ -264,97 +501,11 @@ impl Config {
 
     /// Sets one key from its text value (key case-insensitive).
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
-        let Some(k) = canonical_key(key) else {
-            return Err(format!("unknown key (known keys: {})", KEYS.join(", ")));
+        let Some(k) = find_key(key) else {
+            let names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+            return Err(format!("unknown key (known keys: {})", names.join(", ")));
         };
-        let path = |v: &str| -> Result<PathBuf, String> {
-            if v.is_empty() {
-                Err("needs a path".into())
-            } else {
-                Ok(PathBuf::from(v))
-            }
-        };
-        let opt_regex = |v: &str| -> Result<Option<Regex>, String> {
-            if v.is_empty() {
-                Ok(None)
-            } else {
-                Regex::new(v).map(Some).map_err(|e| regex_error(v, &e))
-            }
-        };
-        match k {
-            "ApiServer" => {
-                let v = value
-                    .trim_start_matches("https://")
-                    .trim_end_matches('/')
-                    .to_string();
-                if value.starts_with("http://") {
-                    return Err("CloudVision is reached over HTTPS only; drop \"http://\"".into());
-                }
-                self.api_server = (!v.is_empty()).then_some(v);
-            }
-            "ApiTokenFile" => self.api_token_file = Some(path(value)?),
-            "CaFile" => self.ca_file = Some(path(value)?),
-            "ApiServerPin" => {
-                self.api_server_pins = value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .map(crate::tls::parse_pin)
-                    .collect::<Result<_, _>>()?
-            }
-            "Insecure" => self.insecure = parse_bool(value)?,
-            "LogFile" => self.log_file = path(value)?,
-            "LogLevel" => self.log_level = parse_level(value)?,
-            "JobNameInclude" => self.job_name_include = opt_regex(value)?,
-            "JobNameExclude" => self.job_name_exclude = opt_regex(value)?,
-            "Partitions" => {
-                self.partitions = value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .map(String::from)
-                    .collect()
-            }
-            "PollInterval" => self.poll_interval = parse_duration(value, 1.0)?,
-            "InterfaceRegex" => {
-                self.interface_regex = Regex::new(value).map_err(|e| regex_error(value, &e))?
-            }
-            "InterfacePhysicalOnly" => self.interface_physical_only = parse_bool(value)?,
-            "InterfaceRequireIp" => self.interface_require_ip = parse_bool(value)?,
-            "DiscoveryJobName" => {
-                if value.is_empty() {
-                    return Err("needs a job name".into());
-                }
-                self.discovery_job_name = value.to_string()
-            }
-            "DiscoveryTimeout" => self.discovery_timeout = parse_duration(value, 1.0)?,
-            "DiscoveryBcast" => self.discovery_bcast = parse_bool(value)?,
-            "HookTimeout" => self.hook_timeout = parse_duration(value, 0.1)?,
-            "RequestTimeout" => self.request_timeout = parse_duration(value, 0.1)?,
-            "StateDir" => self.state_dir = path(value)?,
-            "SlurmBinDir" => self.slurm_bin_dir = Some(path(value)?),
-            "MaxConcurrentRequests" => {
-                self.max_concurrent_requests = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=256).contains(n))
-                    .ok_or_else(|| format!("{value:?} is not a whole number from 1 to 256"))?
-            }
-            "ReconcileInterval" => self.reconcile_interval = parse_duration(value, 0.0)?,
-            "JobInterfaces" => {
-                self.job_interfaces = crate::attribution::JobInterfaces::parse(value)?
-            }
-            "NodeReassertInterval" => self.node_reassert_interval = parse_duration(value, 0.0)?,
-            "OutboxMaxEvents" => {
-                self.outbox_max_events = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| *n >= 1)
-                    .ok_or_else(|| format!("{value:?} is not a whole number of at least 1"))?
-            }
-            _ => unreachable!("every canonical key is handled"),
-        }
-        Ok(())
+        (k.set)(self, value)
     }
 
     /// Applies `CV_API_SERVER`, `CV_API_TOKEN` and `CV_LOG_FILE`.
@@ -449,8 +600,8 @@ fn env_nonempty(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-fn canonical_key(key: &str) -> Option<&'static str> {
-    KEYS.iter().copied().find(|k| k.eq_ignore_ascii_case(key))
+fn find_key(key: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name.eq_ignore_ascii_case(key))
 }
 
 /// Cuts a line at its first `#` that is not written `\#` (as in slurm.conf), and turns each
@@ -732,6 +883,22 @@ mod tests {
         let e = parse("JobNameInclude=^(?!cv-)").unwrap_err().to_string();
         assert!(e.contains("JobNameInclude: bad regex"), "{e}");
         assert!(e.contains("JobNameExclude=^cv-"), "{e}");
+    }
+
+    #[test]
+    fn every_key_default_is_the_default() {
+        let mut c = Config::default();
+        for k in KEYS {
+            if !k.default.is_empty() {
+                c.set(k.name, k.default)
+                    .unwrap_or_else(|e| panic!("{}={}: {e}", k.name, k.default));
+            }
+        }
+        assert_eq!(format!("{c:?}"), format!("{:?}", Config::default()));
+        let mut names: Vec<String> = KEYS.iter().map(|k| k.name.to_lowercase()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), KEYS.len(), "a key is listed twice");
     }
 
     #[test]

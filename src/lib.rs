@@ -24,6 +24,7 @@ pub mod runner;
 pub mod sender;
 pub mod slurm;
 pub mod slurm_conf;
+pub mod slurm_facts;
 pub mod systemd;
 pub mod timefmt;
 pub mod tls;

@@ -6,10 +6,10 @@ _cvslurm_mode_opts() {
         hook) echo "--config --help" ;;
         send) echo "--config --api-server --api-token --api-token-file --dry-run --verbose -v --tenant --name --location --state --start --end --nodes --interfaces --help" ;;
         inventory) echo "--config --api-server --api-token --api-token-file --dry-run --verbose -v --monitor --poll-interval --help" ;;
-        discover) echo "--node-name --interface-regex --physical-only --require-ip --sys-class-net --help" ;;
+        discover) echo "--node-name --interface-regex --physical-only --require-ip --sys-class-net --sys-root --topology --expect-sha256 --help" ;;
         flush) echo "--config --no-reconcile --verbose -v --help" ;;
         status) echo "--config --json --max-age --offline --help" ;;
-        check) echo "--config --help" ;;
+        check) echo "--config --slurm-facts --hook --slurm-version --help" ;;
     esac
 }
 
@@ -26,14 +26,15 @@ _cvslurm() {
         cvslurm-discover | interface_discovery) mode=discover ;;
         cvslurm-flush) mode=flush ;;
         cvslurm-status) mode=status ;;
+        cvslurm-check) mode=check ;;
     esac
 
     case "$prev" in
-        --config | --api-token-file)
+        --config | --api-token-file | --hook)
             mapfile -t COMPREPLY < <(compgen -f -- "$cur")
             return 0
             ;;
-        --sys-class-net)
+        --sys-class-net | --sys-root)
             mapfile -t COMPREPLY < <(compgen -d -- "$cur")
             return 0
             ;;
@@ -49,7 +50,7 @@ _cvslurm() {
             mapfile -t COMPREPLY < <(compgen -W "$(sinfo -h -N -o '%N' 2>/dev/null | sort -u)" -- "$cur")
             return 0
             ;;
-        --api-server | --api-token | --tenant | --name | --location | --start | --end | --nodes | --interfaces | --poll-interval | --max-age | --interface-regex)
+        --api-server | --api-token | --tenant | --name | --location | --start | --end | --nodes | --interfaces | --poll-interval | --max-age | --interface-regex | --expect-sha256 | --list-flags | --slurm-version)
             return 0
             ;;
     esac
@@ -65,7 +66,7 @@ _cvslurm() {
         done
     fi
     if [[ -z "$mode" ]]; then
-        mapfile -t COMPREPLY < <(compgen -W "hook send inventory discover flush status check help --version --help" -- "$cur")
+        mapfile -t COMPREPLY < <(compgen -W "hook send inventory discover flush status check help --version --list-modes --list-config-keys --list-flags --help" -- "$cur")
         return 0
     fi
     if [[ "$cur" == -* ]]; then
@@ -78,5 +79,5 @@ _cvslurm() {
 }
 
 complete -F _cvslurm cvslurm cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover \
-    cvslurm-flush cvslurm-status cv-job-hook cv-job-send cv-node-inventory interface_discovery \
+    cvslurm-flush cvslurm-status cvslurm-check cv-job-hook cv-job-send cv-node-inventory interface_discovery \
     cv-job-hook.py cv-job-send.py cv-node-inventory.py interface_discovery.py

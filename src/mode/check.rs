@@ -16,8 +16,7 @@ use std::path::{Path, PathBuf};
 
 /// True when a file name is one the cvslurm binary runs as its hook mode.
 pub fn is_hook_name(name: &str) -> bool {
-    let base = name.strip_suffix(".py").unwrap_or(name);
-    matches!(base, "cvslurm-hook" | "cv-job-hook")
+    !name.contains('/') && crate::cli::mode_from_argv0(name) == Some("hook")
 }
 
 /// How a configured hook program reaches cvslurm, or why it does not.
@@ -248,6 +247,10 @@ const CHECKS: &[Check] = &[
     delivery_path,
 ];
 
+/// The long flags of `cvslurm check` (`--help` aside), for `cvslurm --list-flags check`, the
+/// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
+pub const FLAGS: &[&str] = &["--config", "--slurm-facts", "--hook", "--slurm-version"];
+
 /// Check the set-up: config, token, CloudVision, slurm.conf hooks, StateDir and LogFile.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "check", help_triggers("-h", "--help", "help"))]
@@ -255,10 +258,23 @@ pub struct Args {
     /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
     #[argh(option)]
     config: Option<PathBuf>,
+    /// print what install.sh needs to know about slurm.conf and Slurm as key=value lines
+    /// (see crate::slurm_facts) instead of checking
+    #[argh(switch)]
+    slurm_facts: bool,
+    /// with --slurm-facts: the hook path to tell apart as "ours"
+    #[argh(option)]
+    hook: Option<PathBuf>,
+    /// with --slurm-facts: this Slurm version (MAJOR.MINOR) instead of asking scontrol
+    #[argh(option)]
+    slurm_version: Option<String>,
 }
 
 /// Runs every check; returns 0 when all pass, 1 otherwise.
 pub fn run(a: Args) -> i32 {
+    if a.slurm_facts {
+        return slurm_facts(&a);
+    }
     let mut ctx = Context {
         config_arg: a.config,
         slurm_conf_path: crate::slurm_conf::slurm_conf_path(),
@@ -269,6 +285,38 @@ pub fn run(a: Args) -> i32 {
         check(&mut ctx, &mut r);
     }
     finish(r)
+}
+
+/// `--slurm-facts`: exit 0 with the facts, 1 when slurm.conf cannot be read.
+fn slurm_facts(a: &Args) -> i32 {
+    let path = crate::slurm_conf::slurm_conf_path();
+    let sc = match crate::slurm_conf::load_slurm_conf(&path) {
+        Ok(sc) => sc,
+        Err(e) => {
+            eprintln!("cvslurm: slurm.conf: {e}: set SLURM_CONF to the slurm.conf slurmctld uses");
+            return 1;
+        }
+    };
+    let version = match &a.slurm_version {
+        Some(v) => match crate::slurm::Version::parse(v) {
+            Some(v) => Some(v),
+            None => {
+                eprintln!("cvslurm: --slurm-version {v:?} is not a Slurm version such as 24.05");
+                return 2;
+            }
+        },
+        None => {
+            let bin_dir = Config::load(a.config.as_deref())
+                .ok()
+                .and_then(|c| c.slurm_bin_dir);
+            crate::slurm::version(&crate::runner::Slurm::new(bin_dir.as_deref())).ok()
+        }
+    };
+    print!(
+        "{}",
+        crate::slurm_facts::facts(&path, &sc, version, a.hook.as_deref())
+    );
+    0
 }
 
 fn config_loads(ctx: &mut Context, r: &mut Report) {

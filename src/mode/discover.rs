@@ -15,6 +15,19 @@ use std::fs;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+/// The long flags of `cvslurm discover` (`--help` aside), for `cvslurm --list-flags discover`, the
+/// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
+pub const FLAGS: &[&str] = &[
+    "--node-name",
+    "--interface-regex",
+    "--physical-only",
+    "--require-ip",
+    "--sys-class-net",
+    "--sys-root",
+    "--topology",
+    "--expect-sha256",
+];
+
 /// Print this node's network interfaces as one JSON line (run on workers through srun).
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "discover", help_triggers("-h", "--help", "help"))]

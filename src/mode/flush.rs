@@ -9,6 +9,10 @@ use crate::slurm;
 use argh::FromArgs;
 use std::path::PathBuf;
 
+/// The long flags of `cvslurm flush` (`--help` aside), for `cvslurm --list-flags flush`, the
+/// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
+pub const FLAGS: &[&str] = &["--no-reconcile", "--config", "--verbose"];
+
 /// Reconcile with Slurm and send what the outbox holds (for sites without the cvslurm service).
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "flush", help_triggers("-h", "--help", "help"))]

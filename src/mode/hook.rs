@@ -28,6 +28,10 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// The long flags of `cvslurm hook` (`--help` aside), for `cvslurm --list-flags hook`, the
+/// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
+pub const FLAGS: &[&str] = &["--config"];
+
 /// PrologSlurmctld/EpilogSlurmctld: send the job's state from the SLURM_* environment (always exits 0).
 #[derive(FromArgs, Debug, Default)]
 #[argh(subcommand, name = "hook", help_triggers("-h", "--help", "help"))]

@@ -23,6 +23,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The long flags of `cvslurm inventory` (`--help` aside), for `cvslurm --list-flags inventory`, the
+/// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
+pub const FLAGS: &[&str] = &[
+    "--config",
+    "--api-server",
+    "--api-token",
+    "--api-token-file",
+    "--dry-run",
+    "--verbose",
+    "--monitor",
+    "--poll-interval",
+];
+
 /// Send one NodeConfig per node (sinfo + srun discover); --monitor keeps it up to date.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "inventory", help_triggers("-h", "--help", "help"))]

@@ -14,6 +14,25 @@ use crate::timefmt::format_epoch;
 use argh::FromArgs;
 use std::path::PathBuf;
 
+/// The long flags of `cvslurm send` (`--help` aside), for `cvslurm --list-flags send`, the
+/// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
+pub const FLAGS: &[&str] = &[
+    "--config",
+    "--api-server",
+    "--api-token",
+    "--api-token-file",
+    "--dry-run",
+    "--verbose",
+    "--tenant",
+    "--name",
+    "--location",
+    "--state",
+    "--start",
+    "--end",
+    "--nodes",
+    "--interfaces",
+];
+
 /// Send (backfill) jobs' JobConfig from slurmctld or sacct, or a tenant scheduler's job.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "send", help_triggers("-h", "--help", "help"))]

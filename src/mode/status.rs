@@ -8,6 +8,10 @@ use argh::FromArgs;
 use serde::Serialize;
 use std::path::PathBuf;
 
+/// The long flags of `cvslurm status` (`--help` aside), for `cvslurm --list-flags status`, the
+/// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
+pub const FLAGS: &[&str] = &["--config", "--json", "--max-age", "--offline"];
+
 /// Show the outbox depth, the oldest event, rejected events and whether CloudVision answers.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "status", help_triggers("-h", "--help", "help"))]

@@ -123,9 +123,10 @@ if grep -qF "$TOKEN" "$A/out.dry"; then notok "dry run does not show the token";
 if run_install "$A/out.1"; then ok "fresh install exits 0"; else notok "fresh install exits 0" "$(tail -5 "$A/out.1")"; fi
 check "binary installed" test -x "$INSTALL_DIR/cvslurm"
 links_ok=1
-for m in cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover cvslurm-flush cvslurm-status \
-    cv-job-hook cv-job-send cv-node-inventory interface_discovery cv-job-hook.py cv-job-send.py \
-    cv-node-inventory.py interface_discovery.py; do
+# every link name the binary lists (`cvslurm --list-modes`: the mode, then its link names)
+mapfile -t links < <("$BIN" --list-modes | cut -d' ' -f2- | tr ' ' '\n' | grep -v '^$')
+((${#links[@]} >= 7)) || links_ok=0
+for m in "${links[@]}"; do
     [[ -L "$INSTALL_DIR/$m" && "$(readlink "$INSTALL_DIR/$m")" == cvslurm ]] || links_ok=0
 done
 check "every mode symlink installed" test "$links_ok" = 1
