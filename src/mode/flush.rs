@@ -68,7 +68,7 @@ pub fn run(a: Args) -> i32 {
     if !a.no_reconcile && !cfg.reconcile_interval.is_zero() {
         let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
         match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT)
-            .and_then(|c| crate::reconcile::reconcile(&cfg, &slurm, &c, &outbox))
+            .and_then(|c| crate::service::reconcile::reconcile(&cfg, &slurm, &c, &outbox))
         {
             Ok(r) if r.started + r.ended + r.corrected > 0 => log::info!(
                 "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",

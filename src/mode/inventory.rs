@@ -9,9 +9,9 @@ use crate::config::Config;
 use crate::delivery;
 use crate::logging::Sink;
 use crate::outbox::{Event, Item, Outbox};
-use crate::reconcile;
+use crate::service::reconcile;
 use crate::runner::Slurm;
-use crate::sender::Sender;
+use crate::service::sender::Sender;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use crate::systemd;
 use argh::FromArgs;
@@ -558,7 +558,7 @@ impl Inventory<'_> {
         let mut next_reconcile = Instant::now();
         let mut next_reassert = every(self.cfg.node_reassert_interval).map(|d| Instant::now() + d);
         let follow_records = self.cfg.job_interfaces != crate::attribution::JobInterfaces::Nodes;
-        let mut records = crate::resend::RecordWatch::default();
+        let mut records = crate::service::resend::RecordWatch::default();
         let mut resend_on: BTreeSet<String> = BTreeSet::new();
         if follow_records {
             records.changed(outbox);
@@ -608,12 +608,12 @@ impl Inventory<'_> {
     }
 
     /// Queues the RUNNING again of the running jobs on nodes whose record changed (see
-    /// [`crate::resend`]); the nodes stay in `nodes` until slurmctld could be asked.
+    /// [`crate::service::resend`]); the nodes stay in `nodes` until slurmctld could be asked.
     fn resend(&self, nodes: &mut BTreeSet<String>, outbox: &Outbox) {
         if nodes.is_empty() {
             return;
         }
-        match crate::resend::resend_running_on(self.cfg, &self.slurm, &self.cluster, outbox, nodes)
+        match crate::service::resend::resend_running_on(self.cfg, &self.slurm, &self.cluster, outbox, nodes)
         {
             Ok(n) => {
                 if n > 0 {
@@ -732,7 +732,7 @@ fn save_record(outbox: &Outbox, rec: &DiscoverRecord) {
 pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static AtomicBool) -> i32 {
     let outbox = Outbox::new(&cfg.state_dir);
     log::info!("service starting; CloudVision at {}", client.base_url());
-    let sender = match crate::sender::start(cfg, client.clone(), outbox.clone(), stop) {
+    let sender = match crate::service::sender::start(cfg, client.clone(), outbox.clone(), stop) {
         Ok(s) => s,
         Err(e) => {
             log::error!("cannot start the sender: {e}");

@@ -4,7 +4,7 @@
 //!
 //! The modes sit on top of the shared pieces beside this folder: [`crate::config`],
 //! [`crate::slurm`] (with [`crate::runner`] and [`crate::hostlist`]), [`crate::payload`],
-//! [`crate::outbox`] and [`crate::delivery`], [`crate::cloudvision`], [`crate::reconcile`],
+//! [`crate::outbox`] and [`crate::delivery`], [`crate::cloudvision`], [`crate::service::reconcile`],
 //! [`crate::logging`], [`crate::timefmt`] and [`crate::systemd`]. Data flows one way: Slurm
 //! facts → domain records → payload → outbox → delivery.
 
