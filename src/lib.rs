@@ -13,6 +13,7 @@ pub mod config;
 pub mod delivery;
 pub mod hook_facts;
 pub mod hostlist;
+pub mod inventory;
 pub mod logging;
 pub mod node_record;
 pub mod outbox;
