@@ -1,7 +1,10 @@
-//! The service, `cvslurm inventory --monitor`: the sender threads that deliver what the hooks
-//! queue ([`sender`]), reconciliation with Slurm ([`reconcile`]) and the resends that follow a
-//! node's changed inventory ([`resend`]).
+//! The service, `cvslurm inventory --monitor`: [`run_service`] starts the sender threads that
+//! deliver what the hooks, the polls and reconciliation queue ([`sender`], each event through
+//! the delivery engine `flush` uses too, [`engine`]), then runs the loop ([`monitor`]): node
+//! polls with the inventory ([`crate::inventory`]), resends when a node's record changes
+//! ([`resend`]) and reconciliation with Slurm ([`reconcile`]).
 
+pub mod engine;
 pub mod monitor;
 pub mod reconcile;
 pub mod resend;
