@@ -3,6 +3,11 @@
 //! The library carries all the logic; the `cvslurm` binary only dispatches to [`cli::main`].
 //! Other Rust tools can reuse the CloudVision client ([`cloudvision::Client`]) and the payload
 //! types ([`payload::JobConfig`], [`payload::NodeConfig`]).
+//!
+//! Layout: [`mode`] holds one module per mode; [`service`] the service (its loop, its sender
+//! threads, the delivery engine it shares with `flush`, reconciliation, resends);
+//! [`inventory`] the node inventory and its srun discovery; the other modules are the shared
+//! pieces (configuration, Slurm, payloads, outbox, HTTP client).
 
 pub mod attribution;
 pub mod cli;
@@ -13,15 +18,14 @@ pub mod config;
 pub mod delivery;
 pub mod hook_facts;
 pub mod hostlist;
+pub mod inventory;
 pub mod logging;
 pub mod node_record;
 pub mod outbox;
 pub mod payload;
 pub mod privilege;
-pub mod reconcile;
-pub mod resend;
 pub mod runner;
-pub mod sender;
+pub mod service;
 pub mod slurm;
 pub mod slurm_conf;
 pub mod slurm_facts;

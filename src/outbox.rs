@@ -14,7 +14,7 @@
 //!   released: no disk wait happens under the lock).
 //! - `drainer.lock` — held (`flock`) for its whole life by the one process that sends the
 //!   outbox (the service, or a `cvslurm flush`): `inflight/` belongs to it until it dies.
-//! - `wake.sock` — the service's wake-up socket (see `crate::sender`).
+//! - `wake.sock` — the service's wake-up socket (see `crate::service::sender`).
 //!
 //! Every event write is: temp file, `fsync`, `rename`, `fsync` of the directory.
 
@@ -720,7 +720,7 @@ impl Outbox {
     }
 
     /// The nodes with a record in StateDir, each with its file's inode, modification time and
-    /// size: a cheap way to notice a record that changed (see [`crate::resend`]). Records are
+    /// size: a cheap way to notice a record that changed (see [`crate::service::resend`]). Records are
     /// replaced by a rename, so a rewrite always shows a new inode, even within one clock tick.
     pub fn node_record_stamps(&self) -> BTreeMap<String, RecordStamp> {
         list_dir(&self.dir("nodes"))

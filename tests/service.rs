@@ -462,3 +462,108 @@ fn a_second_service_stands_by_and_takes_over_when_the_first_dies() {
     );
     assert_eq!(second.wait().unwrap().code(), Some(0));
 }
+
+/// Every accepted request body, grouped by the key it is for, in the order each key's came.
+fn bodies_by_key(cv: &Standin) -> std::collections::BTreeMap<String, Vec<Value>> {
+    let mut m: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+    for r in cv.requests() {
+        if r["status"] == 200 && r["method"] != "GET" {
+            let key = r["body"]["key"]["id"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| r["path"].to_string());
+            m.entry(key).or_default().push(r["body"].clone());
+        }
+    }
+    m
+}
+
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn flush_and_the_service_send_the_same_bytes_for_the_same_outbox() {
+    // The outbox a service leaves when it dies right after the hooks handed their events
+    // over: provisional ends (judged from exit codes, to be settled against slurmctld), one
+    // chained after its job's RUNNING. A socket bound here stands for that service.
+    let extra = "JobInterfaces=gpu\nMaxConcurrentRequests=2";
+    let (cv1, cv2) = (Standin::start(), Standin::start());
+    let flushed = Site::new(&cv1.server(), &cv1.ca(), extra);
+    let served = Site::new(&cv2.server(), &cv2.ca(), extra);
+    std::fs::create_dir_all(&flushed.state_dir).unwrap();
+    let sock = flushed.state_dir.join("wake.sock");
+    let listener = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+    let hooks: [(&str, &str, &str); 4] = [
+        ("prolog_slurmctld", "901", "0:0"),
+        ("epilog_slurmctld", "901", "0:15"),
+        ("epilog_slurmctld", "902", "0:0"),
+        ("epilog_slurmctld", "903", "2:0"),
+    ];
+    for (ctx, id, code) in hooks {
+        let (out, _) = flushed.hook(&job_env(ctx, id, &[("SLURM_JOB_EXIT_CODE2", code)]));
+        assert_eq!(out.status.code(), Some(0));
+    }
+    drop(listener);
+    std::fs::remove_file(&sock).unwrap();
+    assert_eq!(
+        flushed.log().matches("queued for the service").count(),
+        4,
+        "{}",
+        flushed.log()
+    );
+    let queued = flushed.outbox();
+    assert_eq!(queued.len(), 3, "{queued:?}");
+    assert!(queued.iter().any(|e| e["then"]["resolve"].is_object()));
+    assert!(queued.iter().any(|e| e["resolve"].is_object()));
+    std::fs::create_dir_all(served.state_dir.join("outbox")).unwrap();
+    for f in listing(&flushed.state_dir.join("outbox")) {
+        std::fs::copy(
+            flushed.state_dir.join("outbox").join(&f),
+            served.state_dir.join("outbox").join(&f),
+        )
+        .unwrap();
+    }
+
+    let out = flushed.run(&["flush"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(flushed.outbox().is_empty());
+
+    let _svc = Service::start(&served);
+    wait_for("the service to send all", Duration::from_secs(30), || {
+        served.outbox().is_empty()
+            && listing(&served.state_dir.join("inflight")).is_empty()
+            && cv2.accepted("JobConfig").len() == cv1.accepted("JobConfig").len()
+    });
+
+    let (a, b) = (bodies_by_key(&cv1), bodies_by_key(&cv2));
+    assert_eq!(a.len(), 3, "{a:?}");
+    assert_eq!(a, b, "flush and the service sent different bodies");
+    assert_eq!(
+        a["901@hpc-cluster-west"]
+            .iter()
+            .map(|j| j["state"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["JOB_STATE_RUNNING", "JOB_STATE_FAILED"]
+    );
+    // Both settled the ends (no slurmctld here: from the exit codes), so both marked them
+    // for verification against Slurm's final record; and both asked for the jobs' GPUs.
+    let verify = listing(&flushed.state_dir.join("verify"));
+    assert_eq!(verify.len(), 3, "{verify:?}");
+    assert_eq!(verify, listing(&served.state_dir.join("verify")));
+    // (flush logs to its stderr, the service to LogFile.)
+    for log in [stderr(&out), served.log()] {
+        assert!(
+            log.contains("job 902@hpc-cluster-west: nodes (gpu): the job's GPUs are unknown"),
+            "{log}"
+        );
+    }
+}

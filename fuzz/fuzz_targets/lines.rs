@@ -1,8 +1,9 @@
-//! `inventory::read_lines_capped`: compared with a simple model, through a reader that hands
-//! out the input in small pieces. Byte 0 is the cap, byte 1 the piece size.
+//! `inventory::read_lines_capped` (src/inventory/discovery.rs): compared with a simple model,
+//! through a reader that hands out the input in small pieces. Byte 0 is the cap, byte 1 the
+//! piece size.
 #![no_main]
 
-use cvslurm::mode::inventory::read_lines_capped;
+use cvslurm::inventory::read_lines_capped;
 use libfuzzer_sys::fuzz_target;
 use std::io::Read;
 

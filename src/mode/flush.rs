@@ -1,10 +1,12 @@
 //! `cvslurm flush`: reconcile with Slurm, then deliver what the outbox holds — for sites that do
-//! not run the cvslurm service (run it from cron), or by hand after an outage.
+//! not run the cvslurm service (run it from cron), or by hand after an outage. It delivers with
+//! the service's engine ([`crate::service::engine`]), once through the outbox.
 
 use super::common::{client, install_signal_handlers, usage, Common, STOP};
 use crate::logging::Sink;
 use crate::outbox::Outbox;
 use crate::runner::Slurm;
+use crate::service::engine;
 use crate::slurm;
 use argh::FromArgs;
 use std::path::PathBuf;
@@ -72,7 +74,7 @@ pub fn run(a: Args) -> i32 {
     if !a.no_reconcile && !cfg.reconcile_interval.is_zero() {
         let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
         match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT)
-            .and_then(|c| crate::reconcile::reconcile(&cfg, &slurm, &c, &outbox))
+            .and_then(|c| crate::service::reconcile::reconcile(&cfg, &slurm, &c, &outbox))
         {
             Ok(r) if r.started + r.ended + r.corrected > 0 => log::info!(
                 "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
@@ -85,8 +87,11 @@ pub fn run(a: Args) -> i32 {
         }
     }
     outbox.enforce_limit(cfg.outbox_max_events);
-    let r = crate::delivery::drain(&outbox, &client, cfg.max_concurrent_requests, &STOP);
-    crate::delivery::record_drain(&outbox, &r);
+    // The service's own engine: provisional ends settled against slurmctld, interfaces
+    // added as JobInterfaces says, the answers classified alike.
+    let engine = engine::Engine::new(&cfg, client, outbox.clone());
+    let r = engine::drain_once(&engine, cfg.max_concurrent_requests, &STOP);
+    engine::record_drain(&outbox, &r);
     println!(
         "outbox: {} delivered, {} kept, {} rejected{}",
         r.delivered,

@@ -7,7 +7,7 @@
 //!
 //! When the cvslurm service runs (its socket `StateDir/wake.sock` is live), the hook only
 //! writes the event to the outbox, wakes the service and exits: no network call, no slurmctld
-//! call; the service settles the end state and sends (see `crate::sender`). Without the
+//! call; the service settles the end state and sends (see `crate::service::sender`). Without the
 //! service the hook asks slurmctld and sends itself; what it could not send stays in the
 //! outbox for `cvslurm flush`.
 
@@ -18,7 +18,7 @@ use crate::logging;
 use crate::outbox::{EndFacts, Enqueued, Event, Item, Outbox};
 use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
-use crate::sender;
+use crate::service::sender;
 use crate::slurm::{self, JobInfo};
 use crate::timefmt::{format_epoch, now_epoch};
 use argh::FromArgs;

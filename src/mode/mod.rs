@@ -2,9 +2,11 @@
 //! `pub fn run(args: Args) -> i32`. [`crate::cli`] only picks the mode (from argv[0] or the
 //! subcommand) and calls its `run`.
 //!
-//! The modes sit on top of the shared pieces beside this folder: [`crate::config`],
-//! [`crate::slurm`] (with [`crate::runner`] and [`crate::hostlist`]), [`crate::payload`],
-//! [`crate::outbox`] and [`crate::delivery`], [`crate::cloudvision`], [`crate::reconcile`],
+//! The modes sit on top of the pieces beside this folder: the service ([`crate::service`]:
+//! its loop, its sender threads, the delivery engine `flush` shares, reconciliation and
+//! resends), the node inventory ([`crate::inventory`]), and the shared pieces
+//! [`crate::config`], [`crate::slurm`] (with [`crate::runner`] and [`crate::hostlist`]),
+//! [`crate::payload`], [`crate::outbox`], [`crate::delivery`], [`crate::cloudvision`],
 //! [`crate::logging`], [`crate::timefmt`] and [`crate::systemd`]. Data flows one way: Slurm
 //! facts → domain records → payload → outbox → delivery.
 

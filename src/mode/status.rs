@@ -107,7 +107,7 @@ pub fn run(a: Args) -> i32 {
         last_delivery: None,
         last_error: None,
         last_error_at: None,
-        service_running: crate::sender::connect(&cfg.state_dir).is_some(),
+        service_running: crate::service::sender::connect(&cfg.state_dir).is_some(),
     };
     let mut st = st;
     if let Some(v) = outbox.service_status() {

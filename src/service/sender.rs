@@ -7,31 +7,30 @@
 //! - The dispatcher thread wakes on each datagram (and every few seconds regardless) and
 //!   hands the pending events to `MaxConcurrentRequests` worker threads at once. The ends the
 //!   epilogs queued go first to the settler thread, which asks slurmctld in one call how all
-//!   of them ended ([`end_states`]), fixes their records and hands them out: a RUNNING never
+//!   of them ended ([`Engine::settle`]), fixes their records and hands them out: a RUNNING never
 //!   waits behind that question, and the ends that come in while it is asked form the next
 //!   batch.
 //! - The workers share one client, so at most that many keep-alive TLS connections are open
 //!   whatever the number of hooks. One key is never in two workers: a job's events go out in
-//!   order. A failure pauses every worker (backoff as `flush`; 429's `Retry-After` honoured).
+//!   order. Each worker delivers with the one engine `flush` uses too ([`Engine::deliver`]:
+//!   enrich, send, classify, finish); a kept event pauses every worker (growing backoff;
+//!   429's `Retry-After` honoured).
 //!
 //! The sender holds the outbox's drainer lock for its whole life: in-flight events are its
 //! own until it dies, and a `flush` beside it leaves them alone.
 
-use crate::attribution::JobInterfaces;
-use crate::cloudvision::{Client, SendError};
-use crate::delivery::{backoff, send_item, DrainReport};
-use crate::hook_facts as hook;
-use crate::outbox::{Event, Finish, Item, Outbox};
-use crate::runner::Slurm;
-use crate::slurm::{self, JobInfo};
-use std::collections::{HashMap, HashSet, VecDeque};
+use super::engine::{record_drain, DrainReport, Engine, Outcome};
+use crate::cloudvision::Client;
+use crate::delivery::backoff;
+use crate::outbox::{Event, Outbox};
+use std::collections::{HashSet, VecDeque};
 use std::io::ErrorKind;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// The wake-up socket's file name in StateDir.
 pub const WAKE_SOCKET: &str = "wake.sock";
@@ -48,9 +47,6 @@ pub const END_STATE_QUIET: Duration = Duration::from_millis(100);
 
 /// The longest an end waits for a quiet moment before the settler asks anyway.
 pub const END_STATE_WAIT: Duration = Duration::from_millis(1000);
-
-/// The longest slurmctld may take to answer the batch end-state question.
-pub const END_STATE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The path of the wake-up socket under `state_dir`.
 pub fn socket_path(state_dir: &Path) -> PathBuf {
@@ -83,46 +79,6 @@ pub fn wake(sock: &UnixDatagram) -> bool {
     }
 }
 
-/// Slurm's view of the given jobs, asked for the whole batch at once: one `scontrol show job`
-/// call, then one `sacct` call for the jobs slurmctld has already forgotten (a service that
-/// was down for a while). Jobs neither knows, and every job when Slurm cannot be asked, are
-/// absent from the answer (their ends are then judged from the exit codes, as a hook without
-/// slurmctld does).
-pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> HashMap<String, JobInfo> {
-    if ids.is_empty() {
-        return HashMap::new();
-    }
-    let mut found = match slurm::jobs_by_id(slurm, ids, timeout) {
-        Ok(f) => f,
-        Err(e) => {
-            log::warn!(
-                "cannot ask slurmctld how {} job(s) ended ({e}); using their exit codes",
-                ids.len()
-            );
-            return HashMap::new();
-        }
-    };
-    let missing: Vec<String> = ids
-        .iter()
-        .filter(|id| !found.contains_key(*id))
-        .cloned()
-        .collect();
-    if !missing.is_empty() {
-        if let Ok(acct) = slurm::sacct_jobs(slurm, &missing, timeout) {
-            found.extend(acct);
-        }
-    }
-    found
-}
-
-/// Nanoseconds since the epoch (the clock of [`Event::seq`]).
-fn now_nanos() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos()
-}
-
 /// The dispatcher's own state between scans.
 struct Dispatch {
     /// The pending files (name, seq) already handed to the sync thread.
@@ -140,10 +96,8 @@ struct Shared {
     state: Mutex<State>,
     ready: Condvar,
     stop: &'static AtomicBool,
-    /// `JobInterfaces`: how a job's place is sent.
-    interfaces: JobInterfaces,
-    /// For the enrichment's question to slurmctld (which GPUs a job holds).
-    slurm: Slurm,
+    /// Settles, enriches, sends and finishes (the same for `flush`).
+    engine: Engine,
 }
 
 #[derive(Default)]
@@ -158,12 +112,8 @@ struct State {
     paused_until: Option<Instant>,
     /// Failed passes in a row (for the backoff).
     failures: u32,
-    /// What happened since the dispatcher last wrote `service-status.json`.
-    report: DrainReport,
     /// A worker finished something: look at the outbox again.
     rescan: bool,
-    /// When the token-refused error was last logged.
-    token_warned_at: Option<Instant>,
 }
 
 /// A running sender (threads end with the process, or when `stop` is set).
@@ -182,10 +132,8 @@ impl Sender {
 
 /// What the sender threads need.
 struct Setup {
-    client: Client,
+    engine: Engine,
     outbox: Outbox,
-    slurm: Slurm,
-    interfaces: JobInterfaces,
     workers: usize,
     max_events: usize,
     stop: &'static AtomicBool,
@@ -206,9 +154,7 @@ pub fn start(
         state_dir: outbox.root().to_path_buf(),
     };
     let setup = Setup {
-        client,
-        slurm: Slurm::new(cfg.slurm_bin_dir.as_deref()),
-        interfaces: cfg.job_interfaces,
+        engine: Engine::new(cfg, client, outbox.clone()),
         workers: cfg.max_concurrent_requests.max(1),
         max_events: cfg.outbox_max_events,
         stop,
@@ -236,10 +182,8 @@ pub fn start(
 
 fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), String> {
     let Setup {
-        client,
+        engine,
         outbox,
-        slurm,
-        interfaces,
         workers,
         max_events,
         stop,
@@ -257,21 +201,20 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
         state: Mutex::new(State::default()),
         ready: Condvar::new(),
         stop,
-        interfaces,
-        slurm: slurm.clone(),
+        engine,
     });
     for i in 0..workers {
-        let (sh, ob, cl) = (shared.clone(), outbox.clone(), client.clone());
+        let sh = shared.clone();
         std::thread::Builder::new()
             .name(format!("send-{i}"))
-            .spawn(move || worker(&sh, &ob, &cl))
+            .spawn(move || worker(&sh))
             .map_err(|e| format!("cannot start a sender thread: {e}"))?;
     }
     std::thread::Builder::new()
         .name("dispatch".into())
         .spawn(move || {
             let _lock = lock;
-            dispatcher(&shared, &outbox, &sock, &slurm, max_events)
+            dispatcher(&shared, &outbox, &sock, max_events)
         })
         .map_err(|e| format!("cannot start the dispatcher thread: {e}"))?;
     log::info!(
@@ -319,13 +262,7 @@ fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, State> {
     sh.state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn dispatcher(
-    sh: &Arc<Shared>,
-    outbox: &Outbox,
-    sock: &UnixDatagram,
-    slurm: &Slurm,
-    max_events: usize,
-) {
+fn dispatcher(sh: &Arc<Shared>, outbox: &Outbox, sock: &UnixDatagram, max_events: usize) {
     let mut buf = [0u8; 64];
     let mut next_scan = Instant::now();
     let (syncer, batches) = std::sync::mpsc::channel::<Vec<String>>();
@@ -344,10 +281,10 @@ fn dispatcher(
         });
     {
         // The settler ends when the dispatcher does (its queue's sender is in `ds`).
-        let (sh, ob, sl, sy) = (sh.clone(), outbox.clone(), slurm.clone(), syncer.clone());
+        let (sh, ob, sy) = (sh.clone(), outbox.clone(), syncer.clone());
         let _ = std::thread::Builder::new()
             .name("settle".into())
-            .spawn(move || settle_loop(&sh, &ob, &sl, &ends, &sy));
+            .spawn(move || settle_loop(&sh, &ob, &ends, &sy));
     }
     let mut ds = Dispatch {
         synced: HashSet::new(),
@@ -385,7 +322,7 @@ fn dispatcher(
         if paused_now {
             // Sending waits, but ends are settled now, while slurmctld still knows the jobs.
             if woken {
-                scan(sh, outbox, slurm, max_events, false, &mut ds);
+                scan(sh, outbox, max_events, false, &mut ds);
             }
             continue;
         }
@@ -393,25 +330,18 @@ fn dispatcher(
             continue;
         }
         lock(sh).rescan = false;
-        scan(sh, outbox, slurm, max_events, true, &mut ds);
+        scan(sh, outbox, max_events, true, &mut ds);
         next_scan = Instant::now() + RESCAN_EVERY;
-        let report = std::mem::take(&mut lock(sh).report);
+        let report = sh.engine.take_report();
         if report != DrainReport::default() {
-            crate::delivery::record_drain(outbox, &report);
+            record_drain(outbox, &report);
         }
     }
 }
 
 /// One look at the outbox: the new files go to the sync thread, the ends that need
 /// slurmctld's word to the settler, and (`dispatch`) the rest to the workers.
-fn scan(
-    sh: &Shared,
-    outbox: &Outbox,
-    slurm: &Slurm,
-    max_events: usize,
-    dispatch: bool,
-    ds: &mut Dispatch,
-) {
+fn scan(sh: &Shared, outbox: &Outbox, max_events: usize, dispatch: bool, ds: &mut Dispatch) {
     outbox.enforce_limit(max_events);
     let pending = outbox.pending();
     // The hooks that handed their events over did not sync them: the syncer thread makes
@@ -459,7 +389,7 @@ fn scan(
         .extend(provisional.iter().map(|e| e.item.file_name()));
     if let Err(back) = ds.settler.send(provisional) {
         // No settler thread: settled here, then.
-        settle_batch(sh, outbox, slurm, back.0, &ds.syncer);
+        settle_batch(sh, outbox, back.0, &ds.syncer);
     }
 }
 
@@ -469,7 +399,6 @@ fn scan(
 fn settle_loop(
     sh: &Shared,
     outbox: &Outbox,
-    slurm: &Slurm,
     ends: &std::sync::mpsc::Receiver<Vec<Event>>,
     syncer: &Sender_<Vec<String>>,
 ) {
@@ -486,39 +415,21 @@ fn settle_loop(
                 Err(_) => break, // quiet (or the dispatcher is gone)
             }
         }
-        settle_batch(sh, outbox, slurm, batch, syncer);
+        settle_batch(sh, outbox, batch, syncer);
     }
 }
 
-/// One question to slurmctld for `provisional` (the ends), their records fixed and made
-/// durable (by the sync thread), then handed out. The ones that changed meanwhile (`resolve`
-/// found another event) are left to the next scan.
+/// One question to slurmctld for `provisional` (the ends, see [`Engine::settle`]), their
+/// records fixed and made durable (by the sync thread), then handed out. The ones that changed
+/// meanwhile are left to the next scan.
 fn settle_batch(
     sh: &Shared,
     outbox: &Outbox,
-    slurm: &Slurm,
     provisional: Vec<Event>,
     syncer: &Sender_<Vec<String>>,
 ) {
     let names: Vec<String> = provisional.iter().map(|e| e.item.file_name()).collect();
-    let ids: Vec<String> = provisional
-        .iter()
-        .filter_map(|e| match &e.item {
-            Item::Job { job } => Some(job.job_id().to_string()),
-            _ => None,
-        })
-        .collect();
-    let asked = Instant::now();
-    let ctl = end_states(slurm, &ids, END_STATE_TIMEOUT);
-    log::debug!(
-        "settle: {} end(s) asked about in one call ({} ms)",
-        ids.len(),
-        asked.elapsed().as_millis()
-    );
-    let settled: Vec<Event> = provisional
-        .into_iter()
-        .filter_map(|ev| resolve(outbox, ev, &ctl))
-        .collect();
+    let settled = sh.engine.settle(provisional);
     let files: Vec<String> = settled.iter().map(|e| e.item.file_name()).collect();
     if let Err(unsent) = syncer.send(files) {
         outbox.sync_files(&unsent.0);
@@ -548,63 +459,7 @@ fn hand_out(sh: &Shared, events: Vec<Event>) {
     sh.ready.notify_all();
 }
 
-/// Turns an epilog's provisional event (itself, or the end chained after a RUNNING) into its
-/// final one (state from slurmctld's answer, Slurm's own start and end times), writes it
-/// back, and marks a COMPLETED for verification. `None` when the event changed meanwhile (the
-/// next scan sees the new one).
-fn resolve(outbox: &Outbox, ev: Event, ctl: &HashMap<String, JobInfo>) -> Option<Event> {
-    let mut new = ev.clone();
-    let changed = match new.then.as_deref_mut() {
-        Some(next) => settle(outbox, next, ctl),
-        None => settle(outbox, &mut new, ctl),
-    };
-    if !changed {
-        return Some(ev);
-    }
-    // Not synced here (one fsync per end would hold up the batch): the caller hands the
-    // settled files to the sync thread.
-    match outbox.replace_if_same(&ev, &new, false) {
-        Ok(true) => Some(new),
-        Ok(false) => None,
-        Err(e) => {
-            log::error!("outbox: {e}");
-            None
-        }
-    }
-}
-
-/// Settles one provisional end in place; false when it was not provisional.
-fn settle(outbox: &Outbox, ev: &mut Event, ctl: &HashMap<String, JobInfo>) -> bool {
-    let Some(facts) = ev.resolve.take() else {
-        return false;
-    };
-    let Item::Job { job } = &ev.item else {
-        return false;
-    };
-    let fixed = hook::finish_end(job, &facts, ctl.get(job.job_id()));
-    if fixed.state != job.state {
-        log::info!(
-            "job {}: slurmctld says it ended {}, not {} as its exit codes say",
-            job.key.id,
-            fixed.state,
-            job.state
-        );
-    }
-    // An end slurmctld did not name as final (22.05 says COMPLETING; or it could not be
-    // asked) is checked against Slurm's final record later.
-    if !ctl.get(job.job_id()).is_some_and(hook::final_state_named) {
-        if let Err(e) = outbox.mark_for_verification(&fixed, facts.restart_count) {
-            log::warn!(
-                "job {}: cannot mark its end for verification: {e}",
-                job.key.id
-            );
-        }
-    }
-    ev.item = Item::Job { job: fixed };
-    true
-}
-
-fn worker(sh: &Shared, outbox: &Outbox, client: &Client) {
+fn worker(sh: &Shared) {
     loop {
         let ev = {
             let mut st = lock(sh);
@@ -626,97 +481,19 @@ fn worker(sh: &Shared, outbox: &Outbox, client: &Client) {
             }
         };
         let name = ev.item.file_name();
-        deliver(sh, outbox, client, &ev);
+        match sh.engine.deliver(&ev) {
+            Outcome::Delivered => lock(sh).failures = 0,
+            Outcome::Kept {
+                why, retry_after, ..
+            } => pause(sh, retry_after, &why),
+            Outcome::Broken(why) => pause(sh, None, &why),
+            Outcome::Gone | Outcome::Rejected => {}
+        }
         // A newer event of this key queued meanwhile is sent next, after this one.
-        let newer = outbox.is_pending(&ev.item);
+        let newer = sh.engine.outbox().is_pending(&ev.item);
         let mut st = lock(sh);
         st.busy.remove(&name);
         st.rescan |= newer;
-    }
-}
-
-/// With `JobInterfaces=gpu|auto`, the record of a Slurm job as it is sent: the MACs of the
-/// NICs nearest the GPUs it holds on shared nodes (see [`crate::attribution::enrich`]). Asked
-/// here, on a sender thread, never in the hook. `None`: send the event as queued.
-fn enrich(sh: &Shared, outbox: &Outbox, item: &Item) -> Option<Item> {
-    let Item::Job { job } = item else {
-        return None;
-    };
-    if sh.interfaces == JobInterfaces::Nodes
-        || job.nodes.is_none()
-        || job.job_type == Some(crate::payload::JobType::Tenant)
-    {
-        return None;
-    }
-    let mut job = job.clone();
-    crate::attribution::enrich(sh.interfaces, &sh.slurm, outbox, &mut job);
-    Some(Item::Job { job })
-}
-
-/// Takes, sends and finishes one event.
-fn deliver(sh: &Shared, outbox: &Outbox, client: &Client, ev: &Event) {
-    let taken = match outbox.take(ev) {
-        Ok(Some(t)) => t,
-        Ok(None) => return, // replaced or gone meanwhile
-        Err(e) => {
-            log::error!("outbox: {e}");
-            pause(sh, None, &e);
-            return;
-        }
-    };
-    let what = taken.item.describe();
-    let enriched = enrich(sh, outbox, &taken.item);
-    let result = send_item(client, enriched.as_ref().unwrap_or(&taken.item), None);
-    let finish = match &result {
-        Ok(a) => {
-            let mut st = lock(sh);
-            st.failures = 0;
-            st.report.delivered += 1;
-            drop(st);
-            let delay = now_nanos().saturating_sub(taken.seq) / 1_000_000;
-            log::info!(
-                "outbox: delivered {what} (HTTP {}, {delay} ms after it was queued)",
-                a.status
-            );
-            Finish::Delivered
-        }
-        Err(e)
-            if e.retryable()
-                || matches!(
-                    e,
-                    SendError::NotConfigured(_) | SendError::TokenRefused { .. }
-                ) =>
-        {
-            let retry_after = match e {
-                SendError::RateLimited { retry_after } => *retry_after,
-                _ => None,
-            };
-            if matches!(e, SendError::TokenRefused { .. }) {
-                let mut st = lock(sh);
-                st.report.token_refused = true;
-                if st
-                    .token_warned_at
-                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
-                {
-                    log::error!("outbox: {what} kept: {e}");
-                    st.token_warned_at = Some(Instant::now());
-                }
-            }
-            pause(sh, retry_after, &e.to_string());
-            log::debug!("outbox: {what} kept: {e}");
-            Finish::Retry
-        }
-        Err(e) => {
-            let mut st = lock(sh);
-            st.report.rejected += 1;
-            st.report.last_error = Some(e.to_string());
-            drop(st);
-            log::error!("outbox: {what} rejected, moved to rejected/: {e}");
-            Finish::Reject(e.to_string())
-        }
-    };
-    if let Err(e) = outbox.finish(&taken, finish) {
-        log::error!("outbox: {e}");
     }
 }
 
@@ -731,7 +508,6 @@ fn pause(sh: &Shared, retry_after: Option<Duration>, why: &str) {
     let mut wait = backoff(st.failures, Duration::from_secs(300));
     if let Some(ra) = retry_after {
         wait = wait.max(ra.min(Duration::from_secs(300)));
-        st.report.retry_after = st.report.retry_after.max(Some(ra));
     }
     let until = Instant::now() + wait;
     if st.paused_until.is_none_or(|p| p < until) {
@@ -743,8 +519,6 @@ fn pause(sh: &Shared, retry_after: Option<Duration>, why: &str) {
         }
         st.paused_until = Some(until);
     }
-    st.report.kept += 1;
-    st.report.last_error = Some(why.to_string());
     st.rescan = true; // once the pause is over
     let dropped: Vec<Event> = st.queue.drain(..).collect();
     for ev in dropped {

@@ -94,7 +94,7 @@ pub fn resend_running_on(
     let mut queued = 0;
     for j in listing
         .iter()
-        .filter(|j| crate::reconcile::running_settled(j))
+        .filter(|j| crate::service::reconcile::running_settled(j))
     {
         let key = format!("{}@{cluster}", j.job_id);
         let Some(start) = starts.get(&key).copied() else {

@@ -1,0 +1,145 @@
+//! The node inventory: nodes from sinfo, interfaces from `cvslurm discover` run on them
+//! through srun ([`discovery`]), one NodeConfig per node. `cvslurm inventory` runs it once
+//! ([`Inventory::run_once`]); the service ([`crate::service`]) polls with it.
+
+pub mod discovery;
+
+pub use discovery::read_lines_capped;
+
+use crate::cloudvision::Client;
+use crate::config::Config;
+use crate::delivery;
+use crate::node_record::DiscoverRecord;
+use crate::outbox::Outbox;
+use crate::runner::Slurm;
+use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+
+/// What inventory needs to run.
+pub struct Inventory<'a> {
+    /// The configuration.
+    pub cfg: &'a Config,
+    /// The Slurm command runner.
+    pub slurm: Slurm,
+    /// The cluster name.
+    pub cluster: String,
+    /// The client; `None` for a dry run.
+    pub client: Option<Client>,
+    /// Set by SIGTERM/SIGINT.
+    pub stop: &'a AtomicBool,
+}
+
+/// Per-node outcome of a discovery pass.
+pub type Discovered = BTreeMap<String, Result<DiscoverRecord, String>>;
+
+impl Inventory<'_> {
+    /// One full inventory: prints a summary; returns the exit code (1 if anything failed).
+    pub fn run_once(&self) -> i32 {
+        let nodes = match slurm::sinfo_nodes(&self.slurm, COMMAND_TIMEOUT) {
+            Ok(n) => n,
+            Err(e) => {
+                log::error!("cannot list nodes: {e}");
+                return 1;
+            }
+        };
+        let (avail, unavail): (Vec<&SinfoNode>, Vec<&SinfoNode>) =
+            nodes.iter().partition(|n| n.available());
+        let found = self.discover(&avail);
+        let mut ok_nodes = Vec::new();
+        let mut failed: Vec<String> = Vec::new();
+        let outbox = self
+            .client
+            .is_some()
+            .then(|| Outbox::new(&self.cfg.state_dir));
+        for (name, r) in &found {
+            match r {
+                Ok(rec) => {
+                    if let Some(o) = &outbox {
+                        save_record(o, rec);
+                    }
+                    ok_nodes.push(rec.to_node_config(&self.cluster))
+                }
+                Err(e) => {
+                    log::error!("node {name}: discovery failed: {e}");
+                    failed.push(name.clone());
+                }
+            }
+        }
+        let mut sent = 0;
+        match &self.client {
+            None => {
+                for n in &ok_nodes {
+                    match &self.cfg.api_server {
+                        Some(s) => {
+                            println!("POST https://{s}{}", crate::cloudvision::NODE_CONFIG_PATH)
+                        }
+                        None => println!("POST {}", crate::cloudvision::NODE_CONFIG_PATH),
+                    }
+                    println!("{}", serde_json::to_string_pretty(n).expect("serializes"));
+                }
+            }
+            Some(c) => {
+                let results =
+                    delivery::send_all(&ok_nodes, self.cfg.max_concurrent_requests, |n| {
+                        c.post_node(n, None)
+                    });
+                for (n, r) in ok_nodes.iter().zip(results) {
+                    match r {
+                        Ok(_) => sent += 1,
+                        Err(e) => {
+                            log::error!("node {}: not sent: {e}", n.key.id);
+                            failed.push(n.key.id.clone());
+                        }
+                    }
+                }
+            }
+        }
+        let unavailable: Vec<String> = unavail
+            .iter()
+            .map(|n| format!("{} ({})", n.name, n.state))
+            .collect();
+        let verb = if self.client.is_some() {
+            "sent"
+        } else {
+            "would send"
+        };
+        println!(
+            "inventory of cluster {}: {} {verb}, {} failed{}, {} unavailable{}",
+            self.cluster,
+            if self.client.is_some() {
+                sent
+            } else {
+                ok_nodes.len()
+            },
+            failed.len(),
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", failed.join(", "))
+            },
+            unavailable.len(),
+            if unavailable.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", unavailable.join(", "))
+            },
+        );
+        i32::from(!failed.is_empty())
+    }
+}
+
+/// Keeps a node's record in StateDir (for `JobInterfaces`); a failure is logged, not fatal.
+pub fn save_record(outbox: &Outbox, rec: &DiscoverRecord) {
+    if let Some(t) = &rec.topology {
+        log::debug!(
+            "node {}: {} GPU(s); nearest GPUs per NIC: {:?}",
+            rec.node_name,
+            t.gpus.len(),
+            crate::topology::nic_map(t)
+        );
+    }
+    if let Err(e) = outbox.save_node_record(rec) {
+        log::error!("node {}: cannot keep its record: {e}", rec.node_name);
+    }
+}

@@ -1,0 +1,70 @@
+//! The service, `cvslurm inventory --monitor`: [`run_service`] starts the sender threads that
+//! deliver what the hooks, the polls and reconciliation queue ([`sender`], each event through
+//! the delivery engine `flush` uses too, [`engine`]), then runs the loop ([`monitor`]): node
+//! polls with the inventory ([`crate::inventory`]), resends when a node's record changes
+//! ([`resend`]) and reconciliation with Slurm ([`reconcile`]).
+
+pub mod engine;
+pub mod monitor;
+pub mod reconcile;
+pub mod resend;
+pub mod sender;
+
+use crate::cloudvision::Client;
+use crate::config::Config;
+use crate::inventory::Inventory;
+use crate::outbox::Outbox;
+use crate::runner::Slurm;
+use crate::slurm::{self, COMMAND_TIMEOUT};
+use crate::systemd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// `cvslurm inventory --monitor`, the service: starts the sender first (so hooks hand their
+/// events over even while slurmctld cannot be reached), then learns the cluster name
+/// (retrying until slurmctld answers) and runs [`monitor::monitor`].
+pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static AtomicBool) -> i32 {
+    let outbox = Outbox::new(&cfg.state_dir);
+    log::info!("service starting; CloudVision at {}", client.base_url());
+    let sender = match sender::start(cfg, client.clone(), outbox.clone(), stop) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("cannot start the sender: {e}");
+            return 1;
+        }
+    };
+    systemd::notify("READY=1");
+    let mut warned = false;
+    let cluster = loop {
+        match slurm::cluster_name(&slurm, COMMAND_TIMEOUT) {
+            Ok(c) => break c,
+            Err(e) => {
+                if !warned {
+                    log::error!(
+                        "{e}; sending the outbox meanwhile, asking again every {} s",
+                        cfg.poll_interval.as_secs()
+                    );
+                    warned = true;
+                }
+            }
+        }
+        let until = Instant::now() + cfg.poll_interval;
+        while Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                log::info!("stopping");
+                systemd::notify("STOPPING=1");
+                return 0;
+            }
+            systemd::notify("WATCHDOG=1");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let inv = Inventory {
+        cfg,
+        slurm,
+        cluster,
+        client: Some(client),
+        stop,
+    };
+    monitor::monitor(&inv, &outbox, &sender)
+}

@@ -1,0 +1,190 @@
+//! The service loop: node polls (nodes that appear or come back are sent, nodes that leave
+//! are deleted, each node re-asserted every `NodeReassertInterval`), resends when a node's
+//! record changes, and reconciliation every `ReconcileInterval`. The sender delivers what it
+//! queues.
+
+use super::sender::Sender;
+use super::{reconcile, resend};
+use crate::inventory::Inventory;
+use crate::outbox::{Event, Item, Outbox};
+use crate::slurm::{self, COMMAND_TIMEOUT};
+use crate::systemd;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// What the monitor knows of a node since it last listed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Available, and its NodeConfig was queued.
+    Sent,
+    /// Not available (or its discovery failed): sent again once it is.
+    Unavailable,
+    /// Due for re-assertion (`NodeReassertInterval`).
+    Refresh,
+}
+
+/// The service loop: node polls and reconciliation; the sender (started by
+/// [`super::run_service`]) delivers what they and the hooks queue. Returns the exit code when
+/// stopped: within 200 ms of SIGTERM (between polls), whatever CloudVision does — what
+/// is in flight stays in `inflight/` and the next start sends it.
+pub fn monitor(inv: &Inventory, outbox: &Outbox, sender: &Sender) -> i32 {
+    log::info!(
+        "monitoring cluster {} every {} s",
+        inv.cluster,
+        inv.cfg.poll_interval.as_secs(),
+    );
+    let mut known: BTreeMap<String, Seen> = BTreeMap::new();
+    let mut next_poll = Instant::now();
+    let every = |d: Duration| (!d.is_zero()).then_some(d);
+    let mut next_reconcile = Instant::now();
+    let mut next_reassert = every(inv.cfg.node_reassert_interval).map(|d| Instant::now() + d);
+    let follow_records = inv.cfg.job_interfaces != crate::attribution::JobInterfaces::Nodes;
+    let mut records = resend::RecordWatch::default();
+    let mut resend_on: BTreeSet<String> = BTreeSet::new();
+    if follow_records {
+        records.changed(outbox);
+    }
+    while !inv.stop.load(Ordering::Relaxed) {
+        systemd::notify("WATCHDOG=1");
+        if next_reassert.is_some_and(|t| Instant::now() >= t) {
+            let n = known
+                .values_mut()
+                .filter(|v| **v == Seen::Sent)
+                .map(|v| *v = Seen::Refresh)
+                .count();
+            log::info!("re-asserting the NodeConfig of {n} node(s) (NodeReassertInterval)");
+            next_reassert = every(inv.cfg.node_reassert_interval).map(|d| Instant::now() + d);
+            next_poll = Instant::now();
+        }
+        if Instant::now() >= next_poll {
+            poll(inv, &mut known, outbox);
+            if follow_records {
+                resend_on.extend(records.changed(outbox));
+                resend(inv, &mut resend_on, outbox);
+            }
+            sender.wake();
+            next_poll = Instant::now() + inv.cfg.poll_interval;
+        }
+        if !inv.cfg.reconcile_interval.is_zero() && Instant::now() >= next_reconcile {
+            match reconcile::reconcile(inv.cfg, &inv.slurm, &inv.cluster, outbox) {
+                Ok(r) if r.started + r.ended + r.corrected > 0 => {
+                    log::info!(
+                        "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
+                        r.started,
+                        r.ended,
+                        r.corrected
+                    );
+                    sender.wake();
+                }
+                Ok(_) => {}
+                Err(e) => log::error!("reconcile: {e}"),
+            }
+            next_reconcile = Instant::now() + inv.cfg.reconcile_interval;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    log::info!("stopping");
+    systemd::notify("STOPPING=1");
+    0
+}
+
+/// Queues the RUNNING again of the running jobs on nodes whose record changed (see
+/// [`crate::service::resend`]); the nodes stay in `nodes` until slurmctld could be asked.
+fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &Outbox) {
+    if nodes.is_empty() {
+        return;
+    }
+    match resend::resend_running_on(inv.cfg, &inv.slurm, &inv.cluster, outbox, nodes) {
+        Ok(n) => {
+            if n > 0 {
+                log::info!("{n} running job(s) queued again: the inventory of their nodes changed");
+            }
+            nodes.clear();
+        }
+        Err(e) => log::error!("cannot resend the jobs on changed nodes yet: {e}"),
+    }
+}
+
+/// One monitor poll: discover nodes that appeared, came back or are due for re-assertion;
+/// delete nodes that left.
+fn poll(inv: &Inventory, known: &mut BTreeMap<String, Seen>, outbox: &Outbox) {
+    let nodes = match slurm::sinfo_nodes(&inv.slurm, COMMAND_TIMEOUT) {
+        Ok(n) => n,
+        Err(e) => {
+            log::error!("cannot list nodes: {e}");
+            return;
+        }
+    };
+    let present: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    let gone: Vec<String> = known
+        .keys()
+        .filter(|k| !present.contains(k.as_str()))
+        .cloned()
+        .collect();
+    for name in gone {
+        known.remove(&name);
+        outbox.forget_node_record(&name);
+        log::info!("node {name}: left the cluster; deleting its NodeConfig");
+        queue(outbox, Item::NodeDelete { name });
+    }
+    let mut to_discover = Vec::new();
+    for n in &nodes {
+        let was = known.get(&n.name).copied();
+        if n.available() {
+            if was != Some(Seen::Sent) {
+                to_discover.push(n);
+            }
+            continue;
+        }
+        match was {
+            Some(Seen::Sent) | Some(Seen::Refresh) => log::info!(
+                "node {}: now {}; it will be sent again when it comes back",
+                n.name,
+                n.state
+            ),
+            None => log::info!("node {}: {} (not available for discovery)", n.name, n.state),
+            Some(Seen::Unavailable) => {}
+        }
+        known.insert(n.name.clone(), Seen::Unavailable);
+    }
+    if to_discover.is_empty() {
+        return;
+    }
+    for (name, r) in inv.discover(&to_discover) {
+        match r {
+            Ok(rec) => {
+                let verb = match known.get(&name) {
+                    None => "appeared",
+                    Some(Seen::Refresh) => "re-asserting",
+                    Some(_) => "came back",
+                };
+                log::info!(
+                    "node {name}: {verb}; sending NodeConfig ({} interface(s))",
+                    rec.interfaces.len()
+                );
+                known.insert(name, Seen::Sent);
+                crate::inventory::save_record(outbox, &rec);
+                queue(
+                    outbox,
+                    Item::Node {
+                        node: rec.to_node_config(&inv.cluster),
+                    },
+                );
+            }
+            Err(e) => {
+                log::warn!("node {name}: discovery failed, will retry next poll: {e}");
+                let seen = known.entry(name).or_insert(Seen::Unavailable);
+                if *seen == Seen::Sent {
+                    *seen = Seen::Unavailable;
+                }
+            }
+        }
+    }
+}
+
+fn queue(outbox: &Outbox, item: Item) {
+    if let Err(e) = outbox.enqueue(&Event::new(item, (0, 0))) {
+        log::error!("outbox: {e}");
+    }
+}
