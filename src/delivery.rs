@@ -2,7 +2,8 @@
 //! (used by `cvslurm flush` and by the service).
 
 use crate::cloudvision::{Answer, Client, SendError};
-use crate::outbox::{Event, Finish, Item, Outbox};
+use crate::state::queue::{Event, Finish, Item};
+use crate::state::StateDir;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -173,12 +174,12 @@ pub struct DrainReport {
 /// are never sent concurrently (the outbox holds one per key). Stops early when `stop` is set
 /// or when CloudVision refuses the token.
 pub fn drain(
-    outbox: &Outbox,
+    outbox: &StateDir,
     client: &Client,
     concurrency: usize,
     stop: &AtomicBool,
 ) -> DrainReport {
-    let pending: VecDeque<Event> = outbox.pending().into();
+    let pending: VecDeque<Event> = outbox.queue.pending().into();
     let queue = Mutex::new(pending);
     let report = Mutex::new(DrainReport::default());
     let halt = AtomicBool::new(false);
@@ -192,7 +193,7 @@ pub fn drain(
                 let Some(ev) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
                     break;
                 };
-                let taken = match outbox.take(&ev) {
+                let taken = match outbox.queue.take(&ev) {
                     Ok(Some(t)) => t,
                     Ok(None) => continue, // replaced or taken meanwhile
                     Err(e) => {
@@ -239,12 +240,12 @@ pub fn drain(
                 };
                 drop(r);
                 let follows = taken.then.is_some() && !matches!(finish, Finish::Retry);
-                if let Err(e) = outbox.finish(&taken, finish) {
+                if let Err(e) = outbox.queue.finish(&taken, finish) {
                     log::error!("outbox: {e}");
                 }
                 // The job's end, chained after its RUNNING, goes out in this pass too.
                 if follows {
-                    if let Some(next) = outbox.pending_of(&taken.item) {
+                    if let Some(next) = outbox.queue.pending_of(&taken.item) {
                         queue
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -271,8 +272,10 @@ pub fn backoff(failures: u32, cap: Duration) -> Duration {
 }
 
 /// Records a drain pass in the outbox's `service-status.json` for `cvslurm status`.
-pub fn record_drain(outbox: &Outbox, r: &DrainReport) {
-    outbox.record_drain(r.delivered, r.last_error.as_deref());
+pub fn record_drain(outbox: &StateDir, r: &DrainReport) {
+    outbox
+        .status
+        .record_drain(r.delivered, r.last_error.as_deref());
 }
 
 #[cfg(test)]

@@ -21,9 +21,10 @@ use crate::attribution::JobInterfaces;
 use crate::cloudvision::{Client, SendError};
 use crate::delivery::{backoff, send_item, DrainReport};
 use crate::hook_facts as hook;
-use crate::outbox::{Event, Finish, Item, Outbox};
 use crate::runner::Slurm;
 use crate::slurm::{self, JobInfo};
+use crate::state::queue::{Event, Finish, Item};
+use crate::state::StateDir;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::ErrorKind;
 use std::os::unix::fs::FileTypeExt;
@@ -34,7 +35,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The wake-up socket's file name in StateDir.
-pub const WAKE_SOCKET: &str = "wake.sock";
+pub use crate::state::layout::WAKE_SOCKET;
 
 /// How often the dispatcher looks at the outbox even when nobody woke it.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(5);
@@ -183,7 +184,7 @@ impl Sender {
 /// What the sender threads need.
 struct Setup {
     client: Client,
-    outbox: Outbox,
+    outbox: StateDir,
     slurm: Slurm,
     interfaces: JobInterfaces,
     workers: usize,
@@ -199,7 +200,7 @@ struct Setup {
 pub fn start(
     cfg: &crate::config::Config,
     client: Client,
-    outbox: Outbox,
+    outbox: StateDir,
     stop: &'static AtomicBool,
 ) -> Result<Sender, String> {
     let sender = Sender {
@@ -214,14 +215,14 @@ pub fn start(
         stop,
         outbox,
     };
-    if let Some(lock) = setup.outbox.drainer_lock(false)? {
+    if let Some(lock) = setup.outbox.queue.drainer_lock(false)? {
         run(setup, lock)?;
         return Ok(sender);
     }
     log::warn!("another process (a cvslurm flush, or a second service) is sending the outbox; this service sends once it ends");
     std::thread::Builder::new()
         .name("standby".into())
-        .spawn(move || match setup.outbox.drainer_lock(true) {
+        .spawn(move || match setup.outbox.queue.drainer_lock(true) {
             Ok(Some(lock)) => {
                 if let Err(e) = run(setup, lock) {
                     log::error!("cannot start the sender: {e}");
@@ -244,7 +245,7 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
         max_events,
         stop,
     } = setup;
-    match outbox.recover() {
+    match outbox.queue.recover() {
         Ok(n) if n > 0 => {
             log::info!("outbox: {n} event(s) were in flight when the last run stopped; requeued")
         }
@@ -282,7 +283,7 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
 }
 
 /// Binds the wake-up socket, replacing a stale one (never anything that is not a socket).
-fn bind(path: &Path, outbox: &Outbox) -> Result<UnixDatagram, String> {
+fn bind(path: &Path, outbox: &StateDir) -> Result<UnixDatagram, String> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             // Still bound by a live process? Then a second service is running.
@@ -321,7 +322,7 @@ fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, State> {
 
 fn dispatcher(
     sh: &Arc<Shared>,
-    outbox: &Outbox,
+    outbox: &StateDir,
     sock: &UnixDatagram,
     slurm: &Slurm,
     max_events: usize,
@@ -339,7 +340,7 @@ fn dispatcher(
                 while let Ok(more) = batches.try_recv() {
                     names.extend(more);
                 }
-                ob.sync_files(&names);
+                ob.queue.sync_files(&names);
             }
         });
     {
@@ -406,14 +407,14 @@ fn dispatcher(
 /// slurmctld's word to the settler, and (`dispatch`) the rest to the workers.
 fn scan(
     sh: &Shared,
-    outbox: &Outbox,
+    outbox: &StateDir,
     slurm: &Slurm,
     max_events: usize,
     dispatch: bool,
     ds: &mut Dispatch,
 ) {
-    outbox.enforce_limit(max_events);
-    let pending = outbox.pending();
+    outbox.queue.enforce_limit(max_events);
+    let pending = outbox.queue.pending();
     // The hooks that handed their events over did not sync them: the syncer thread makes
     // the new ones durable, batch by batch, beside the sending (sending need not wait: an
     // event CloudVision has is safe; what matters is how soon a queued one is on disk).
@@ -424,7 +425,7 @@ fn scan(
         .collect();
     if !new.is_empty() {
         if let Err(unsent) = ds.syncer.send(new) {
-            outbox.sync_files(&unsent.0); // no sync thread: here, then
+            outbox.queue.sync_files(&unsent.0); // no sync thread: here, then
         }
     }
     ds.synced = pending
@@ -468,7 +469,7 @@ fn scan(
 /// asked, is in the batch), and hands the settled events to the workers.
 fn settle_loop(
     sh: &Shared,
-    outbox: &Outbox,
+    outbox: &StateDir,
     slurm: &Slurm,
     ends: &std::sync::mpsc::Receiver<Vec<Event>>,
     syncer: &Sender_<Vec<String>>,
@@ -495,7 +496,7 @@ fn settle_loop(
 /// found another event) are left to the next scan.
 fn settle_batch(
     sh: &Shared,
-    outbox: &Outbox,
+    outbox: &StateDir,
     slurm: &Slurm,
     provisional: Vec<Event>,
     syncer: &Sender_<Vec<String>>,
@@ -521,7 +522,7 @@ fn settle_batch(
         .collect();
     let files: Vec<String> = settled.iter().map(|e| e.item.file_name()).collect();
     if let Err(unsent) = syncer.send(files) {
-        outbox.sync_files(&unsent.0);
+        outbox.queue.sync_files(&unsent.0);
     }
     let changed = settled.len() < names.len();
     // Sent once any pause is over (the workers wait it out).
@@ -552,7 +553,7 @@ fn hand_out(sh: &Shared, events: Vec<Event>) {
 /// final one (state from slurmctld's answer, Slurm's own start and end times), writes it
 /// back, and marks a COMPLETED for verification. `None` when the event changed meanwhile (the
 /// next scan sees the new one).
-fn resolve(outbox: &Outbox, ev: Event, ctl: &HashMap<String, JobInfo>) -> Option<Event> {
+fn resolve(outbox: &StateDir, ev: Event, ctl: &HashMap<String, JobInfo>) -> Option<Event> {
     let mut new = ev.clone();
     let changed = match new.then.as_deref_mut() {
         Some(next) => settle(outbox, next, ctl),
@@ -563,7 +564,7 @@ fn resolve(outbox: &Outbox, ev: Event, ctl: &HashMap<String, JobInfo>) -> Option
     }
     // Not synced here (one fsync per end would hold up the batch): the caller hands the
     // settled files to the sync thread.
-    match outbox.replace_if_same(&ev, &new, false) {
+    match outbox.queue.replace_if_same(&ev, &new, false) {
         Ok(true) => Some(new),
         Ok(false) => None,
         Err(e) => {
@@ -574,7 +575,7 @@ fn resolve(outbox: &Outbox, ev: Event, ctl: &HashMap<String, JobInfo>) -> Option
 }
 
 /// Settles one provisional end in place; false when it was not provisional.
-fn settle(outbox: &Outbox, ev: &mut Event, ctl: &HashMap<String, JobInfo>) -> bool {
+fn settle(outbox: &StateDir, ev: &mut Event, ctl: &HashMap<String, JobInfo>) -> bool {
     let Some(facts) = ev.resolve.take() else {
         return false;
     };
@@ -593,7 +594,10 @@ fn settle(outbox: &Outbox, ev: &mut Event, ctl: &HashMap<String, JobInfo>) -> bo
     // An end slurmctld did not name as final (22.05 says COMPLETING; or it could not be
     // asked) is checked against Slurm's final record later.
     if !ctl.get(job.job_id()).is_some_and(hook::final_state_named) {
-        if let Err(e) = outbox.mark_for_verification(&fixed, facts.restart_count) {
+        if let Err(e) = outbox
+            .marks
+            .mark_for_verification(&fixed, facts.restart_count)
+        {
             log::warn!(
                 "job {}: cannot mark its end for verification: {e}",
                 job.key.id
@@ -604,7 +608,7 @@ fn settle(outbox: &Outbox, ev: &mut Event, ctl: &HashMap<String, JobInfo>) -> bo
     true
 }
 
-fn worker(sh: &Shared, outbox: &Outbox, client: &Client) {
+fn worker(sh: &Shared, outbox: &StateDir, client: &Client) {
     loop {
         let ev = {
             let mut st = lock(sh);
@@ -628,7 +632,7 @@ fn worker(sh: &Shared, outbox: &Outbox, client: &Client) {
         let name = ev.item.file_name();
         deliver(sh, outbox, client, &ev);
         // A newer event of this key queued meanwhile is sent next, after this one.
-        let newer = outbox.is_pending(&ev.item);
+        let newer = outbox.queue.is_pending(&ev.item);
         let mut st = lock(sh);
         st.busy.remove(&name);
         st.rescan |= newer;
@@ -638,7 +642,7 @@ fn worker(sh: &Shared, outbox: &Outbox, client: &Client) {
 /// With `JobInterfaces=gpu|auto`, the record of a Slurm job as it is sent: the MACs of the
 /// NICs nearest the GPUs it holds on shared nodes (see [`crate::attribution::enrich`]). Asked
 /// here, on a sender thread, never in the hook. `None`: send the event as queued.
-fn enrich(sh: &Shared, outbox: &Outbox, item: &Item) -> Option<Item> {
+fn enrich(sh: &Shared, outbox: &StateDir, item: &Item) -> Option<Item> {
     let Item::Job { job } = item else {
         return None;
     };
@@ -654,8 +658,8 @@ fn enrich(sh: &Shared, outbox: &Outbox, item: &Item) -> Option<Item> {
 }
 
 /// Takes, sends and finishes one event.
-fn deliver(sh: &Shared, outbox: &Outbox, client: &Client, ev: &Event) {
-    let taken = match outbox.take(ev) {
+fn deliver(sh: &Shared, outbox: &StateDir, client: &Client, ev: &Event) {
+    let taken = match outbox.queue.take(ev) {
         Ok(Some(t)) => t,
         Ok(None) => return, // replaced or gone meanwhile
         Err(e) => {
@@ -715,7 +719,7 @@ fn deliver(sh: &Shared, outbox: &Outbox, client: &Client, ev: &Event) {
             Finish::Reject(e.to_string())
         }
     };
-    if let Err(e) = outbox.finish(&taken, finish) {
+    if let Err(e) = outbox.queue.finish(&taken, finish) {
         log::error!("outbox: {e}");
     }
 }

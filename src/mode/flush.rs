@@ -3,9 +3,9 @@
 
 use super::common::{client, install_signal_handlers, usage, Common, STOP};
 use crate::logging::Sink;
-use crate::outbox::Outbox;
 use crate::runner::Slurm;
 use crate::slurm;
+use crate::state::StateDir;
 use argh::FromArgs;
 use std::path::PathBuf;
 
@@ -45,9 +45,9 @@ pub fn run(a: Args) -> i32 {
         }
     };
     install_signal_handlers();
-    let outbox = Outbox::new(&cfg.state_dir);
+    let outbox = StateDir::new(&cfg.state_dir);
     // One drainer at a time: what the service (or another flush) has in flight is its own.
-    let _drainer = match outbox.drainer_lock(false) {
+    let _drainer = match outbox.queue.drainer_lock(false) {
         Ok(Some(l)) => l,
         Ok(None) => {
             println!("outbox: another drainer (the cvslurm service, or another flush) is sending it now; nothing to do");
@@ -58,7 +58,7 @@ pub fn run(a: Args) -> i32 {
             return 1;
         }
     };
-    if let Err(e) = outbox.recover() {
+    if let Err(e) = outbox.queue.recover() {
         log::error!("{e}");
         return 1;
     }
@@ -80,7 +80,7 @@ pub fn run(a: Args) -> i32 {
             Err(e) => log::debug!("reconcile skipped: {e}"),
         }
     }
-    outbox.enforce_limit(cfg.outbox_max_events);
+    outbox.queue.enforce_limit(cfg.outbox_max_events);
     let r = crate::delivery::drain(&outbox, &client, cfg.max_concurrent_requests, &STOP);
     crate::delivery::record_drain(&outbox, &r);
     println!(

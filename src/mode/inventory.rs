@@ -8,11 +8,12 @@ use crate::cloudvision::Client;
 use crate::config::Config;
 use crate::delivery;
 use crate::logging::Sink;
-use crate::outbox::{Event, Item, Outbox};
 use crate::reconcile;
 use crate::runner::Slurm;
 use crate::sender::Sender;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
+use crate::state::queue::{Event, Item};
+use crate::state::StateDir;
 use crate::systemd;
 use argh::FromArgs;
 use std::collections::{BTreeMap, BTreeSet};
@@ -465,7 +466,7 @@ impl Inventory<'_> {
         let outbox = self
             .client
             .is_some()
-            .then(|| Outbox::new(&self.cfg.state_dir));
+            .then(|| StateDir::new(&self.cfg.state_dir));
         for (name, r) in &found {
             match r {
                 Ok(rec) => {
@@ -546,7 +547,7 @@ impl Inventory<'_> {
     /// [`run_service`]) delivers what they and the hooks queue. Returns the exit code when
     /// stopped: within 200 ms of SIGTERM (between polls), whatever CloudVision does — what
     /// is in flight stays in `inflight/` and the next start sends it.
-    pub fn monitor(&self, outbox: &Outbox, sender: &Sender) -> i32 {
+    pub fn monitor(&self, outbox: &StateDir, sender: &Sender) -> i32 {
         log::info!(
             "monitoring cluster {} every {} s",
             self.cluster,
@@ -609,7 +610,7 @@ impl Inventory<'_> {
 
     /// Queues the RUNNING again of the running jobs on nodes whose record changed (see
     /// [`crate::resend`]); the nodes stay in `nodes` until slurmctld could be asked.
-    fn resend(&self, nodes: &mut BTreeSet<String>, outbox: &Outbox) {
+    fn resend(&self, nodes: &mut BTreeSet<String>, outbox: &StateDir) {
         if nodes.is_empty() {
             return;
         }
@@ -629,7 +630,7 @@ impl Inventory<'_> {
 
     /// One monitor poll: discover nodes that appeared, came back or are due for re-assertion;
     /// delete nodes that left.
-    fn poll(&self, known: &mut BTreeMap<String, Seen>, outbox: &Outbox) {
+    fn poll(&self, known: &mut BTreeMap<String, Seen>, outbox: &StateDir) {
         let nodes = match slurm::sinfo_nodes(&self.slurm, COMMAND_TIMEOUT) {
             Ok(n) => n,
             Err(e) => {
@@ -645,7 +646,7 @@ impl Inventory<'_> {
             .collect();
         for name in gone {
             known.remove(&name);
-            outbox.forget_node_record(&name);
+            outbox.nodes.forget(&name);
             log::info!("node {name}: left the cluster; deleting its NodeConfig");
             self.queue(outbox, Item::NodeDelete { name });
         }
@@ -704,15 +705,15 @@ impl Inventory<'_> {
         }
     }
 
-    fn queue(&self, outbox: &Outbox, item: Item) {
-        if let Err(e) = outbox.enqueue(&Event::new(item, (0, 0))) {
+    fn queue(&self, outbox: &StateDir, item: Item) {
+        if let Err(e) = outbox.queue.enqueue(&Event::new(item, (0, 0))) {
             log::error!("outbox: {e}");
         }
     }
 }
 
 /// Keeps a node's record in StateDir (for `JobInterfaces`); a failure is logged, not fatal.
-fn save_record(outbox: &Outbox, rec: &DiscoverRecord) {
+fn save_record(outbox: &StateDir, rec: &DiscoverRecord) {
     if let Some(t) = &rec.topology {
         log::debug!(
             "node {}: {} GPU(s); nearest GPUs per NIC: {:?}",
@@ -721,7 +722,7 @@ fn save_record(outbox: &Outbox, rec: &DiscoverRecord) {
             crate::topology::nic_map(t)
         );
     }
-    if let Err(e) = outbox.save_node_record(rec) {
+    if let Err(e) = outbox.nodes.save(rec) {
         log::error!("node {}: cannot keep its record: {e}", rec.node_name);
     }
 }
@@ -730,7 +731,7 @@ fn save_record(outbox: &Outbox, rec: &DiscoverRecord) {
 /// events over even while slurmctld cannot be reached), then learns the cluster name
 /// (retrying until slurmctld answers) and runs [`Inventory::monitor`].
 pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static AtomicBool) -> i32 {
-    let outbox = Outbox::new(&cfg.state_dir);
+    let outbox = StateDir::new(&cfg.state_dir);
     log::info!("service starting; CloudVision at {}", client.base_url());
     let sender = match crate::sender::start(cfg, client.clone(), outbox.clone(), stop) {
         Ok(s) => s,
