@@ -12,6 +12,10 @@
 //! - `drainer.lock` — held (`flock`) for its whole life by the one process that sends the
 //!   outbox (the service, or a `cvslurm flush`): `inflight/` belongs to it until it dies.
 //!
+//! Each event file is one JSON object ([`Event`]) carrying its format, `"v"`
+//! ([`EVENT_FORMAT`]); a file without it is format 1, the shape written before `"v"` existed.
+//! A file of a newer format is left in place, logged, and never sent, replaced or deleted.
+//!
 //! Every event write is: temp file, `fsync`, `rename`, `fsync` of the directory
 //! ([`super::durable`]); a hook that hands its event to the running service skips the `fsync`
 //! and the service syncs it ([`Queue::sync_files`]).
@@ -69,9 +73,22 @@ impl Item {
     }
 }
 
+/// The format of the events this cvslurm writes: the `"v"` of every event file. A file without
+/// `"v"` was written before the field existed, in this same shape: format 1. A file of a
+/// higher format (a newer cvslurm wrote it, and this one was installed over it) is left in
+/// place, reported and never sent ([`Undecodable::Newer`]).
+pub const EVENT_FORMAT: u32 = 1;
+
+fn format_1() -> u32 {
+    1
+}
+
 /// One queued event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
+    /// The format it was written in ([`EVENT_FORMAT`]).
+    #[serde(default = "format_1")]
+    pub v: u32,
     /// Queue order: nanoseconds since the epoch when it was made.
     pub seq: u128,
     /// Supersession order within one key: `(restart count, phase)`, phase 0 running, 1 ended.
@@ -103,6 +120,7 @@ impl Event {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
         Event {
+            v: EVENT_FORMAT,
             seq: now.as_nanos(),
             rank,
             queued_at: now.as_secs() as i64,
@@ -127,6 +145,53 @@ pub struct EndFacts {
     pub end_known: bool,
 }
 
+/// Why a file's bytes are no event this cvslurm sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undecodable {
+    /// An event of a format newer than [`EVENT_FORMAT`]: written by a newer cvslurm.
+    Newer(u64),
+    /// Not an event.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for Undecodable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Undecodable::Newer(v) => write!(
+                f,
+                "an event of format {v}, written by a newer cvslurm (this one reads formats up \
+                 to {EVENT_FORMAT}); left in place: install that cvslurm again to send it"
+            ),
+            Undecodable::Corrupt(why) => write!(f, "not an event ({why})"),
+        }
+    }
+}
+
+/// Decodes an event file's bytes: formats up to [`EVENT_FORMAT`] (a file without `"v"` is
+/// format 1), telling a newer format from a corrupt file.
+pub fn decode_event(bytes: &[u8]) -> Result<Event, Undecodable> {
+    /// Only the format of whatever JSON object the file holds.
+    #[derive(Deserialize)]
+    struct Format {
+        v: Option<u64>,
+    }
+    let newer = |v: u64| (v > u64::from(EVENT_FORMAT)).then_some(Undecodable::Newer(v));
+    match serde_json::from_slice::<Event>(bytes) {
+        Ok(ev) => match newer(ev.v.into()) {
+            Some(n) => Err(n),
+            None => Ok(ev),
+        },
+        // A newer format may have changed the shape too: only its "v" is read then.
+        Err(e) => match serde_json::from_slice::<Format>(bytes)
+            .ok()
+            .and_then(|f| f.v)
+        {
+            Some(v) if newer(v).is_some() => Err(Undecodable::Newer(v)),
+            _ => Err(Undecodable::Corrupt(e.to_string())),
+        },
+    }
+}
+
 /// How reading one outbox file went.
 #[derive(Debug)]
 pub enum ReadOutcome {
@@ -137,6 +202,8 @@ pub enum ReadOutcome {
     Transient(String),
     /// The whole file was read and is not an event: corrupt.
     Corrupt(String),
+    /// The whole file was read and is an event of a newer format: left as it is.
+    Newer(u64),
 }
 
 /// Reads one outbox file, telling a transient failure from a corrupt file.
@@ -159,9 +226,10 @@ pub fn read_event_checked(path: &Path) -> ReadOutcome {
     if let Err(e) = f.read_to_end(&mut bytes) {
         return ReadOutcome::Transient(e.to_string());
     }
-    match serde_json::from_slice(&bytes) {
+    match decode_event(&bytes) {
         Ok(ev) => ReadOutcome::Event(Box::new(ev)),
-        Err(e) => ReadOutcome::Corrupt(e.to_string()),
+        Err(Undecodable::Newer(v)) => ReadOutcome::Newer(v),
+        Err(Undecodable::Corrupt(why)) => ReadOutcome::Corrupt(why),
     }
 }
 
@@ -231,7 +299,7 @@ impl Queue {
 
     /// The pending event of `item`'s key, if any.
     pub fn pending_of(&self, item: &Item) -> Option<Event> {
-        read_event(&self.dir(OUTBOX).join(item.file_name()))
+        read_event(&self.dir(OUTBOX).join(item.file_name())).and_then(Result::ok)
     }
 
     fn dir(&self, name: &str) -> PathBuf {
@@ -264,7 +332,9 @@ impl Queue {
         }
     }
 
-    /// Writes `ev` durably unless a pending event of higher rank for the same key exists.
+    /// Writes `ev` durably unless a pending event of higher rank for the same key exists. An
+    /// error, nothing written, when the pending event of the key is of a newer format: it is
+    /// never replaced by this cvslurm.
     pub fn enqueue(&self, ev: &Event) -> Result<Enqueued, String> {
         self.enqueue_by(ev, None, true)
     }
@@ -289,7 +359,10 @@ impl Queue {
         let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
         let res = (|| {
             let _lock = self.lock_file(OUTBOX_LOCK, deadline)?;
-            if let Some(old) = read_event(&path) {
+            if let Some(Err(newer @ Undecodable::Newer(_))) = read_event(&path) {
+                return Err(format!("{}: {newer}", path.display()));
+            }
+            if let Some(Ok(old)) = read_event(&path) {
                 let newest = old.then.as_ref().map_or(old.rank, |t| t.rank);
                 if newest > ev.rank {
                     return Ok(Enqueued::Superseded);
@@ -353,7 +426,7 @@ impl Queue {
         let done = (|| {
             let _lock = self.lock()?;
             match read_event(&path) {
-                Some(cur) if cur.seq == old.seq => {
+                Some(Ok(cur)) if cur.seq == old.seq => {
                     fs::rename(&tmp, &path)
                         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                     Ok(true)
@@ -374,7 +447,7 @@ impl Queue {
         let _lock = self.lock()?;
         let path = self.dir(OUTBOX).join(ev.item.file_name());
         match read_event(&path) {
-            Some(cur) if cur.seq == ev.seq => {
+            Some(Ok(cur)) if cur.seq == ev.seq => {
                 fs::remove_file(&path)
                     .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
                 Ok(true)
@@ -385,7 +458,8 @@ impl Queue {
 
     /// Every pending event, oldest first. A file that was read whole and is not an event is
     /// moved to `rejected/` and logged; one that cannot be read now (a drainer moved it, no
-    /// file descriptor left, an I/O error) is skipped and read again next time.
+    /// file descriptor left, an I/O error) is skipped and read again next time; one of a newer
+    /// format ([`EVENT_FORMAT`]) is left where it is, logged once per process, never sent.
     pub fn pending(&self) -> Vec<Event> {
         let mut evs: Vec<Event> = list_dir(&self.dir(OUTBOX))
             .into_iter()
@@ -396,6 +470,10 @@ impl Queue {
                         "outbox file {} not readable now ({why}); later",
                         p.display()
                     );
+                    None
+                }
+                ReadOutcome::Newer(v) => {
+                    report_newer(&p, v);
                     None
                 }
                 ReadOutcome::Corrupt(why) => {
@@ -475,7 +553,7 @@ impl Queue {
         let name = ev.item.file_name();
         let from = self.dir(OUTBOX).join(&name);
         match read_event(&from) {
-            Some(cur) if cur.seq == ev.seq => {
+            Some(Ok(cur)) if cur.seq == ev.seq => {
                 let to = self.dir(INFLIGHT).join(&name);
                 fs::rename(&from, &to)
                     .map_err(|e| format!("cannot move {}: {e}", from.display()))?;
@@ -506,8 +584,11 @@ impl Queue {
                 let tmp = write_tmp(&pending, &bytes, self.owner, true)?;
                 let placed = (|| {
                     let _lock = self.lock()?;
-                    if read_event(&pending).is_some_and(|cur| cur.rank >= next.rank) {
-                        return Ok(false);
+                    // A newer cvslurm's event of the key came after this one: it stays.
+                    match read_event(&pending) {
+                        Some(Ok(cur)) if cur.rank >= next.rank => return Ok(false),
+                        Some(Err(Undecodable::Newer(_))) => return Ok(false),
+                        _ => {}
                     }
                     fs::rename(&tmp, &pending)
                         .map(|_| true)
@@ -584,7 +665,9 @@ impl Queue {
         for p in list_dir(&self.dir(INFLIGHT)) {
             let name = p.file_name().unwrap_or_default().to_owned();
             let pending = self.dir(OUTBOX).join(&name);
-            if pending.exists() || read_event(&p).is_none() {
+            // An event of a newer format goes back too: it is never deleted here.
+            let corrupt = matches!(read_event(&p), None | Some(Err(Undecodable::Corrupt(_))));
+            if pending.exists() || corrupt {
                 let _ = fs::remove_file(&p);
             } else {
                 fs::rename(&p, &pending)
@@ -660,9 +743,29 @@ fn chains_after(old: &Event, ev: &Event) -> bool {
         && ev.rank.1 > 0
 }
 
-fn read_event(path: &Path) -> Option<Event> {
+/// The event in `path`; `None` when it cannot be read.
+fn read_event(path: &Path) -> Option<Result<Event, Undecodable>> {
     let bytes = fs::read(path).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    Some(decode_event(&bytes))
+}
+
+/// Logs an outbox file of a newer format the first time this process meets it (the service
+/// reads the outbox every few seconds).
+fn report_newer(path: &Path, v: u64) {
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<std::collections::HashSet<PathBuf>>> = OnceLock::new();
+    let first = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(path.to_path_buf());
+    if first {
+        log::error!(
+            "outbox file {}: {}; not sent",
+            path.display(),
+            Undecodable::Newer(v)
+        );
+    }
 }
 
 #[cfg(test)]
@@ -949,6 +1052,108 @@ mod tests {
         ] {
             assert_eq!(fs::metadata(d.join(p)).unwrap().uid(), 65534, "{p}");
         }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A real event file as cvslurm wrote it before events carried a format: a RUNNING with
+    /// its provisional end chained after it (written by `Queue::enqueue` at commit fe59a44).
+    const UNVERSIONED: &str = r#"{"seq":1714557600000000000,"rank":[0,0],"queued_at":1714557600,"attempts":0,"then":{"seq":1714557700000000000,"rank":[0,1],"queued_at":1714557700,"attempts":0,"resolve":{"exit":[0,0],"restart_count":0,"start_known":true,"end_known":false},"kind":"job","job":{"key":{"id":"4242@hpc-cluster-west"},"name":"train","state":"JOB_STATE_COMPLETED","start_time":"2024-05-01T10:00:00Z","nodes":{"values":["gpu-node-1"]}}},"kind":"job","job":{"key":{"id":"4242@hpc-cluster-west"},"name":"train","state":"JOB_STATE_RUNNING","start_time":"2024-05-01T10:00:00Z","nodes":{"values":["gpu-node-1"]}}}"#;
+    const UNVERSIONED_NAME: &str = "job.4242@hpc-cluster-west.json";
+
+    #[test]
+    fn an_event_without_a_format_is_read_as_format_1() {
+        let d = tmpdir("format1");
+        let sd = StateDir::new(&d);
+        sd.ensure_dirs().unwrap();
+        let path = d.join(OUTBOX).join(UNVERSIONED_NAME);
+        fs::write(&path, UNVERSIONED).unwrap();
+        let p = sd.queue.pending();
+        assert_eq!(p.len(), 1);
+        let run = &p[0];
+        assert_eq!((run.v, run.seq, run.rank), (1, 1714557600000000000, (0, 0)));
+        assert_eq!(run.item.describe(), "job 4242@hpc-cluster-west RUNNING");
+        let end = run.then.as_deref().unwrap();
+        assert_eq!(end.v, 1);
+        assert_eq!(end.item.describe(), "job 4242@hpc-cluster-west COMPLETED");
+        assert_eq!(end.resolve.unwrap().exit, Some((0, 0)));
+        // Sent like any other: the end becomes the pending event, now with its format.
+        let t = sd.queue.take(run).unwrap().unwrap();
+        sd.queue.finish(&t, Finish::Delivered).unwrap();
+        assert_eq!(sd.queue.pending(), vec![end.clone()]);
+        let v: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!(v["v"], 1);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn every_event_is_written_with_its_format() {
+        let d = tmpdir("format-written");
+        let sd = StateDir::new(&d);
+        let run = Event::new(job("1@c", JobState::Running), (0, 0));
+        assert_eq!(run.v, EVENT_FORMAT);
+        sd.queue.enqueue(&run).unwrap();
+        sd.queue
+            .enqueue(&Event::new(job("1@c", JobState::Failed), (0, 1)))
+            .unwrap();
+        let raw = |dir: &str| -> serde_json::Value {
+            let p = d.join(dir).join("job.1@c.json");
+            serde_json::from_slice(&fs::read(p).unwrap()).unwrap()
+        };
+        let v = raw(OUTBOX);
+        assert_eq!(v["v"], EVENT_FORMAT);
+        assert_eq!(v["then"]["v"], EVENT_FORMAT, "the chained end too");
+        let t = sd.queue.take(&run).unwrap().unwrap();
+        sd.queue
+            .finish(&t, Finish::Reject("HTTP 400".into()))
+            .unwrap();
+        assert_eq!(raw(REJECTED)["v"], EVENT_FORMAT);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn an_event_of_a_newer_format_is_left_in_place_and_not_sent() {
+        let d = tmpdir("format-newer");
+        let sd = StateDir::new(&d);
+        sd.ensure_dirs().unwrap();
+        // The fixture as a newer cvslurm might write it: same shape, and a changed one.
+        let same_shape = UNVERSIONED.replacen('{', r#"{"v":2,"#, 1);
+        let new_shape = r#"{"v":7,"what":{"job":"5@c"}}"#;
+        assert_eq!(
+            decode_event(same_shape.as_bytes()),
+            Err(Undecodable::Newer(2))
+        );
+        assert_eq!(
+            decode_event(new_shape.as_bytes()),
+            Err(Undecodable::Newer(7))
+        );
+        assert!(matches!(
+            decode_event(br#"{"v":1,"what":{}}"#),
+            Err(Undecodable::Corrupt(_))
+        ));
+        let newer = d.join(OUTBOX).join(UNVERSIONED_NAME);
+        fs::write(&newer, &same_shape).unwrap();
+        fs::write(d.join(OUTBOX).join("job.5@c.json"), new_shape).unwrap();
+        let ok = Event::new(job("6@c", JobState::Running), (0, 0));
+        sd.queue.enqueue(&ok).unwrap();
+        // Not sent, not rejected, not counted, not dropped over the limit.
+        assert_eq!(sd.queue.pending(), vec![ok.clone()]);
+        assert_eq!(sd.queue.enforce_limit(0), 1);
+        assert_eq!(sd.queue.rejected_count(), 0);
+        // A later event of its key does not replace it (the hook sends that one itself).
+        let later = Event::new(job("5@c", JobState::Completed), (0, 1));
+        let err = sd.queue.enqueue(&later).unwrap_err();
+        assert!(
+            err.contains("format 7, written by a newer cvslurm"),
+            "{err}"
+        );
+        // In flight when a newer drainer died: put back, never deleted.
+        fs::rename(&newer, d.join(INFLIGHT).join(UNVERSIONED_NAME)).unwrap();
+        assert_eq!(sd.queue.recover().unwrap(), 1);
+        assert_eq!(fs::read_to_string(&newer).unwrap(), same_shape);
+        assert_eq!(
+            fs::read_to_string(d.join(OUTBOX).join("job.5@c.json")).unwrap(),
+            new_shape
+        );
         fs::remove_dir_all(&d).unwrap();
     }
 }
