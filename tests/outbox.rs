@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use cvslurm::state::layout;
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -180,7 +181,7 @@ fn kill_minus_9_at_random_points_loses_no_returned_event() {
     );
     assert!(site.outbox().is_empty());
     assert_eq!(
-        std::fs::read_dir(site.state_dir.join("rejected"))
+        std::fs::read_dir(site.state_dir.join(layout::REJECTED))
             .unwrap()
             .count(),
         0,
@@ -211,7 +212,6 @@ fn kill_minus_9_at_random_points_loses_no_returned_event() {
 /// sent, not rejected, not deleted; the rest of the outbox is sent around it.
 #[test]
 fn an_event_of_a_newer_format_is_kept_and_not_sent() {
-    use cvslurm::state::layout::{OUTBOX, REJECTED};
     let cv = Standin::start();
     let site = Site::new(&cv.server(), &cv.ca(), "");
     cv.set_mode(json!({"mode": "status", "status": 503}));
@@ -225,7 +225,7 @@ fn an_event_of_a_newer_format_is_kept_and_not_sent() {
     // Job 77's event as a newer cvslurm would have left it.
     let newer = site
         .state_dir
-        .join(OUTBOX)
+        .join(layout::OUTBOX)
         .join("job.77@hpc-cluster-west.json");
     let mut ev: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&newer).unwrap()).unwrap();
@@ -244,7 +244,7 @@ fn an_event_of_a_newer_format_is_kept_and_not_sent() {
     assert!(!state["jobs"]["77@hpc-cluster-west"].is_object());
     assert_eq!(std::fs::read(&newer).unwrap(), bytes, "left as it was");
     assert_eq!(
-        std::fs::read_dir(site.state_dir.join(REJECTED))
+        std::fs::read_dir(site.state_dir.join(layout::REJECTED))
             .unwrap()
             .count(),
         0
