@@ -2,7 +2,7 @@
 //! topology records, the MACs of the NICs nearest those GPUs (`JobInterfaces=gpu|auto`).
 //!
 //! [`attribute`] is pure: the caller fetches the job's GPUs ([`crate::slurm::job_gpus`]) and
-//! the nodes' records (the inventory's copies in StateDir, [`crate::outbox::Outbox::load_node_record`]).
+//! the nodes' records (the inventory's copies in StateDir, [`crate::state::StateDir::load_node_record`]).
 
 use crate::node_record::DiscoverRecord;
 use std::collections::{BTreeMap, BTreeSet};
@@ -211,7 +211,7 @@ pub fn attribute(
 pub fn enrich(
     mode: JobInterfaces,
     slurm: &crate::runner::Slurm,
-    outbox: &crate::outbox::Outbox,
+    outbox: &crate::state::StateDir,
     job: &mut crate::payload::JobConfig,
 ) -> Attribution {
     let nodes: Vec<String> = job
@@ -235,7 +235,7 @@ pub fn enrich(
                 None => {
                     let mut records = BTreeMap::new();
                     for n in &nodes {
-                        match outbox.load_node_record(n) {
+                        match outbox.nodes.load(n) {
                             Ok(Some(r)) => {
                                 records.insert(n.clone(), r);
                             }

@@ -4,9 +4,9 @@
 //! it settles the ends hooks handed to it.
 
 use crate::hostlist;
-use crate::outbox::EndFacts;
 use crate::payload::{JobConfig, JobState};
 use crate::slurm::JobInfo;
+use crate::state::queue::EndFacts;
 use crate::timefmt::{format_epoch, now_epoch};
 use std::collections::HashMap;
 

@@ -12,6 +12,7 @@
 
 mod common;
 use common::*;
+use cvslurm::state::layout;
 use serde_json::{json, Value};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -919,7 +920,7 @@ fn reconciliation_reports_what_no_hook_did() {
     wait_job(f, &running, "JOB_STATE_RUNNING", Duration::from_secs(30));
     // CloudVision forgets both (a reset), then the records say what no hook did.
     f.cv.reset();
-    let record = f.state_dir.join("jobs").join(key(&ended));
+    let record = f.state_dir.join(layout::JOBS).join(key(&ended));
     fs::write(&record, "1700000000\n").unwrap();
     chown_slurm(&record);
     let old = std::time::SystemTime::now() - Duration::from_secs(600);
@@ -929,7 +930,7 @@ fn reconciliation_reports_what_no_hook_did() {
         .unwrap()
         .set_modified(old)
         .unwrap();
-    fs::remove_file(f.state_dir.join("jobs").join(key(&running))).unwrap();
+    fs::remove_file(f.state_dir.join(layout::JOBS).join(key(&running))).unwrap();
     let r = wait_job(f, &running, "JOB_STATE_RUNNING", Duration::from_secs(30));
     assert_eq!(r["name"], "e2e-nohook@debug");
     let e = wait_job(f, &ended, "JOB_STATE_FAILED", Duration::from_secs(30));
@@ -939,7 +940,7 @@ fn reconciliation_reports_what_no_hook_did() {
         (Some(start.as_str()), Some(end.as_str())),
         "Slurm's own times, not the record's"
     );
-    assert!(!f.state_dir.join("jobs").join(key(&ended)).exists());
+    assert!(!f.state_dir.join(layout::JOBS).join(key(&ended)).exists());
     let log = fs::read_to_string(&f.log_file).unwrap();
     assert!(
         log.contains(&format!(
@@ -1278,7 +1279,7 @@ fn hostile_job_names_forge_no_record() {
     // Reconciliation: the victim's prolog record is gone (as if no hook had reported it), so
     // the service sends its RUNNING from slurmctld's listing, beside the hostile jobs.
     let before = job_events(f, &victim).len();
-    fs::remove_file(f.state_dir.join("jobs").join(key(&victim))).unwrap();
+    fs::remove_file(f.state_dir.join(layout::JOBS).join(key(&victim))).unwrap();
     wait_until(
         "reconciliation to resend the victim's RUNNING",
         Duration::from_secs(30),
@@ -1458,7 +1459,7 @@ fn verification_corrects_times_to_slurms() {
     let mut wrong = done.clone();
     wrong["start_time"] = json!("2020-01-01T00:00:00Z");
     wrong["end_time"] = json!("2020-01-01T00:00:09Z");
-    let mark = f.state_dir.join("verify").join(key(&id));
+    let mark = f.state_dir.join(layout::VERIFY).join(key(&id));
     fs::write(&mark, json!({"job": wrong, "restart_count": 0}).to_string()).unwrap();
     chown_slurm(&mark);
     fs::File::options()

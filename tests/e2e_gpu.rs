@@ -10,6 +10,7 @@
 
 mod common;
 use common::*;
+use cvslurm::state::layout;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::fs;
@@ -190,8 +191,10 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
         10,
         "{n1}"
     );
-    let rec: Value =
-        serde_json::from_slice(&fs::read(site.state_dir.join("nodes/n1.json")).unwrap()).unwrap();
+    let rec: Value = serde_json::from_slice(
+        &fs::read(site.state_dir.join(layout::NODES).join("n1.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         rec["topology"]["gpus"].as_array().unwrap().len(),
         8,

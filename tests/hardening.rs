@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use cvslurm::state::layout;
 use std::fs;
 
 #[test]
@@ -30,7 +31,7 @@ fn a_bad_config_line_is_skipped_and_reported_the_rest_applies() {
         "{log}"
     );
     assert!(
-        site.state_dir.join("jobs").is_dir(),
+        site.state_dir.join(layout::JOBS).is_dir(),
         "StateDir from the file is used"
     );
 
@@ -111,9 +112,9 @@ fn root_never_follows_links_in_a_directory_another_user_controls() {
     fs::create_dir(&elsewhere).unwrap();
     fs::create_dir(&site.state_dir).unwrap();
     std::os::unix::fs::chown(&site.state_dir, Some(nobody), Some(nobody)).unwrap();
-    symlink(&victim, site.state_dir.join("outbox.lock")).unwrap();
-    symlink(&victim, site.state_dir.join("service-status.json")).unwrap();
-    symlink(&elsewhere, site.state_dir.join("rejected")).unwrap();
+    symlink(&victim, site.state_dir.join(layout::OUTBOX_LOCK)).unwrap();
+    symlink(&victim, site.state_dir.join(layout::SERVICE_STATUS)).unwrap();
+    symlink(&elsewhere, site.state_dir.join(layout::REJECTED)).unwrap();
     let out = site.run(&["flush", "--no-reconcile"]);
     let said = stderr(&out);
     assert_eq!(
@@ -158,8 +159,15 @@ fn created_files_have_explicit_modes_under_umask_zero() {
     );
     let bin = bin();
     with_umask_0(&[], &[bin.to_str().unwrap(), "flush", "--no-reconcile"]);
-    assert!(site.state_dir.join("verify").read_dir().unwrap().count() > 0);
-    assert!(site.state_dir.join("service-status.json").exists());
+    assert!(
+        site.state_dir
+            .join(layout::VERIFY)
+            .read_dir()
+            .unwrap()
+            .count()
+            > 0
+    );
+    assert!(site.state_dir.join(layout::SERVICE_STATUS).exists());
     let mut seen = 0;
     let mut stack = vec![site.state_dir.clone()];
     while let Some(d) = stack.pop() {
@@ -197,7 +205,7 @@ fn redirects_and_request_timeouts_are_retried_not_rejected() {
         "{}",
         stdout(&out)
     );
-    let rejected = site.state_dir.join("rejected");
+    let rejected = site.state_dir.join(layout::REJECTED);
     assert_eq!(fs::read_dir(&rejected).map(|d| d.count()).unwrap_or(0), 0);
     cv.set_mode(json!({"mode": "ok"}));
     let out = site.run(&["flush", "--no-reconcile"]);

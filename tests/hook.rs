@@ -2,6 +2,7 @@
 
 mod common;
 use common::*;
+use cvslurm::state::layout;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -78,7 +79,11 @@ fn epilog_without_times_uses_prolog_record_and_exit_codes() {
         "{log}"
     );
     assert!(
-        !site.state_dir.join("jobs/7@hpc-cluster-west").exists(),
+        !site
+            .state_dir
+            .join(layout::JOBS)
+            .join("7@hpc-cluster-west")
+            .exists(),
         "start record removed at the end"
     );
 }
@@ -292,7 +297,7 @@ fn rejected_payload_moves_to_rejected() {
         stdout(&out)
     );
     assert!(site.outbox().is_empty());
-    let rejected: Vec<_> = std::fs::read_dir(site.state_dir.join("rejected"))
+    let rejected: Vec<_> = std::fs::read_dir(site.state_dir.join(layout::REJECTED))
         .unwrap()
         .flatten()
         .collect();
@@ -536,7 +541,7 @@ fn a_held_outbox_lock_makes_the_hook_send_directly_and_say_so_truthfully() {
         .truncate(false)
         .write(true)
         .mode(0o600)
-        .open(site.state_dir.join("outbox.lock"))
+        .open(site.state_dir.join(layout::OUTBOX_LOCK))
         .unwrap();
     let held = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).unwrap();
     let (out, took) = site.hook(&job_env("prolog_slurmctld", "92", &[]));

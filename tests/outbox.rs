@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use cvslurm::state::layout;
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -180,7 +181,7 @@ fn kill_minus_9_at_random_points_loses_no_returned_event() {
     );
     assert!(site.outbox().is_empty());
     assert_eq!(
-        std::fs::read_dir(site.state_dir.join("rejected"))
+        std::fs::read_dir(site.state_dir.join(layout::REJECTED))
             .unwrap()
             .count(),
         0,
@@ -205,4 +206,52 @@ fn kill_minus_9_at_random_points_loses_no_returned_event() {
             );
         }
     }
+}
+
+/// An event a newer cvslurm wrote (a format this one does not know) stays where it is: not
+/// sent, not rejected, not deleted; the rest of the outbox is sent around it.
+#[test]
+fn an_event_of_a_newer_format_is_kept_and_not_sent() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    for id in ["77", "78"] {
+        let (out, _) = site.hook(&job_env("prolog_slurmctld", id, &[]));
+        assert_eq!(out.status.code(), Some(0));
+    }
+    let queued = site.outbox();
+    assert_eq!(queued.len(), 2);
+    assert!(queued.iter().all(|e| e["v"] == 1), "{queued:?}");
+    // Job 77's event as a newer cvslurm would have left it.
+    let newer = site
+        .state_dir
+        .join(layout::OUTBOX)
+        .join("job.77@hpc-cluster-west.json");
+    let mut ev: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&newer).unwrap()).unwrap();
+    ev["v"] = 2.into();
+    let bytes = serde_json::to_vec(&ev).unwrap();
+    std::fs::write(&newer, &bytes).unwrap();
+    cv.set_mode(json!({"mode": "ok"}));
+    let out = site.run(&["flush"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        "outbox: 1 delivered, 0 kept, 0 rejected"
+    );
+    let state = cv.state();
+    assert!(state["jobs"]["78@hpc-cluster-west"].is_object());
+    assert!(!state["jobs"]["77@hpc-cluster-west"].is_object());
+    assert_eq!(std::fs::read(&newer).unwrap(), bytes, "left as it was");
+    assert_eq!(
+        std::fs::read_dir(site.state_dir.join(layout::REJECTED))
+            .unwrap()
+            .count(),
+        0
+    );
+    let said = format!("{}{}", stderr(&out), site.log());
+    assert!(
+        said.contains("an event of format 2, written by a newer cvslurm"),
+        "{said}"
+    );
 }

@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use cvslurm::state::layout;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -115,7 +116,7 @@ fn a_dead_services_socket_makes_the_hook_send_itself() {
     let site = Site::new(&cv.server(), &cv.ca(), "");
     let mut svc = Service::start(&site);
     svc.kill(); // kill -9: wake.sock stays behind, bound by nobody
-    assert!(site.state_dir.join("wake.sock").exists());
+    assert!(site.state_dir.join(layout::WAKE_SOCKET).exists());
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "77", &[]));
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(cv.accepted("JobConfig").len(), 1, "sent by the hook");
@@ -123,12 +124,12 @@ fn a_dead_services_socket_makes_the_hook_send_itself() {
     assert!(site.outbox().is_empty());
     // A symlink in its place is not followed, even to a live service's socket: the hook
     // sends itself.
-    std::fs::remove_file(site.state_dir.join("wake.sock")).unwrap();
+    std::fs::remove_file(site.state_dir.join(layout::WAKE_SOCKET)).unwrap();
     let other_site = Site::new(&cv.server(), &cv.ca(), "");
     let _other = Service::start(&other_site);
     std::os::unix::fs::symlink(
-        other_site.state_dir.join("wake.sock"),
-        site.state_dir.join("wake.sock"),
+        other_site.state_dir.join(layout::WAKE_SOCKET),
+        site.state_dir.join(layout::WAKE_SOCKET),
     )
     .unwrap();
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "78", &[]));
@@ -136,7 +137,8 @@ fn a_dead_services_socket_makes_the_hook_send_itself() {
     assert!(site.log().contains("job 78@hpc-cluster-west: sent RUNNING"));
     assert!(!other_site
         .state_dir
-        .join("outbox/job.78@hpc-cluster-west.json")
+        .join(layout::OUTBOX)
+        .join("job.78@hpc-cluster-west.json")
         .exists());
 }
 
@@ -150,7 +152,8 @@ fn sigterm_ends_the_service_at_once_while_cloudvision_hangs_and_nothing_is_lost(
     assert_eq!(out.status.code(), Some(0));
     let inflight = site
         .state_dir
-        .join("inflight/job.500@hpc-cluster-west.json");
+        .join(layout::INFLIGHT)
+        .join("job.500@hpc-cluster-west.json");
     wait_for("the service to send", Duration::from_secs(20), || {
         inflight.exists()
     });
@@ -319,7 +322,7 @@ fn service_and_hooks_killed_at_random_points_lose_no_returned_event() {
     let _svc = Service::start(&site);
     wait_for("an empty outbox", Duration::from_secs(60), || {
         site.outbox().is_empty()
-            && std::fs::read_dir(site.state_dir.join("inflight"))
+            && std::fs::read_dir(site.state_dir.join(layout::INFLIGHT))
                 .map(|d| d.count() == 0)
                 .unwrap_or(true)
     });
@@ -332,7 +335,7 @@ fn service_and_hooks_killed_at_random_points_lose_no_returned_event() {
         );
     }
     assert_eq!(
-        std::fs::read_dir(site.state_dir.join("rejected"))
+        std::fs::read_dir(site.state_dir.join(layout::REJECTED))
             .unwrap()
             .count(),
         0
@@ -358,7 +361,8 @@ fn a_second_drainer_leaves_the_first_ones_event_alone() {
         .unwrap();
     let inflight = site
         .state_dir
-        .join("inflight/job.600@hpc-cluster-west.json");
+        .join(layout::INFLIGHT)
+        .join("job.600@hpc-cluster-west.json");
     wait_for("the first flush to send", Duration::from_secs(20), || {
         inflight.exists()
     });

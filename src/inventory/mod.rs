@@ -10,9 +10,9 @@ use crate::cloudvision::Client;
 use crate::config::Config;
 use crate::delivery;
 use crate::node_record::DiscoverRecord;
-use crate::outbox::Outbox;
 use crate::runner::Slurm;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
+use crate::state::StateDir;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 
@@ -51,7 +51,7 @@ impl Inventory<'_> {
         let outbox = self
             .client
             .is_some()
-            .then(|| Outbox::new(&self.cfg.state_dir));
+            .then(|| StateDir::new(&self.cfg.state_dir));
         for (name, r) in &found {
             match r {
                 Ok(rec) => {
@@ -130,7 +130,7 @@ impl Inventory<'_> {
 }
 
 /// Keeps a node's record in StateDir (for `JobInterfaces`); a failure is logged, not fatal.
-pub fn save_record(outbox: &Outbox, rec: &DiscoverRecord) {
+pub fn save_record(outbox: &StateDir, rec: &DiscoverRecord) {
     if let Some(t) = &rec.topology {
         log::debug!(
             "node {}: {} GPU(s); nearest GPUs per NIC: {:?}",
@@ -139,7 +139,7 @@ pub fn save_record(outbox: &Outbox, rec: &DiscoverRecord) {
             crate::topology::nic_map(t)
         );
     }
-    if let Err(e) = outbox.save_node_record(rec) {
+    if let Err(e) = outbox.nodes.save(rec) {
         log::error!("node {}: cannot keep its record: {e}", rec.node_name);
     }
 }

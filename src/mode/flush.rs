@@ -4,10 +4,10 @@
 
 use super::common::{client, install_signal_handlers, usage, Common, STOP};
 use crate::logging::Sink;
-use crate::outbox::Outbox;
 use crate::runner::Slurm;
 use crate::service::engine;
 use crate::slurm;
+use crate::state::StateDir;
 use argh::FromArgs;
 use std::path::PathBuf;
 
@@ -51,9 +51,9 @@ pub fn run(a: Args) -> i32 {
         }
     };
     install_signal_handlers();
-    let outbox = Outbox::new(&cfg.state_dir);
+    let outbox = StateDir::new(&cfg.state_dir);
     // One drainer at a time: what the service (or another flush) has in flight is its own.
-    let _drainer = match outbox.drainer_lock(false) {
+    let _drainer = match outbox.queue.drainer_lock(false) {
         Ok(Some(l)) => l,
         Ok(None) => {
             println!("outbox: another drainer (the cvslurm service, or another flush) is sending it now; nothing to do");
@@ -64,7 +64,7 @@ pub fn run(a: Args) -> i32 {
             return 1;
         }
     };
-    if let Err(e) = outbox.recover() {
+    if let Err(e) = outbox.queue.recover() {
         log::error!("{e}");
         return 1;
     }
@@ -86,7 +86,7 @@ pub fn run(a: Args) -> i32 {
             Err(e) => log::debug!("reconcile skipped: {e}"),
         }
     }
-    outbox.enforce_limit(cfg.outbox_max_events);
+    outbox.queue.enforce_limit(cfg.outbox_max_events);
     // The service's own engine: provisional ends settled against slurmctld, interfaces
     // added as JobInterfaces says, the answers classified alike.
     let engine = engine::Engine::new(&cfg, client, outbox.clone());

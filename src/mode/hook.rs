@@ -15,11 +15,12 @@ use crate::cloudvision::{Client, ClientOptions};
 use crate::config::Config;
 use crate::hook_facts::{epilog_state, epilog_times, final_state_named, HookEnv, Phase};
 use crate::logging;
-use crate::outbox::{EndFacts, Enqueued, Event, Item, Outbox};
 use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
 use crate::service::sender;
 use crate::slurm::{self, JobInfo};
+use crate::state::queue::{EndFacts, Enqueued, Event, Item};
+use crate::state::StateDir;
 use crate::timefmt::{format_epoch, now_epoch};
 use argh::FromArgs;
 use std::collections::HashMap;
@@ -220,16 +221,19 @@ fn handle(
         log::info!("job {key}: filtered out ({why}); nothing sent");
         return;
     }
-    let outbox = Outbox::new(&cfg.state_dir);
+    let outbox = StateDir::new(&cfg.state_dir);
     let service = sender::connect(&cfg.state_dir);
     if env.phase == Phase::Prolog {
-        if let Err(e) = outbox.save_start(&key, env.start.unwrap_or_else(now_epoch)) {
+        if let Err(e) = outbox
+            .starts
+            .save(&key, env.start.unwrap_or_else(now_epoch))
+        {
             log::error!("job {key}: cannot record its start time: {e}");
         }
     }
     let start_rec = match env.phase {
         Phase::Prolog => None,
-        Phase::Epilog => env.start.or_else(|| outbox.load_start(&key)),
+        Phase::Epilog => env.start.or_else(|| outbox.starts.load(&key)),
     };
     // Half the budget for queueing at most: the rest is for sending directly if it fails.
     let queue_by = t0 + cfg.hook_timeout / 2;
@@ -243,7 +247,7 @@ fn handle(
         if matches!(queued, Queue::Queued | Queue::Behind) && sender::wake(sock) {
             PROGRESS.store(QUEUED, Ordering::SeqCst);
             if env.phase == Phase::Epilog {
-                outbox.forget_start(&key);
+                outbox.starts.forget(&key);
             }
             log::info!(
                 "job {key}: {} queued for the service ({} ms)",
@@ -276,12 +280,12 @@ fn handle(
     };
     let state = job.state;
     if env.phase == Phase::Epilog {
-        outbox.forget_start(&key);
+        outbox.starts.forget(&key);
         // An end slurmctld did not name (22.05 says COMPLETING; or no answer in time) is
         // checked against Slurm's final record: a cancel can reach the epilog as a success
         // (ExitCode 0:0) or as its shell's exit 143 (128 + SIGTERM).
         if !named_final {
-            if let Err(e) = outbox.mark_for_verification(job, env.restart_count) {
+            if let Err(e) = outbox.marks.mark_for_verification(job, env.restart_count) {
                 log::warn!("job {key}: cannot mark its end for verification: {e}");
             }
         }
@@ -326,7 +330,7 @@ fn handle(
     match result {
         Ok(a) => {
             if queued {
-                if let Err(e) = outbox.remove_if_same(&event) {
+                if let Err(e) = outbox.queue.remove_if_same(&event) {
                     log::warn!("job {key}: sent, but cannot remove it from the outbox: {e}");
                 }
             }
@@ -356,13 +360,13 @@ enum Queue {
 }
 
 /// Queues the event; `sync` unless the running service takes it (it syncs before sending).
-fn queue(cfg: &Config, outbox: &Outbox, event: &Event, by: Instant, sync: bool) -> Queue {
+fn queue(cfg: &Config, outbox: &StateDir, event: &Event, by: Instant, sync: bool) -> Queue {
     let key = match &event.item {
         Item::Job { job } => job.key.id.clone(),
         other => other.describe(),
     };
     let state = event_state(event);
-    match outbox.enqueue_by(event, Some(by), sync) {
+    match outbox.queue.enqueue_by(event, Some(by), sync) {
         Ok(Enqueued::Superseded) => {
             log::info!("job {key}: {state} superseded by a later event already queued; not sent");
             Queue::Stop

@@ -6,10 +6,10 @@ use super::common::{usage, Common};
 use crate::cloudvision::{Client, JOB_CONFIG_PATH};
 use crate::hostlist;
 use crate::logging::Sink;
-use crate::outbox::Outbox;
 use crate::payload::{JobConfig, JobState, JobType, Key};
 use crate::runner::Slurm;
 use crate::slurm;
+use crate::state::StateDir;
 use crate::timefmt::format_epoch;
 use argh::FromArgs;
 use std::path::PathBuf;
@@ -147,7 +147,7 @@ pub fn run(a: Args) -> i32 {
             }
         };
         let mut found = Vec::new();
-        let outbox = Outbox::new(&cfg.state_dir);
+        let outbox = StateDir::new(&cfg.state_dir);
         for id in &a.job_ids {
             match slurm::lookup(&slurm, id)
                 .and_then(|info| crate::payload::job_config(&info, &cluster))

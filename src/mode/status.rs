@@ -3,7 +3,7 @@
 
 use crate::cloudvision::{Client, ClientOptions};
 use crate::config::Config;
-use crate::outbox::Outbox;
+use crate::state::StateDir;
 use argh::FromArgs;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -79,8 +79,8 @@ pub fn run(a: Args) -> i32 {
     for p in &cfg.problems {
         eprintln!("cvslurm: config: {p}; this line is ignored, the others apply (cvslurm check)");
     }
-    let outbox = Outbox::new(&cfg.state_dir);
-    let (depth, oldest) = outbox.depth();
+    let outbox = StateDir::new(&cfg.state_dir);
+    let (depth, oldest) = outbox.queue.depth();
     let cv = if offline {
         "skipped".to_string()
     } else {
@@ -101,7 +101,7 @@ pub fn run(a: Args) -> i32 {
         state_dir: cfg.state_dir.display().to_string(),
         outbox_depth: depth,
         oldest_event_age_s: oldest,
-        rejected: outbox.rejected_count(),
+        rejected: outbox.queue.rejected_count(),
         api_server: cfg.api_server.clone(),
         cloudvision: cv,
         last_delivery: None,
@@ -110,7 +110,7 @@ pub fn run(a: Args) -> i32 {
         service_running: crate::service::sender::connect(&cfg.state_dir).is_some(),
     };
     let mut st = st;
-    if let Some(v) = outbox.service_status() {
+    if let Some(v) = outbox.status.read() {
         st.last_delivery = v["last_delivery"].as_i64();
         st.last_error = v["last_error"].as_str().map(String::from);
         st.last_error_at = v["last_error_at"].as_i64();

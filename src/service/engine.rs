@@ -15,9 +15,10 @@
 use crate::attribution::JobInterfaces;
 use crate::cloudvision::{Answer, Client, SendError};
 use crate::hook_facts as hook;
-use crate::outbox::{Event, Finish, Item, Outbox};
 use crate::runner::Slurm;
 use crate::slurm::{self, JobInfo};
+use crate::state::queue::{Event, Finish, Item};
+use crate::state::StateDir;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -47,8 +48,10 @@ pub struct DrainReport {
 }
 
 /// Records a report in the outbox's `service-status.json` for `cvslurm status`.
-pub fn record_drain(outbox: &Outbox, r: &DrainReport) {
-    outbox.record_drain(r.delivered, r.last_error.as_deref());
+pub fn record_drain(outbox: &StateDir, r: &DrainReport) {
+    outbox
+        .status
+        .record_drain(r.delivered, r.last_error.as_deref());
 }
 
 /// How one delivery ended.
@@ -131,7 +134,7 @@ fn now_nanos() -> u128 {
 /// threads.
 pub struct Engine {
     client: Client,
-    outbox: Outbox,
+    outbox: StateDir,
     slurm: Slurm,
     interfaces: JobInterfaces,
     report: Mutex<DrainReport>,
@@ -141,7 +144,7 @@ pub struct Engine {
 impl Engine {
     /// An engine sending to `client` what `outbox` holds, settling and enriching with the
     /// Slurm commands of `cfg` (`SlurmBinDir`) and its `JobInterfaces`.
-    pub fn new(cfg: &crate::config::Config, client: Client, outbox: Outbox) -> Engine {
+    pub fn new(cfg: &crate::config::Config, client: Client, outbox: StateDir) -> Engine {
         Engine {
             client,
             outbox,
@@ -153,7 +156,7 @@ impl Engine {
     }
 
     /// The outbox it sends.
-    pub fn outbox(&self) -> &Outbox {
+    pub fn outbox(&self) -> &StateDir {
         &self.outbox
     }
 
@@ -208,7 +211,7 @@ impl Engine {
             return Some(ev);
         }
         // Not synced here (one fsync per end would hold up the batch).
-        match self.outbox.replace_if_same(&ev, &new, false) {
+        match self.outbox.queue.replace_if_same(&ev, &new, false) {
             Ok(true) => Some(new),
             Ok(false) => None,
             Err(e) => {
@@ -240,6 +243,7 @@ impl Engine {
         if !ctl.get(job.job_id()).is_some_and(hook::final_state_named) {
             if let Err(e) = self
                 .outbox
+                .marks
                 .mark_for_verification(&fixed, facts.restart_count)
             {
                 log::warn!(
@@ -272,7 +276,7 @@ impl Engine {
 
     /// Takes, enriches, sends and finishes one (settled) event.
     pub fn deliver(&self, ev: &Event) -> Outcome {
-        let taken = match self.outbox.take(ev) {
+        let taken = match self.outbox.queue.take(ev) {
             Ok(Some(t)) => t,
             Ok(None) => return Outcome::Gone,
             Err(e) => {
@@ -346,7 +350,7 @@ impl Engine {
                 (Finish::Reject(why), Outcome::Rejected)
             }
         };
-        if let Err(e) = self.outbox.finish(&taken, finish) {
+        if let Err(e) = self.outbox.queue.finish(&taken, finish) {
             log::error!("outbox: {e}");
         }
         outcome
@@ -362,14 +366,14 @@ impl Engine {
 pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> DrainReport {
     let outbox = engine.outbox();
     let halt = AtomicBool::new(false);
-    let mut round = outbox.pending();
+    let mut round = outbox.queue.pending();
     let mut unsent = 0;
     while !round.is_empty() {
         let (provisional, mut ready): (Vec<Event>, Vec<Event>) =
             round.into_iter().partition(|e| e.resolve.is_some());
         let settled = engine.settle(provisional);
         let names: Vec<String> = settled.iter().map(|e| e.item.file_name()).collect();
-        outbox.sync_files(&names);
+        outbox.queue.sync_files(&names);
         ready.extend(settled);
         ready.sort_by_key(|e| e.seq);
         let queue = Mutex::new(VecDeque::from(ready));
@@ -387,7 +391,7 @@ pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> Dra
                     match engine.deliver(&ev) {
                         Outcome::Delivered | Outcome::Rejected if ev.then.is_some() => {
                             // The job's end, chained after its RUNNING, goes out in this pass.
-                            if let Some(next) = outbox.pending_of(&ev.item) {
+                            if let Some(next) = outbox.queue.pending_of(&ev.item) {
                                 followers
                                     .lock()
                                     .unwrap_or_else(|e| e.into_inner())

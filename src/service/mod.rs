@@ -13,9 +13,9 @@ pub mod sender;
 use crate::cloudvision::Client;
 use crate::config::Config;
 use crate::inventory::Inventory;
-use crate::outbox::Outbox;
 use crate::runner::Slurm;
 use crate::slurm::{self, COMMAND_TIMEOUT};
+use crate::state::StateDir;
 use crate::systemd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 /// events over even while slurmctld cannot be reached), then learns the cluster name
 /// (retrying until slurmctld answers) and runs [`monitor::monitor`].
 pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static AtomicBool) -> i32 {
-    let outbox = Outbox::new(&cfg.state_dir);
+    let outbox = StateDir::new(&cfg.state_dir);
     log::info!("service starting; CloudVision at {}", client.base_url());
     let sender = match sender::start(cfg, client.clone(), outbox.clone(), stop) {
         Ok(s) => s,

@@ -6,8 +6,9 @@
 use super::sender::Sender;
 use super::{reconcile, resend};
 use crate::inventory::Inventory;
-use crate::outbox::{Event, Item, Outbox};
 use crate::slurm::{self, COMMAND_TIMEOUT};
+use crate::state::queue::{Event, Item};
+use crate::state::StateDir;
 use crate::systemd;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -28,7 +29,7 @@ pub enum Seen {
 /// [`super::run_service`]) delivers what they and the hooks queue. Returns the exit code when
 /// stopped: within 200 ms of SIGTERM (between polls), whatever CloudVision does — what
 /// is in flight stays in `inflight/` and the next start sends it.
-pub fn monitor(inv: &Inventory, outbox: &Outbox, sender: &Sender) -> i32 {
+pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     log::info!(
         "monitoring cluster {} every {} s",
         inv.cluster,
@@ -91,7 +92,7 @@ pub fn monitor(inv: &Inventory, outbox: &Outbox, sender: &Sender) -> i32 {
 
 /// Queues the RUNNING again of the running jobs on nodes whose record changed (see
 /// [`crate::service::resend`]); the nodes stay in `nodes` until slurmctld could be asked.
-fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &Outbox) {
+fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &StateDir) {
     if nodes.is_empty() {
         return;
     }
@@ -108,7 +109,7 @@ fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &Outbox) {
 
 /// One monitor poll: discover nodes that appeared, came back or are due for re-assertion;
 /// delete nodes that left.
-fn poll(inv: &Inventory, known: &mut BTreeMap<String, Seen>, outbox: &Outbox) {
+fn poll(inv: &Inventory, known: &mut BTreeMap<String, Seen>, outbox: &StateDir) {
     let nodes = match slurm::sinfo_nodes(&inv.slurm, COMMAND_TIMEOUT) {
         Ok(n) => n,
         Err(e) => {
@@ -124,7 +125,7 @@ fn poll(inv: &Inventory, known: &mut BTreeMap<String, Seen>, outbox: &Outbox) {
         .collect();
     for name in gone {
         known.remove(&name);
-        outbox.forget_node_record(&name);
+        outbox.nodes.forget(&name);
         log::info!("node {name}: left the cluster; deleting its NodeConfig");
         queue(outbox, Item::NodeDelete { name });
     }
@@ -183,8 +184,8 @@ fn poll(inv: &Inventory, known: &mut BTreeMap<String, Seen>, outbox: &Outbox) {
     }
 }
 
-fn queue(outbox: &Outbox, item: Item) {
-    if let Err(e) = outbox.enqueue(&Event::new(item, (0, 0))) {
+fn queue(outbox: &StateDir, item: Item) {
+    if let Err(e) = outbox.queue.enqueue(&Event::new(item, (0, 0))) {
         log::error!("outbox: {e}");
     }
 }

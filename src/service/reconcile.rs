@@ -12,9 +12,10 @@
 //! per job, however many ended.
 
 use crate::config::Config;
-use crate::outbox::{Event, Item, Outbox};
 use crate::payload::JobState;
 use crate::runner::Slurm;
+use crate::state::queue::{Event, Item};
+use crate::state::StateDir;
 
 use crate::slurm::JobInfo;
 use crate::slurm::COMMAND_TIMEOUT;
@@ -89,8 +90,9 @@ pub const VERIFY_AFTER: Duration = Duration::from_secs(5);
 /// Checks the ends the epilogs marked for verification (those slurmctld did not name) against Slurm's final state
 /// (slurmctld while it remembers the job, else accounting), in one scontrol and one sacct
 /// call, and queues a correction where they differ.
-pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {
+pub fn verify_ends(slurm: &Slurm, outbox: &StateDir) -> Result<usize, String> {
     let marks: Vec<_> = outbox
+        .marks
         .to_verify()
         .into_iter()
         .filter(|(_, _, age)| *age >= VERIFY_AFTER)
@@ -120,12 +122,12 @@ pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {
             .cloned();
         let Some(info) = info else {
             if age > GIVE_UP_AFTER {
-                outbox.verified(&job.key.id);
+                outbox.marks.verified(&job.key.id);
             }
             continue;
         };
         if info.restarts.is_some_and(|r| r > restarts) {
-            outbox.verified(&job.key.id); // requeued since: the rerun reports itself
+            outbox.marks.verified(&job.key.id); // requeued since: the rerun reports itself
             continue;
         }
         match JobState::from_slurm(&info.state) {
@@ -149,10 +151,12 @@ pub fn verify_ends(slurm: &Slurm, outbox: &Outbox) -> Result<usize, String> {
                     fixed.state = state;
                     fixed.start_time = start;
                     fixed.end_time = end;
-                    outbox.enqueue(&Event::new(Item::Job { job: fixed }, (restarts, 2)))?;
+                    outbox
+                        .queue
+                        .enqueue(&Event::new(Item::Job { job: fixed }, (restarts, 2)))?;
                     corrected += 1;
                 }
-                outbox.verified(&job.key.id);
+                outbox.marks.verified(&job.key.id);
             }
             _ => {}
         }
@@ -180,7 +184,7 @@ pub fn reconcile(
     cfg: &Config,
     slurm: &Slurm,
     cluster: &str,
-    outbox: &Outbox,
+    outbox: &StateDir,
 ) -> Result<Report, String> {
     // The records are read twice. Before the listing, for the ends: a record written after
     // the listing belongs to a job that is already listed. After it, for the starts: a
@@ -188,18 +192,19 @@ pub fn reconcile(
     // the outbox) while the listing was taken has reported it, and a second RUNNING from
     // here could reach CloudVision after the job's end. A job that ended since the listing
     // (its end delivered, its record gone) is in `recently_ended`.
-    let records = outbox.started_jobs();
+    let records = outbox.starts.started_jobs();
     let listing = crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?;
     let running: Vec<&JobInfo> = listing.iter().filter(|j| is_running(j)).collect();
     // In this order: an epilog queues its end before it drops its record, and the sender
     // moves it outbox → in flight → delivered, so a job missing from one read is in a later.
     let recorded_after: std::collections::HashSet<String> = outbox
+        .starts
         .started_jobs()
         .into_iter()
         .map(|(k, _, _)| k)
         .collect();
-    let pending = outbox.pending_job_keys();
-    let ended = outbox.recently_ended();
+    let pending = outbox.queue.pending_job_keys();
+    let ended = outbox.queue.recently_ended();
     let mut report = Report::default();
     let key_of = |id: &str| format!("{id}@{cluster}");
 
@@ -221,8 +226,10 @@ pub fn reconcile(
         let start = j.start.unwrap_or_else(crate::timefmt::now_epoch);
         let job = crate::payload::running_job(j, cluster, start, nodes);
         log::info!("reconcile: job {key} runs but no hook reported it; sending RUNNING");
-        outbox.enqueue(&Event::new(Item::Job { job }, (0, 0)))?;
-        outbox.save_start(&key, start)?;
+        outbox
+            .queue
+            .enqueue(&Event::new(Item::Job { job }, (0, 0)))?;
+        outbox.starts.save(&key, start)?;
         report.started += 1;
     }
 
@@ -247,7 +254,7 @@ pub fn reconcile(
         let Some(info) = finals.get(id) else {
             if age > GIVE_UP_AFTER {
                 log::warn!("reconcile: job {key} vanished and its end state is unknown after {} days; forgetting it", age.as_secs() / 86_400);
-                outbox.forget_start(key);
+                outbox.starts.forget(key);
             } else {
                 // Requeued or suspended between the listing and now, or accounting has not
                 // recorded it yet: looked at again next pass.
@@ -275,8 +282,8 @@ pub fn reconcile(
             info.state
         );
         let rank = (info.restarts.unwrap_or(0), 1);
-        outbox.enqueue(&Event::new(Item::Job { job }, rank))?;
-        outbox.forget_start(key);
+        outbox.queue.enqueue(&Event::new(Item::Job { job }, rank))?;
+        outbox.starts.forget(key);
         report.ended += 1;
     }
     report.corrected = verify_ends(slurm, outbox)?;

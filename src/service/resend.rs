@@ -10,12 +10,15 @@
 //! queued again, built like the first one, and the sender attributes it anew from the new
 //! record. One slurmctld listing per change, never one call per job.
 //!
-//! A resend never reaches CloudVision after the job's end: see [`Outbox::enqueue_resend`].
+//! A resend never reaches CloudVision after the job's end: see
+//! [`Queue::enqueue_resend`](crate::state::queue::Queue::enqueue_resend).
 
 use crate::node_record::DiscoverRecord;
-use crate::outbox::{Event, Item, Outbox, RecordStamp};
 use crate::runner::Slurm;
 use crate::slurm::COMMAND_TIMEOUT;
+use crate::state::nodes::RecordStamp;
+use crate::state::queue::{Event, Item};
+use crate::state::StateDir;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What of a node's record a job's interfaces depend on: its interfaces' names and MACs and
@@ -41,15 +44,15 @@ impl RecordWatch {
     /// with other interfaces or topology. The first call learns the records and names none
     /// (what changed while no service watched is not known). A record that cannot be read
     /// is logged and skipped.
-    pub fn changed(&mut self, outbox: &Outbox) -> BTreeSet<String> {
-        let stamps = outbox.node_record_stamps();
+    pub fn changed(&mut self, outbox: &StateDir) -> BTreeSet<String> {
+        let stamps = outbox.nodes.stamps();
         self.seen.retain(|node, _| stamps.contains_key(node));
         let mut changed = BTreeSet::new();
         for (node, stamp) in stamps {
             if self.seen.get(&node).is_some_and(|(s, _)| *s == stamp) {
                 continue;
             }
-            let view = match outbox.load_node_record(&node) {
+            let view = match outbox.nodes.load(&node) {
                 Ok(Some(rec)) => Some(job_view(&rec)),
                 Ok(None) => continue,
                 Err(e) => {
@@ -79,7 +82,7 @@ pub fn resend_running_on(
     cfg: &crate::config::Config,
     slurm: &Slurm,
     cluster: &str,
-    outbox: &Outbox,
+    outbox: &StateDir,
     nodes: &BTreeSet<String>,
 ) -> Result<usize, String> {
     if nodes.is_empty() {
@@ -87,6 +90,7 @@ pub fn resend_running_on(
     }
     let listing = crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?;
     let starts: HashMap<String, i64> = outbox
+        .starts
         .started_jobs()
         .into_iter()
         .map(|(k, start, _)| (k, start))
@@ -115,7 +119,10 @@ pub fn resend_running_on(
         let on = on.join(",");
         let job = crate::payload::running_job(j, cluster, start, job_nodes);
         let rank = (j.restarts.unwrap_or(0), 0);
-        if outbox.enqueue_resend(&Event::new(Item::Job { job }, rank))? {
+        if outbox
+            .queue
+            .enqueue_resend(&Event::new(Item::Job { job }, rank))?
+        {
             log::info!(
                 "job {key}: the inventory of {on} changed; RUNNING queued again for its interfaces"
             );
@@ -171,28 +178,33 @@ mod tests {
     #[test]
     fn watch_names_the_nodes_whose_record_changed() {
         let d = dir("watch");
-        let ob = Outbox::new(&d);
-        ob.save_node_record(&rec("n1", "02:00:00:00:00:01", "10.0.0.1"))
+        let ob = StateDir::new(&d);
+        ob.nodes
+            .save(&rec("n1", "02:00:00:00:00:01", "10.0.0.1"))
             .unwrap();
         let mut w = RecordWatch::default();
         assert!(w.changed(&ob).is_empty());
         assert!(w.changed(&ob).is_empty());
-        ob.save_node_record(&rec("n2", "02:00:00:00:00:02", "10.0.0.2"))
+        ob.nodes
+            .save(&rec("n2", "02:00:00:00:00:02", "10.0.0.2"))
             .unwrap();
         assert_eq!(w.changed(&ob), BTreeSet::from(["n2".to_string()]));
         // Same MACs, another address and a longer file: not a change for jobs.
-        ob.save_node_record(&rec("n1", "02:00:00:00:00:01", "10.0.100.100"))
+        ob.nodes
+            .save(&rec("n1", "02:00:00:00:00:01", "10.0.100.100"))
             .unwrap();
         assert!(w.changed(&ob).is_empty());
-        ob.save_node_record(&rec("n1", "02:00:00:00:0a:01", "10.0.100.101"))
+        ob.nodes
+            .save(&rec("n1", "02:00:00:00:0a:01", "10.0.100.101"))
             .unwrap();
         assert_eq!(w.changed(&ob), BTreeSet::from(["n1".to_string()]));
-        ob.forget_node_record("n2");
+        ob.nodes.forget("n2");
         assert!(w.changed(&ob).is_empty());
         // A garbage record is skipped, and a good one after it counts.
         std::fs::write(d.join("nodes/n2.json"), b"{not json").unwrap();
         assert!(w.changed(&ob).is_empty());
-        ob.save_node_record(&rec("n2", "02:00:00:00:00:02", "10.0.0.2"))
+        ob.nodes
+            .save(&rec("n2", "02:00:00:00:00:02", "10.0.0.2"))
             .unwrap();
         assert_eq!(w.changed(&ob), BTreeSet::from(["n2".to_string()]));
         let _ = std::fs::remove_dir_all(&d);

@@ -22,7 +22,8 @@
 use super::engine::{record_drain, DrainReport, Engine, Outcome};
 use crate::cloudvision::Client;
 use crate::delivery::backoff;
-use crate::outbox::{Event, Outbox};
+use crate::state::queue::Event;
+use crate::state::StateDir;
 use std::collections::{HashSet, VecDeque};
 use std::io::ErrorKind;
 use std::os::unix::fs::FileTypeExt;
@@ -33,7 +34,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The wake-up socket's file name in StateDir.
-pub const WAKE_SOCKET: &str = "wake.sock";
+pub use crate::state::layout::WAKE_SOCKET;
 
 /// How often the dispatcher looks at the outbox even when nobody woke it.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(5);
@@ -104,9 +105,9 @@ struct Shared {
 struct State {
     /// Events handed out and not yet taken by a worker.
     queue: VecDeque<Event>,
-    /// Outbox file names queued or being sent: one key is never in two workers.
+    /// StateDir file names queued or being sent: one key is never in two workers.
     busy: HashSet<String>,
-    /// Outbox file names of provisional ends with the settler (asked about once).
+    /// StateDir file names of provisional ends with the settler (asked about once).
     settling: HashSet<String>,
     /// No worker starts a send before this (backoff, 429).
     paused_until: Option<Instant>,
@@ -133,7 +134,7 @@ impl Sender {
 /// What the sender threads need.
 struct Setup {
     engine: Engine,
-    outbox: Outbox,
+    outbox: StateDir,
     workers: usize,
     max_events: usize,
     stop: &'static AtomicBool,
@@ -147,7 +148,7 @@ struct Setup {
 pub fn start(
     cfg: &crate::config::Config,
     client: Client,
-    outbox: Outbox,
+    outbox: StateDir,
     stop: &'static AtomicBool,
 ) -> Result<Sender, String> {
     let sender = Sender {
@@ -160,14 +161,14 @@ pub fn start(
         stop,
         outbox,
     };
-    if let Some(lock) = setup.outbox.drainer_lock(false)? {
+    if let Some(lock) = setup.outbox.queue.drainer_lock(false)? {
         run(setup, lock)?;
         return Ok(sender);
     }
     log::warn!("another process (a cvslurm flush, or a second service) is sending the outbox; this service sends once it ends");
     std::thread::Builder::new()
         .name("standby".into())
-        .spawn(move || match setup.outbox.drainer_lock(true) {
+        .spawn(move || match setup.outbox.queue.drainer_lock(true) {
             Ok(Some(lock)) => {
                 if let Err(e) = run(setup, lock) {
                     log::error!("cannot start the sender: {e}");
@@ -188,7 +189,7 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
         max_events,
         stop,
     } = setup;
-    match outbox.recover() {
+    match outbox.queue.recover() {
         Ok(n) if n > 0 => {
             log::info!("outbox: {n} event(s) were in flight when the last run stopped; requeued")
         }
@@ -225,7 +226,7 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
 }
 
 /// Binds the wake-up socket, replacing a stale one (never anything that is not a socket).
-fn bind(path: &Path, outbox: &Outbox) -> Result<UnixDatagram, String> {
+fn bind(path: &Path, outbox: &StateDir) -> Result<UnixDatagram, String> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             // Still bound by a live process? Then a second service is running.
@@ -262,7 +263,7 @@ fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, State> {
     sh.state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn dispatcher(sh: &Arc<Shared>, outbox: &Outbox, sock: &UnixDatagram, max_events: usize) {
+fn dispatcher(sh: &Arc<Shared>, outbox: &StateDir, sock: &UnixDatagram, max_events: usize) {
     let mut buf = [0u8; 64];
     let mut next_scan = Instant::now();
     let (syncer, batches) = std::sync::mpsc::channel::<Vec<String>>();
@@ -276,7 +277,7 @@ fn dispatcher(sh: &Arc<Shared>, outbox: &Outbox, sock: &UnixDatagram, max_events
                 while let Ok(more) = batches.try_recv() {
                     names.extend(more);
                 }
-                ob.sync_files(&names);
+                ob.queue.sync_files(&names);
             }
         });
     {
@@ -341,9 +342,9 @@ fn dispatcher(sh: &Arc<Shared>, outbox: &Outbox, sock: &UnixDatagram, max_events
 
 /// One look at the outbox: the new files go to the sync thread, the ends that need
 /// slurmctld's word to the settler, and (`dispatch`) the rest to the workers.
-fn scan(sh: &Shared, outbox: &Outbox, max_events: usize, dispatch: bool, ds: &mut Dispatch) {
-    outbox.enforce_limit(max_events);
-    let pending = outbox.pending();
+fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &mut Dispatch) {
+    outbox.queue.enforce_limit(max_events);
+    let pending = outbox.queue.pending();
     // The hooks that handed their events over did not sync them: the syncer thread makes
     // the new ones durable, batch by batch, beside the sending (sending need not wait: an
     // event CloudVision has is safe; what matters is how soon a queued one is on disk).
@@ -354,7 +355,7 @@ fn scan(sh: &Shared, outbox: &Outbox, max_events: usize, dispatch: bool, ds: &mu
         .collect();
     if !new.is_empty() {
         if let Err(unsent) = ds.syncer.send(new) {
-            outbox.sync_files(&unsent.0); // no sync thread: here, then
+            outbox.queue.sync_files(&unsent.0); // no sync thread: here, then
         }
     }
     ds.synced = pending
@@ -398,7 +399,7 @@ fn scan(sh: &Shared, outbox: &Outbox, max_events: usize, dispatch: bool, ds: &mu
 /// asked, is in the batch), and hands the settled events to the workers.
 fn settle_loop(
     sh: &Shared,
-    outbox: &Outbox,
+    outbox: &StateDir,
     ends: &std::sync::mpsc::Receiver<Vec<Event>>,
     syncer: &Sender_<Vec<String>>,
 ) {
@@ -424,7 +425,7 @@ fn settle_loop(
 /// meanwhile are left to the next scan.
 fn settle_batch(
     sh: &Shared,
-    outbox: &Outbox,
+    outbox: &StateDir,
     provisional: Vec<Event>,
     syncer: &Sender_<Vec<String>>,
 ) {
@@ -432,7 +433,7 @@ fn settle_batch(
     let settled = sh.engine.settle(provisional);
     let files: Vec<String> = settled.iter().map(|e| e.item.file_name()).collect();
     if let Err(unsent) = syncer.send(files) {
-        outbox.sync_files(&unsent.0);
+        outbox.queue.sync_files(&unsent.0);
     }
     let changed = settled.len() < names.len();
     // Sent once any pause is over (the workers wait it out).
@@ -490,7 +491,7 @@ fn worker(sh: &Shared) {
             Outcome::Gone | Outcome::Rejected => {}
         }
         // A newer event of this key queued meanwhile is sent next, after this one.
-        let newer = sh.engine.outbox().is_pending(&ev.item);
+        let newer = sh.engine.outbox().queue.is_pending(&ev.item);
         let mut st = lock(sh);
         st.busy.remove(&name);
         st.rescan |= newer;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use cvslurm::cloudvision::{Client, ClientOptions};
 use cvslurm::config::Token;
+use cvslurm::state::layout;
 
 pub const TOKEN: &str = "test-token-5ecr3t";
 
@@ -255,7 +256,7 @@ impl Site {
 
     /// Pending outbox files.
     pub fn outbox(&self) -> Vec<Value> {
-        let mut v: Vec<(u128, Value)> = fs::read_dir(self.state_dir.join("outbox"))
+        let mut v: Vec<(u128, Value)> = fs::read_dir(self.state_dir.join(layout::OUTBOX))
             .map(|rd| {
                 rd.flatten()
                     .filter(|e| {
@@ -377,7 +378,7 @@ impl Service {
             .unwrap();
         let mut s = Service {
             child,
-            socket: site.state_dir.join("wake.sock"),
+            socket: site.state_dir.join(layout::WAKE_SOCKET),
         };
         s.wait_live(site);
         s

@@ -1,35 +1,35 @@
-//! The durable outbox in `StateDir`: what could not be sent now is kept on disk and sent later.
+//! The outbox: what could not be sent now is kept on disk and sent later.
 //!
-//! Layout (all files 0600, owned by whoever wrote them: SlurmUser for the hook):
 //! - `outbox/<kind>.<key>.json` — at most one pending event per job or node: a newer event for
 //!   the same key replaces the older one, so a job's later state always wins and a stale
 //!   RUNNING can never be delivered after the job's end.
 //! - `inflight/<same name>` — an event a drainer is sending right now; moved back on failure,
 //!   on start-up after a crash, or deleted once CloudVision took it.
 //! - `rejected/<same name>` — events CloudVision refused as malformed (4xx), with its answer.
-//! - `jobs/<jobid>@<cluster>` — the start time the prolog saw (Slurm before 23.02 gives the
-//!   epilog no start time).
 //! - `outbox.lock` — `flock`ed for the few microseconds of each read-compare-rename (the
 //!   temp file is written and `fsync`ed before the lock is taken, the directory after it is
 //!   released: no disk wait happens under the lock).
 //! - `drainer.lock` — held (`flock`) for its whole life by the one process that sends the
 //!   outbox (the service, or a `cvslurm flush`): `inflight/` belongs to it until it dies.
-//! - `wake.sock` — the service's wake-up socket (see `crate::service::sender`).
 //!
-//! Every event write is: temp file, `fsync`, `rename`, `fsync` of the directory.
+//! Each event file is one JSON object ([`Event`]) carrying its format, `"v"`
+//! ([`EVENT_FORMAT`]); a file without it is format 1, the shape written before `"v"` existed.
+//! A file of a newer format is left in place, logged, and never sent, replaced or deleted.
+//!
+//! Every event write is: temp file, `fsync`, `rename`, `fsync` of the directory
+//! ([`super::durable`]); a hook that hands its event to the running service skips the `fsync`
+//! and the service syncs it ([`Queue::sync_files`]).
 
+use super::durable::{self, list_dir, safe_name, sync_dir, unsafe_name, write_durably, write_tmp};
+use super::layout::{DRAINER_LOCK, INFLIGHT, OUTBOX, OUTBOX_LOCK, REJECTED};
+use super::starts::Starts;
 use crate::payload::{JobConfig, NodeConfig};
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::Flock;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-/// A temp file older than this is from a writer that died (hooks live for seconds).
-const STALE_TMP: Duration = Duration::from_secs(60);
 
 /// What one event asks CloudVision to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,9 +73,22 @@ impl Item {
     }
 }
 
+/// The format of the events this cvslurm writes: the `"v"` of every event file. A file without
+/// `"v"` was written before the field existed, in this same shape: format 1. A file of a
+/// higher format (a newer cvslurm wrote it, and this one was installed over it) is left in
+/// place, reported and never sent ([`Undecodable::Newer`]).
+pub const EVENT_FORMAT: u32 = 1;
+
+fn format_1() -> u32 {
+    1
+}
+
 /// One queued event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
+    /// The format it was written in ([`EVENT_FORMAT`]).
+    #[serde(default = "format_1")]
+    pub v: u32,
     /// Queue order: nanoseconds since the epoch when it was made.
     pub seq: u128,
     /// Supersession order within one key: `(restart count, phase)`, phase 0 running, 1 ended.
@@ -107,6 +120,7 @@ impl Event {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
         Event {
+            v: EVENT_FORMAT,
             seq: now.as_nanos(),
             rank,
             queued_at: now.as_secs() as i64,
@@ -131,6 +145,53 @@ pub struct EndFacts {
     pub end_known: bool,
 }
 
+/// Why a file's bytes are no event this cvslurm sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undecodable {
+    /// An event of a format newer than [`EVENT_FORMAT`]: written by a newer cvslurm.
+    Newer(u64),
+    /// Not an event.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for Undecodable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Undecodable::Newer(v) => write!(
+                f,
+                "an event of format {v}, written by a newer cvslurm (this one reads formats up \
+                 to {EVENT_FORMAT}); left in place: install that cvslurm again to send it"
+            ),
+            Undecodable::Corrupt(why) => write!(f, "not an event ({why})"),
+        }
+    }
+}
+
+/// Decodes an event file's bytes: formats up to [`EVENT_FORMAT`] (a file without `"v"` is
+/// format 1), telling a newer format from a corrupt file.
+pub fn decode_event(bytes: &[u8]) -> Result<Event, Undecodable> {
+    /// Only the format of whatever JSON object the file holds.
+    #[derive(Deserialize)]
+    struct Format {
+        v: Option<u64>,
+    }
+    let newer = |v: u64| (v > u64::from(EVENT_FORMAT)).then_some(Undecodable::Newer(v));
+    match serde_json::from_slice::<Event>(bytes) {
+        Ok(ev) => match newer(ev.v.into()) {
+            Some(n) => Err(n),
+            None => Ok(ev),
+        },
+        // A newer format may have changed the shape too: only its "v" is read then.
+        Err(e) => match serde_json::from_slice::<Format>(bytes)
+            .ok()
+            .and_then(|f| f.v)
+        {
+            Some(v) if newer(v).is_some() => Err(Undecodable::Newer(v)),
+            _ => Err(Undecodable::Corrupt(e.to_string())),
+        },
+    }
+}
+
 /// How reading one outbox file went.
 #[derive(Debug)]
 pub enum ReadOutcome {
@@ -141,6 +202,8 @@ pub enum ReadOutcome {
     Transient(String),
     /// The whole file was read and is not an event: corrupt.
     Corrupt(String),
+    /// The whole file was read and is an event of a newer format: left as it is.
+    Newer(u64),
 }
 
 /// Reads one outbox file, telling a transient failure from a corrupt file.
@@ -163,9 +226,10 @@ pub fn read_event_checked(path: &Path) -> ReadOutcome {
     if let Err(e) = f.read_to_end(&mut bytes) {
         return ReadOutcome::Transient(e.to_string());
     }
-    match serde_json::from_slice(&bytes) {
+    match decode_event(&bytes) {
         Ok(ev) => ReadOutcome::Event(Box::new(ev)),
-        Err(e) => ReadOutcome::Corrupt(e.to_string()),
+        Err(Undecodable::Newer(v)) => ReadOutcome::Newer(v),
+        Err(Undecodable::Corrupt(why)) => ReadOutcome::Corrupt(why),
     }
 }
 
@@ -185,13 +249,15 @@ pub enum Enqueued {
     Superseded,
 }
 
-/// The outbox in one state directory.
+/// The outbox in one state directory: pending, in-flight and rejected events.
 #[derive(Debug, Clone)]
-pub struct Outbox {
+pub struct Queue {
     root: PathBuf,
     /// When running as root in a StateDir owned by someone else (SlurmUser): the owner every
     /// new file and directory gets, so the hooks (running as SlurmUser) can use them.
     owner: Option<(u32, u32)>,
+    /// The start records, which a resend must find ([`Queue::enqueue_resend`]).
+    starts: Starts,
     /// An in-flight file older than this is from a drainer that died: ignore it.
     pub inflight_stale: Duration,
     /// The job keys whose end this process delivered, and when (shared by its clones): the
@@ -199,19 +265,17 @@ pub struct Outbox {
     delivered_ends: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
 }
 
-/// A node record file's inode, modification time and size ([`Outbox::node_record_stamps`]).
-pub type RecordStamp = (u64, SystemTime, u64);
-
-/// How long [`Outbox::recently_ended`] remembers a delivered end: far longer than a job
+/// How long [`Queue::recently_ended`] remembers a delivered end: far longer than a job
 /// stays listed as running after it ended.
 pub const REMEMBER_ENDS: Duration = Duration::from_secs(600);
 
-impl Outbox {
-    /// The outbox under `state_dir` (nothing is created until something is written).
-    pub fn new(state_dir: &Path) -> Outbox {
-        Outbox {
-            root: state_dir.to_path_buf(),
-            owner: owner_to_match(state_dir),
+impl Queue {
+    /// The outbox under `root`, new files handed to `owner` (see [`super::StateDir::new`]).
+    pub(super) fn new(root: &Path, owner: Option<(u32, u32)>, starts: Starts) -> Queue {
+        Queue {
+            root: root.to_path_buf(),
+            owner,
+            starts,
             inflight_stale: Duration::from_secs(60),
             delivered_ends: Default::default(),
         }
@@ -228,85 +292,31 @@ impl Outbox {
         ends.keys().cloned().collect()
     }
 
-    /// The state directory.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    /// The owner (uid, gid) new files get when running as root in another user's StateDir.
-    pub fn owner(&self) -> Option<(u32, u32)> {
-        self.owner
-    }
-
     /// True when an event for `item`'s key is pending (not in flight).
     pub fn is_pending(&self, item: &Item) -> bool {
-        self.dir("outbox").join(item.file_name()).exists()
+        self.dir(OUTBOX).join(item.file_name()).exists()
     }
 
     /// The pending event of `item`'s key, if any.
     pub fn pending_of(&self, item: &Item) -> Option<Event> {
-        read_event(&self.dir("outbox").join(item.file_name()))
+        read_event(&self.dir(OUTBOX).join(item.file_name())).and_then(Result::ok)
     }
 
     fn dir(&self, name: &str) -> PathBuf {
         self.root.join(name)
     }
 
-    /// Creates the directories (mode 0700) if missing.
-    pub fn ensure_dirs(&self) -> Result<(), String> {
-        for d in ["outbox", "inflight", "rejected", "jobs", "verify", "nodes"] {
-            let p = self.dir(d);
-            if !p.is_dir() {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(&p)
-                    .map_err(|e| format!("cannot create {}: {e}", p.display()))?;
-            }
-            if let Some((uid, gid)) = self.owner {
-                // Also repairs directories an earlier root run left owned by root.
-                std::os::unix::fs::chown(&p, Some(uid), Some(gid))
-                    .map_err(|e| format!("cannot chown {}: {e}", p.display()))?;
-            }
-        }
-        Ok(())
+    fn ensure_dirs(&self) -> Result<(), String> {
+        durable::ensure_dirs(&self.root, self.owner)
     }
 
     fn lock(&self) -> Result<Flock<File>, String> {
-        self.lock_file("outbox.lock", None)
+        self.lock_file(OUTBOX_LOCK, None)
     }
 
     /// Locks `name` in StateDir; with a deadline, gives up when it passes.
     fn lock_file(&self, name: &str, deadline: Option<Instant>) -> Result<Flock<File>, String> {
-        let p = self.root.join(name);
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&p)
-            .map_err(|e| format!("cannot open {}: {e}", p.display()))?;
-        if let Some((uid, gid)) = self.owner {
-            let _ = std::os::unix::fs::fchown(&f, Some(uid), Some(gid));
-        }
-        let Some(deadline) = deadline else {
-            return Flock::lock(f, FlockArg::LockExclusive)
-                .map_err(|(_, e)| format!("cannot lock {}: {e}", p.display()));
-        };
-        let mut f = f;
-        loop {
-            match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
-                Ok(l) => return Ok(l),
-                Err((back, nix::errno::Errno::EWOULDBLOCK)) => {
-                    if Instant::now() >= deadline {
-                        return Err(format!("{} stayed locked past the deadline", p.display()));
-                    }
-                    f = back;
-                    std::thread::sleep(Duration::from_micros(500));
-                }
-                Err((_, e)) => return Err(format!("cannot lock {}: {e}", p.display())),
-            }
-        }
+        durable::lock_file(&self.root.join(name), self.owner, deadline)
     }
 
     /// Becomes the outbox's one drainer: `Ok(None)` when another live process (the service,
@@ -315,14 +325,16 @@ impl Outbox {
     pub fn drainer_lock(&self, wait: bool) -> Result<Option<Flock<File>>, String> {
         self.ensure_dirs()?;
         let deadline = (!wait).then(Instant::now);
-        match self.lock_file("drainer.lock", deadline) {
+        match self.lock_file(DRAINER_LOCK, deadline) {
             Ok(l) => Ok(Some(l)),
             Err(e) if !wait && e.ends_with("past the deadline") => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    /// Writes `ev` durably unless a pending event of higher rank for the same key exists.
+    /// Writes `ev` durably unless a pending event of higher rank for the same key exists. An
+    /// error, nothing written, when the pending event of the key is of a newer format: it is
+    /// never replaced by this cvslurm.
     pub fn enqueue(&self, ev: &Event) -> Result<Enqueued, String> {
         self.enqueue_by(ev, None, true)
     }
@@ -342,12 +354,15 @@ impl Outbox {
     ) -> Result<Enqueued, String> {
         self.ensure_dirs()?;
         let name = ev.item.file_name();
-        let path = self.dir("outbox").join(&name);
+        let path = self.dir(OUTBOX).join(&name);
         let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
         let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
         let res = (|| {
-            let _lock = self.lock_file("outbox.lock", deadline)?;
-            if let Some(old) = read_event(&path) {
+            let _lock = self.lock_file(OUTBOX_LOCK, deadline)?;
+            if let Some(Err(newer @ Undecodable::Newer(_))) = read_event(&path) {
+                return Err(format!("{}: {newer}", path.display()));
+            }
+            if let Some(Ok(old)) = read_event(&path) {
                 let newest = old.then.as_ref().map_or(old.rank, |t| t.rank);
                 if newest > ev.rank {
                     return Ok(Enqueued::Superseded);
@@ -362,7 +377,7 @@ impl Outbox {
                     return Ok(Enqueued::Chained);
                 }
             }
-            let inflight = self.dir("inflight").join(&name);
+            let inflight = self.dir(INFLIGHT).join(&name);
             let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
                 Ok(t) => t
                     .elapsed()
@@ -377,7 +392,7 @@ impl Outbox {
             let _ = fs::remove_file(&tmp);
         }
         if sync && matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
-            sync_dir(&self.dir("outbox"));
+            sync_dir(&self.dir(OUTBOX));
         }
         res
     }
@@ -389,7 +404,7 @@ impl Outbox {
             return;
         }
         for name in names {
-            let p = self.dir("outbox").join(name);
+            let p = self.dir(OUTBOX).join(name);
             if let Ok(f) = OpenOptions::new()
                 .read(true)
                 .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
@@ -398,20 +413,20 @@ impl Outbox {
                 let _ = f.sync_data();
             }
         }
-        sync_dir(&self.dir("outbox"));
+        sync_dir(&self.dir(OUTBOX));
     }
 
     /// Replaces the pending event `old` by `new` (same key) if `old` is still the pending one;
     /// durably with `sync` (else the caller syncs it: [`sync_files`](Self::sync_files)).
     /// `Ok(false)` when it was replaced or taken meanwhile.
     pub fn replace_if_same(&self, old: &Event, new: &Event, sync: bool) -> Result<bool, String> {
-        let path = self.dir("outbox").join(old.item.file_name());
+        let path = self.dir(OUTBOX).join(old.item.file_name());
         let bytes = serde_json::to_vec(new).map_err(|e| e.to_string())?;
         let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
         let done = (|| {
             let _lock = self.lock()?;
             match read_event(&path) {
-                Some(cur) if cur.seq == old.seq => {
+                Some(Ok(cur)) if cur.seq == old.seq => {
                     fs::rename(&tmp, &path)
                         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                     Ok(true)
@@ -422,7 +437,7 @@ impl Outbox {
         if done != Ok(true) {
             let _ = fs::remove_file(&tmp);
         } else if sync {
-            sync_dir(&self.dir("outbox"));
+            sync_dir(&self.dir(OUTBOX));
         }
         done
     }
@@ -430,9 +445,9 @@ impl Outbox {
     /// Removes the pending event of `ev`'s key if it is still `ev` (not replaced meanwhile).
     pub fn remove_if_same(&self, ev: &Event) -> Result<bool, String> {
         let _lock = self.lock()?;
-        let path = self.dir("outbox").join(ev.item.file_name());
+        let path = self.dir(OUTBOX).join(ev.item.file_name());
         match read_event(&path) {
-            Some(cur) if cur.seq == ev.seq => {
+            Some(Ok(cur)) if cur.seq == ev.seq => {
                 fs::remove_file(&path)
                     .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
                 Ok(true)
@@ -443,9 +458,10 @@ impl Outbox {
 
     /// Every pending event, oldest first. A file that was read whole and is not an event is
     /// moved to `rejected/` and logged; one that cannot be read now (a drainer moved it, no
-    /// file descriptor left, an I/O error) is skipped and read again next time.
+    /// file descriptor left, an I/O error) is skipped and read again next time; one of a newer
+    /// format ([`EVENT_FORMAT`]) is left where it is, logged once per process, never sent.
     pub fn pending(&self) -> Vec<Event> {
-        let mut evs: Vec<Event> = list_dir(&self.dir("outbox"))
+        let mut evs: Vec<Event> = list_dir(&self.dir(OUTBOX))
             .into_iter()
             .filter_map(|p| match read_event_checked(&p) {
                 ReadOutcome::Event(e) => Some(*e),
@@ -456,6 +472,10 @@ impl Outbox {
                     );
                     None
                 }
+                ReadOutcome::Newer(v) => {
+                    report_newer(&p, v);
+                    None
+                }
                 ReadOutcome::Corrupt(why) => {
                     log::error!(
                         "outbox file {} is not an event ({why}); moved to rejected/",
@@ -463,7 +483,7 @@ impl Outbox {
                     );
                     let _ = fs::rename(
                         &p,
-                        self.dir("rejected").join(p.file_name().unwrap_or_default()),
+                        self.dir(REJECTED).join(p.file_name().unwrap_or_default()),
                     );
                     None
                 }
@@ -482,7 +502,7 @@ impl Outbox {
 
     /// Number of events in `rejected/`.
     pub fn rejected_count(&self) -> usize {
-        list_dir(&self.dir("rejected")).len()
+        list_dir(&self.dir(REJECTED)).len()
     }
 
     /// Queues a running job's RUNNING again (its nodes' interfaces changed), only while that
@@ -500,7 +520,7 @@ impl Outbox {
         }
         self.ensure_dirs()?;
         let name = ev.item.file_name();
-        let path = self.dir("outbox").join(&name);
+        let path = self.dir(OUTBOX).join(&name);
         let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
         let tmp = write_tmp(&path, &bytes, self.owner, true)?;
         let res = (|| {
@@ -510,8 +530,8 @@ impl Outbox {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .contains_key(&job.key.id);
-            let busy = path.exists() || self.dir("inflight").join(&name).exists();
-            let started = self.dir("jobs").join(safe_name(&job.key.id)).exists();
+            let busy = path.exists() || self.dir(INFLIGHT).join(&name).exists();
+            let started = self.starts.exists(&job.key.id);
             if ended || busy || !started {
                 return Ok(false);
             }
@@ -521,7 +541,7 @@ impl Outbox {
         if !matches!(res, Ok(true)) {
             let _ = fs::remove_file(&tmp);
         } else {
-            sync_dir(&self.dir("outbox"));
+            sync_dir(&self.dir(OUTBOX));
         }
         res
     }
@@ -531,10 +551,10 @@ impl Outbox {
     pub fn take(&self, ev: &Event) -> Result<Option<Event>, String> {
         let _lock = self.lock()?;
         let name = ev.item.file_name();
-        let from = self.dir("outbox").join(&name);
+        let from = self.dir(OUTBOX).join(&name);
         match read_event(&from) {
-            Some(cur) if cur.seq == ev.seq => {
-                let to = self.dir("inflight").join(&name);
+            Some(Ok(cur)) if cur.seq == ev.seq => {
+                let to = self.dir(INFLIGHT).join(&name);
                 fs::rename(&from, &to)
                     .map_err(|e| format!("cannot move {}: {e}", from.display()))?;
                 if let Ok(f) = File::open(&to) {
@@ -552,27 +572,30 @@ impl Outbox {
     /// event for the key arrived meanwhile), `Reject` moves it to `rejected/` with the answer.
     pub fn finish(&self, ev: &Event, outcome: Finish) -> Result<(), String> {
         let name = ev.item.file_name();
-        let inflight = self.dir("inflight").join(&name);
+        let inflight = self.dir(INFLIGHT).join(&name);
         if !matches!(outcome, Finish::Retry) {
             if let Some(next) = &ev.then {
                 // The follower becomes the pending event (durably, before the in-flight file
                 // goes), unless a newer event of the key arrived meanwhile. Its data is
                 // synced before the lock and its directory after it: hooks never wait for
                 // an fsync here (a crash in between finds the in-flight file and recovers).
-                let pending = self.dir("outbox").join(&name);
+                let pending = self.dir(OUTBOX).join(&name);
                 let bytes = serde_json::to_vec(next).map_err(|e| e.to_string())?;
-                let tmp = write_synced_tmp(&pending, &bytes, self.owner)?;
+                let tmp = write_tmp(&pending, &bytes, self.owner, true)?;
                 let placed = (|| {
                     let _lock = self.lock()?;
-                    if read_event(&pending).is_some_and(|cur| cur.rank >= next.rank) {
-                        return Ok(false);
+                    // A newer cvslurm's event of the key came after this one: it stays.
+                    match read_event(&pending) {
+                        Some(Ok(cur)) if cur.rank >= next.rank => return Ok(false),
+                        Some(Err(Undecodable::Newer(_))) => return Ok(false),
+                        _ => {}
                     }
                     fs::rename(&tmp, &pending)
                         .map(|_| true)
                         .map_err(|e| format!("cannot write {}: {e}", pending.display()))
                 })();
                 match placed {
-                    Ok(true) => sync_dir(&self.dir("outbox")),
+                    Ok(true) => sync_dir(&self.dir(OUTBOX)),
                     Ok(false) => {
                         let _ = fs::remove_file(&tmp);
                     }
@@ -600,7 +623,7 @@ impl Outbox {
                 return Ok(());
             }
             Finish::Retry => {
-                let pending = self.dir("outbox").join(&name);
+                let pending = self.dir(OUTBOX).join(&name);
                 if pending.exists() {
                     let _ = fs::remove_file(&inflight);
                 } else {
@@ -615,7 +638,7 @@ impl Outbox {
                 }
             }
             Finish::Reject(answer) => {
-                let to = self.dir("rejected").join(&name);
+                let to = self.dir(REJECTED).join(&name);
                 let mut head = ev.clone();
                 head.then = None;
                 let mut v = serde_json::to_value(&head).map_err(|e| e.to_string())?;
@@ -628,7 +651,7 @@ impl Outbox {
                 let _ = fs::remove_file(&inflight);
             }
         }
-        sync_dir(&self.dir("inflight"));
+        sync_dir(&self.dir(INFLIGHT));
         Ok(())
     }
 
@@ -637,24 +660,14 @@ impl Outbox {
     pub fn recover(&self) -> Result<usize, String> {
         self.ensure_dirs()?;
         let _lock = self.lock()?;
-        for d in ["outbox", "inflight", "rejected", "jobs", "verify", "nodes"] {
-            for e in fs::read_dir(self.dir(d)).into_iter().flatten().flatten() {
-                let stale = e.file_name().to_string_lossy().starts_with(".tmp.")
-                    && e.metadata()
-                        .and_then(|m| m.modified())
-                        .ok()
-                        .and_then(|t| t.elapsed().ok())
-                        .is_some_and(|age| age > STALE_TMP);
-                if stale {
-                    let _ = fs::remove_file(e.path());
-                }
-            }
-        }
+        durable::remove_stale_tmp(&self.root);
         let mut n = 0;
-        for p in list_dir(&self.dir("inflight")) {
+        for p in list_dir(&self.dir(INFLIGHT)) {
             let name = p.file_name().unwrap_or_default().to_owned();
-            let pending = self.dir("outbox").join(&name);
-            if pending.exists() || read_event(&p).is_none() {
+            let pending = self.dir(OUTBOX).join(&name);
+            // An event of a newer format goes back too: it is never deleted here.
+            let corrupt = matches!(read_event(&p), None | Some(Err(Undecodable::Corrupt(_))));
+            if pending.exists() || corrupt {
                 let _ = fs::remove_file(&p);
             } else {
                 fs::rename(&p, &pending)
@@ -662,198 +675,13 @@ impl Outbox {
                 n += 1;
             }
         }
-        sync_dir(&self.dir("outbox"));
+        sync_dir(&self.dir(OUTBOX));
         Ok(n)
-    }
-
-    /// Keeps the inventory's latest discover record of a node (its GPU topology included), for
-    /// `send` and the service to attribute jobs to interfaces (`JobInterfaces`).
-    pub fn save_node_record(&self, rec: &crate::node_record::DiscoverRecord) -> Result<(), String> {
-        self.ensure_dirs()?;
-        let json = serde_json::to_vec(rec).map_err(|e| format!("cannot encode record: {e}"))?;
-        write_durably(
-            &self
-                .dir("nodes")
-                .join(format!("{}.json", safe_name(&rec.node_name))),
-            &json,
-            self.owner,
-        )
-    }
-
-    /// The inventory's record of `node`: `Ok(None)` when there is none. The file is hostile
-    /// input: a link is not followed, the size is capped, the record is validated and must
-    /// name `node`.
-    pub fn load_node_record(
-        &self,
-        node: &str,
-    ) -> Result<Option<crate::node_record::DiscoverRecord>, String> {
-        use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
-        let p = self.dir("nodes").join(format!("{}.json", safe_name(node)));
-        let f = match OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&p)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("cannot read {}: {e}", p.display())),
-        };
-        let max = crate::node_record::MAX_RECORD_BYTES;
-        let mut s = String::new();
-        f.take(max as u64 + 1)
-            .read_to_string(&mut s)
-            .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-        if s.len() > max {
-            return Err(format!("{}: larger than {max} bytes", p.display()));
-        }
-        let rec = crate::node_record::DiscoverRecord::parse_line(&s)
-            .map_err(|e| format!("{}: {e}", p.display()))?;
-        if rec.node_name != node {
-            return Err(format!(
-                "{}: a record of node {:?}",
-                p.display(),
-                rec.node_name
-            ));
-        }
-        Ok(Some(rec))
-    }
-
-    /// The nodes with a record in StateDir, each with its file's inode, modification time and
-    /// size: a cheap way to notice a record that changed (see [`crate::service::resend`]). Records are
-    /// replaced by a rename, so a rewrite always shows a new inode, even within one clock tick.
-    pub fn node_record_stamps(&self) -> BTreeMap<String, RecordStamp> {
-        list_dir(&self.dir("nodes"))
-            .into_iter()
-            .filter_map(|p| {
-                let m = fs::symlink_metadata(&p).ok()?;
-                if !m.file_type().is_file() {
-                    return None;
-                }
-                let stem = p.file_name()?.to_str()?.strip_suffix(".json")?;
-                Some((unsafe_name(stem), (m.ino(), m.modified().ok()?, m.len())))
-            })
-            .collect()
-    }
-
-    /// Forgets a node's record (it left the cluster).
-    pub fn forget_node_record(&self, node: &str) {
-        let _ = fs::remove_file(self.dir("nodes").join(format!("{}.json", safe_name(node))));
-    }
-
-    /// Records the start time the prolog saw for a job. Not fsynced (it survives the kill
-    /// of any process, not a power loss): it only supplies a start time on Slurm before 23.02
-    /// (where the service asks slurmctld anyway) and a hint for reconciliation, which lists
-    /// running jobs from Slurm itself.
-    pub fn save_start(&self, key: &str, start: i64) -> Result<(), String> {
-        self.ensure_dirs()?;
-        let path = self.dir("jobs").join(safe_name(key));
-        let tmp = self
-            .dir("jobs")
-            .join(format!(".tmp.{}", std::process::id()));
-        let res = (|| -> std::io::Result<()> {
-            let mut f = OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(true)
-                .mode(0o600)
-                .custom_flags(nix::libc::O_NOFOLLOW)
-                .open(&tmp)?;
-            if let Some((uid, gid)) = self.owner {
-                std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
-            }
-            f.write_all(start.to_string().as_bytes())?;
-            fs::rename(&tmp, &path)
-        })();
-        res.map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            format!("cannot write {}: {e}", path.display())
-        })
-    }
-
-    /// The start time the prolog recorded for a job.
-    pub fn load_start(&self, key: &str) -> Option<i64> {
-        fs::read_to_string(self.dir("jobs").join(safe_name(key)))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-    }
-
-    /// Forgets a job's start record.
-    pub fn forget_start(&self, key: &str) {
-        let _ = fs::remove_file(self.dir("jobs").join(safe_name(key)));
-    }
-
-    /// Marks an epilog's COMPLETED for verification: on Slurm 22.05 a job cancelled in its
-    /// first second reaches the epilog looking exactly like a success, and Slurm records the
-    /// truth only after the epilog. Reconciliation checks Slurm's final state later and
-    /// corrects CloudVision. Not fsynced: losing a mark only loses a check.
-    pub fn mark_for_verification(&self, job: &JobConfig, restart_count: u32) -> Result<(), String> {
-        self.ensure_dirs()?;
-        let dir = self.dir("verify");
-        let rec = serde_json::json!({"job": job, "restart_count": restart_count});
-        let path = dir.join(safe_name(&job.key.id));
-        write_private(&path, rec.to_string().as_bytes())
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))
-    }
-
-    /// Jobs marked for verification: `(job sent, restart count, age of the mark)`.
-    pub fn to_verify(&self) -> Vec<(JobConfig, u32, Duration)> {
-        self.records("verify")
-            .into_iter()
-            .filter_map(|(_, bytes, age)| {
-                let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-                let job: JobConfig = serde_json::from_value(v["job"].clone()).ok()?;
-                let restarts = v["restart_count"].as_u64().unwrap_or(0) as u32;
-                Some((job, restarts, age))
-            })
-            .collect()
-    }
-
-    /// Removes a verification mark.
-    pub fn verified(&self, key: &str) {
-        let _ = fs::remove_file(self.dir("verify").join(safe_name(key)));
-    }
-
-    /// The jobs whose start a prolog recorded and whose end no epilog has handled yet:
-    /// `(key, start, age of the record)`.
-    pub fn started_jobs(&self) -> Vec<(String, i64, Duration)> {
-        self.records("jobs")
-            .into_iter()
-            .filter_map(|(name, bytes, age)| {
-                let start = String::from_utf8_lossy(&bytes).trim().parse().ok()?;
-                Some((unsafe_name(&name), start, age))
-            })
-            .collect()
-    }
-
-    /// The records in one of the state directories (`jobs`, `verify`): file name, contents and
-    /// age, without the temp files of writers still at work (or killed).
-    fn records(&self, dir: &str) -> Vec<(String, Vec<u8>, Duration)> {
-        let Ok(rd) = fs::read_dir(self.dir(dir)) else {
-            return Vec::new();
-        };
-        rd.flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(".tmp.") {
-                    return None;
-                }
-                let bytes = fs::read(e.path()).ok()?;
-                let age = e
-                    .metadata()
-                    .ok()?
-                    .modified()
-                    .ok()?
-                    .elapsed()
-                    .unwrap_or_default();
-                Some((name, bytes, age))
-            })
-            .collect()
     }
 
     /// The keys (`12345@cluster`) of jobs with an event pending or in flight.
     pub fn pending_job_keys(&self) -> std::collections::HashSet<String> {
-        ["outbox", "inflight"]
+        [OUTBOX, INFLIGHT]
             .iter()
             .flat_map(|d| list_dir(&self.dir(d)))
             .filter_map(|p| {
@@ -862,36 +690,6 @@ impl Outbox {
                 Some(unsafe_name(key))
             })
             .collect()
-    }
-
-    /// Records the outcome of a drain pass in `service-status.json` for `cvslurm status`:
-    /// the last delivery and the last error, with their times.
-    pub fn record_drain(&self, delivered: usize, last_error: Option<&str>) {
-        let path = self.root.join("service-status.json");
-        let mut v: serde_json::Value = fs::read(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_else(|| serde_json::json!({}));
-        let now = crate::timefmt::now_epoch();
-        if delivered > 0 {
-            v["last_delivery"] = now.into();
-        }
-        if let Some(e) = last_error {
-            v["last_error"] = e.into();
-            v["last_error_at"] = now.into();
-        }
-        v["last_drain"] = now.into();
-        if let Ok(bytes) = serde_json::to_vec(&v) {
-            // Not fsynced: it is a report, not an event.
-            let _ = write_private(&path, &bytes);
-        }
-    }
-
-    /// What the last drain passes recorded (`record_drain`), if anything.
-    pub fn service_status(&self) -> Option<serde_json::Value> {
-        fs::read(self.root.join("service-status.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
     }
 
     /// Keeps the outbox within `max` events: past it, the oldest node events go first (the
@@ -945,163 +743,36 @@ fn chains_after(old: &Event, ev: &Event) -> bool {
         && ev.rank.1 > 0
 }
 
-fn read_event(path: &Path) -> Option<Event> {
+/// The event in `path`; `None` when it cannot be read.
+fn read_event(path: &Path) -> Option<Result<Event, Undecodable>> {
     let bytes = fs::read(path).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    Some(decode_event(&bytes))
 }
 
-fn list_dir(dir: &Path) -> Vec<PathBuf> {
-    fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.extension().is_some_and(|x| x == "json")
-                        && !p
-                            .file_name()
-                            .unwrap_or_default()
-                            .to_string_lossy()
-                            .starts_with('.')
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Writes a file atomically and durably: temp file, fsync, rename, fsync of the directory.
-/// `owner` (uid, gid), when given, is set on the file before it takes its name.
-pub fn write_durably(path: &Path, data: &[u8], owner: Option<(u32, u32)>) -> Result<(), String> {
-    let tmp = write_synced_tmp(path, data, owner)?;
-    if let Err(e) = fs::rename(&tmp, path) {
-        let _ = fs::remove_file(&tmp);
-        return Err(format!("cannot write {}: {e}", path.display()));
+/// Logs an outbox file of a newer format the first time this process meets it (the service
+/// reads the outbox every few seconds).
+fn report_newer(path: &Path, v: u64) {
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<std::collections::HashSet<PathBuf>>> = OnceLock::new();
+    let first = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(path.to_path_buf());
+    if first {
+        log::error!(
+            "outbox file {}: {}; not sent",
+            path.display(),
+            Undecodable::Newer(v)
+        );
     }
-    sync_dir(path.parent().unwrap_or(Path::new(".")));
-    Ok(())
-}
-
-/// Writes `data` to a fresh temp file beside `path` and `fdatasync`s it; returns its path.
-fn write_synced_tmp(
-    path: &Path,
-    data: &[u8],
-    owner: Option<(u32, u32)>,
-) -> Result<PathBuf, String> {
-    write_tmp(path, data, owner, true)
-}
-
-/// Writes `data` to a fresh temp file beside `path` (`fdatasync`ed with `sync`).
-fn write_tmp(
-    path: &Path,
-    data: &[u8],
-    owner: Option<(u32, u32)>,
-    sync: bool,
-) -> Result<PathBuf, String> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".tmp.{}.{}.{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        path.file_name().unwrap_or_default().to_string_lossy()
-    ));
-    let res = (|| -> std::io::Result<()> {
-        let mut f = OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
-        }
-        f.write_all(data)?;
-        if sync {
-            f.sync_data()?;
-        }
-        Ok(())
-    })();
-    match res {
-        Ok(()) => Ok(tmp),
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            Err(format!("cannot write {}: {e}", path.display()))
-        }
-    }
-}
-
-/// Writes a file (mode 0600, whatever the umask) through a fresh temp file and a rename, not
-/// fsynced: for records whose loss costs nothing but a check.
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".tmp.{}.private", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    let res = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(data))
-        .and_then(|()| fs::rename(&tmp, path));
-    if res.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    res
-}
-
-/// The owner new files must get: StateDir's, when we are root and it belongs to someone else.
-fn owner_to_match(state_dir: &Path) -> Option<(u32, u32)> {
-    use std::os::unix::fs::MetadataExt;
-    if !nix::unistd::geteuid().is_root() {
-        return None;
-    }
-    let m = fs::metadata(state_dir).ok()?;
-    (m.uid() != 0).then(|| (m.uid(), m.gid()))
-}
-
-fn sync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-}
-
-/// Makes a key safe as a file name: `/`, `%` and a leading `.` are percent-encoded.
-fn safe_name(key: &str) -> String {
-    let mut s = String::with_capacity(key.len());
-    for (i, c) in key.chars().enumerate() {
-        match c {
-            '/' | '%' | '\0' => s.push_str(&format!("%{:02X}", c as u32)),
-            '.' if i == 0 => s.push_str("%2E"),
-            _ => s.push(c),
-        }
-    }
-    s
-}
-
-/// Undoes [`safe_name`].
-fn unsafe_name(name: &str) -> String {
-    let mut out = Vec::with_capacity(name.len());
-    let b = name.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
-            if let Ok(v) = u8::from_str_radix(hex, 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::payload::{JobState, Key};
+    use crate::state::StateDir;
 
     fn job(id: &str, state: JobState) -> Item {
         Item::Job {
@@ -1130,11 +801,12 @@ mod tests {
     #[test]
     fn a_resend_never_follows_the_jobs_end() {
         let d = tmpdir("resend");
-        let ob = Outbox::new(&d);
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
         let run = || Event::new(job("7@c", JobState::Running), (0, 0));
         // Not reported by a hook (no start record): not resent.
         assert_eq!(ob.enqueue_resend(&run()), Ok(false));
-        ob.save_start("7@c", 100).unwrap();
+        sd.starts.save("7@c", 100).unwrap();
         assert_eq!(ob.enqueue_resend(&run()), Ok(true));
         // Its RUNNING pending: not a second one.
         assert_eq!(ob.enqueue_resend(&run()), Ok(false));
@@ -1155,7 +827,7 @@ mod tests {
         let end = ob.pending().remove(0);
         let taken = ob.take(&end).unwrap().unwrap();
         ob.finish(&taken, Finish::Delivered).unwrap();
-        assert!(ob.started_jobs().iter().any(|(k, _, _)| k == "7@c"));
+        assert!(sd.starts.started_jobs().iter().any(|(k, _, _)| k == "7@c"));
         assert_eq!(ob.enqueue_resend(&run()), Ok(false));
         assert!(ob.pending().is_empty());
         // Only RUNNING is resent.
@@ -1166,7 +838,8 @@ mod tests {
     #[test]
     fn later_state_wins_and_stale_running_is_dropped() {
         let d = tmpdir("wins");
-        let ob = Outbox::new(&d);
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
         let run = Event::new(job("1@c", JobState::Running), (0, 0));
         let done = Event::new(job("1@c", JobState::Completed), (0, 1));
         assert_eq!(ob.enqueue(&done).unwrap(), Enqueued::Queued { busy: false });
@@ -1188,7 +861,8 @@ mod tests {
     #[test]
     fn take_finish_recover() {
         let d = tmpdir("flow");
-        let ob = Outbox::new(&d);
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
         let a = Event::new(job("1@c", JobState::Running), (0, 0));
         ob.enqueue(&a).unwrap();
         let taken = ob.take(&a).unwrap().unwrap();
@@ -1214,21 +888,22 @@ mod tests {
     #[test]
     fn only_complete_unparsable_files_are_rejected() {
         let d = tmpdir("transient");
-        let ob = Outbox::new(&d);
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
         let good = Event::new(job("1@c", JobState::Running), (0, 0));
         ob.enqueue(&good).unwrap();
         // Not readable as a file now (here: a directory where a file was): kept, not rejected.
-        fs::create_dir(d.join("outbox/job.2@c.json")).unwrap();
+        fs::create_dir(d.join(OUTBOX).join("job.2@c.json")).unwrap();
         // A file a drainer moved away between the listing and the read.
         assert!(matches!(
-            read_event_checked(&d.join("outbox/job.3@c.json")),
+            read_event_checked(&d.join(OUTBOX).join("job.3@c.json")),
             ReadOutcome::Transient(_)
         ));
         assert_eq!(ob.pending(), vec![good.clone()]);
-        assert!(d.join("outbox/job.2@c.json").is_dir());
+        assert!(d.join(OUTBOX).join("job.2@c.json").is_dir());
         assert_eq!(ob.rejected_count(), 0);
         // A whole file that is not an event is rejected.
-        fs::write(d.join("outbox/job.4@c.json"), b"{\"seq\": 1, garbage").unwrap();
+        fs::write(d.join(OUTBOX).join("job.4@c.json"), b"{\"seq\": 1, garbage").unwrap();
         assert_eq!(ob.pending(), vec![good]);
         assert_eq!(ob.rejected_count(), 1);
         fs::remove_dir_all(&d).unwrap();
@@ -1237,7 +912,8 @@ mod tests {
     #[test]
     fn one_drainer_at_a_time() {
         let d = tmpdir("drainer");
-        let ob = Outbox::new(&d);
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
         let first = ob.drainer_lock(false).unwrap();
         assert!(first.is_some());
         assert!(ob.drainer_lock(false).unwrap().is_none());
@@ -1249,7 +925,8 @@ mod tests {
     #[test]
     fn replace_if_same_keeps_a_newer_event() {
         let d = tmpdir("replace");
-        let ob = Outbox::new(&d);
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
         let a = Event::new(job("1@c", JobState::Completed), (0, 1));
         ob.enqueue(&a).unwrap();
         let mut fixed = a.clone();
@@ -1261,7 +938,7 @@ mod tests {
         assert!(!ob.replace_if_same(&fixed, &a, true).unwrap());
         assert_eq!(ob.pending(), vec![rerun]);
         assert_eq!(
-            fs::read_dir(d.join("outbox")).unwrap().count(),
+            fs::read_dir(d.join(OUTBOX)).unwrap().count(),
             1,
             "no temp file left"
         );
@@ -1271,7 +948,8 @@ mod tests {
     #[test]
     fn an_end_waits_behind_its_pending_running() {
         let d = tmpdir("chain");
-        let ob = Outbox::new(&d);
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
         let run = Event::new(job("1@c", JobState::Running), (0, 0));
         let end = Event::new(job("1@c", JobState::Completed), (0, 1));
         ob.enqueue(&run).unwrap();
@@ -1302,18 +980,10 @@ mod tests {
     }
 
     #[test]
-    fn names_are_safe() {
-        assert_eq!(safe_name("1@c"), "1@c");
-        assert_eq!(safe_name("../x/y"), "%2E.%2Fx%2Fy");
-        for k in ["1@c", "../x/y", "a%b", ".%2F", "%", "%aé", "é%"] {
-            assert_eq!(unsafe_name(&safe_name(k)), k);
-        }
-    }
-
-    #[test]
     fn limit_drops_nodes_then_running_then_oldest_ends() {
         let d = tmpdir("limit");
-        let ob = Outbox::new(&d);
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
         let node = |n: &str| Item::NodeDelete { name: n.into() };
         for ev in [
             Event::new(job("1@c", JobState::Completed), (0, 1)),
@@ -1335,8 +1005,8 @@ mod tests {
         assert_eq!(ob.pending()[0].item.describe(), "job 3@c FAILED");
         let keys = ob.pending_job_keys();
         assert!(keys.contains("3@c") && keys.len() == 1);
-        ob.save_start("5@c", 100).unwrap();
-        let started = ob.started_jobs();
+        sd.starts.save("5@c", 100).unwrap();
+        let started = sd.starts.started_jobs();
         assert_eq!(started.len(), 1);
         assert_eq!((started[0].0.as_str(), started[0].1), ("5@c", 100));
         fs::remove_dir_all(&d).unwrap();
@@ -1344,7 +1014,8 @@ mod tests {
 
     #[test]
     fn root_keeps_state_dir_owned_by_its_owner() {
-        use std::os::unix::fs::MetadataExt;
+        use crate::state::layout::{JOBS, SERVICE_STATUS, VERIFY};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
         if !nix::unistd::geteuid().is_root() {
             eprintln!("skipped: needs root (CI runs as root)");
             return;
@@ -1355,66 +1026,134 @@ mod tests {
         std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
         fs::DirBuilder::new()
             .mode(0o700)
-            .create(d.join("jobs"))
+            .create(d.join(JOBS))
             .unwrap();
-        let ob = Outbox::new(&d);
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
         ob.enqueue(&Event::new(job("1@c", JobState::Running), (0, 0)))
             .unwrap();
-        ob.save_start("1@c", 5).unwrap();
+        sd.starts.save("1@c", 5).unwrap();
+        let Item::Job { job: j } = job("1@c", JobState::Completed) else {
+            unreachable!()
+        };
+        sd.marks.mark_for_verification(&j, 0).unwrap();
+        sd.status.record_drain(1, None);
         for p in [
-            "outbox",
-            "inflight",
-            "rejected",
-            "jobs",
-            "outbox.lock",
-            "outbox/job.1@c.json",
-            "jobs/1@c",
+            OUTBOX,
+            INFLIGHT,
+            REJECTED,
+            JOBS,
+            VERIFY,
+            OUTBOX_LOCK,
+            SERVICE_STATUS,
+            &format!("{OUTBOX}/job.1@c.json"),
+            &format!("{JOBS}/1@c"),
+            &format!("{VERIFY}/1@c"),
         ] {
             assert_eq!(fs::metadata(d.join(p)).unwrap().uid(), 65534, "{p}");
         }
         fs::remove_dir_all(&d).unwrap();
     }
 
-    /// The inventory's node records: kept, read back, and refused when tampered with.
+    /// A real event file as cvslurm wrote it before events carried a format: a RUNNING with
+    /// its provisional end chained after it (written by `Queue::enqueue` at commit fe59a44).
+    const UNVERSIONED: &str = r#"{"seq":1714557600000000000,"rank":[0,0],"queued_at":1714557600,"attempts":0,"then":{"seq":1714557700000000000,"rank":[0,1],"queued_at":1714557700,"attempts":0,"resolve":{"exit":[0,0],"restart_count":0,"start_known":true,"end_known":false},"kind":"job","job":{"key":{"id":"4242@hpc-cluster-west"},"name":"train","state":"JOB_STATE_COMPLETED","start_time":"2024-05-01T10:00:00Z","nodes":{"values":["gpu-node-1"]}}},"kind":"job","job":{"key":{"id":"4242@hpc-cluster-west"},"name":"train","state":"JOB_STATE_RUNNING","start_time":"2024-05-01T10:00:00Z","nodes":{"values":["gpu-node-1"]}}}"#;
+    const UNVERSIONED_NAME: &str = "job.4242@hpc-cluster-west.json";
+
     #[test]
-    fn node_records() {
-        let d = std::env::temp_dir().join(format!("cvslurm-noderec-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        let ob = Outbox::new(&d);
-        assert_eq!(ob.load_node_record("dgx1").unwrap(), None);
-        let rec = crate::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
-        ob.save_node_record(&rec).unwrap();
-        assert_eq!(ob.load_node_record("dgx1").unwrap(), Some(rec.clone()));
-        let p = d.join("nodes/dgx1.json");
-        // Another node's record under this name.
-        let mut other = rec.clone();
-        other.node_name = "dgx2".into();
-        fs::write(&p, serde_json::to_vec(&other).unwrap()).unwrap();
-        assert!(ob
-            .load_node_record("dgx1")
-            .unwrap_err()
-            .contains("a record of node \"dgx2\""));
-        // Garbage, an oversized file, a link.
-        fs::write(&p, b"{not json").unwrap();
-        assert!(ob
-            .load_node_record("dgx1")
-            .unwrap_err()
-            .contains("not a discover record"));
-        fs::write(&p, vec![b' '; crate::node_record::MAX_RECORD_BYTES + 1]).unwrap();
-        assert!(ob
-            .load_node_record("dgx1")
-            .unwrap_err()
-            .contains("larger than"));
-        fs::remove_file(&p).unwrap();
-        ob.save_node_record(&other).unwrap();
-        std::os::unix::fs::symlink(d.join("nodes/dgx2.json"), &p).unwrap();
-        assert!(ob
-            .load_node_record("dgx1")
-            .unwrap_err()
-            .contains("cannot read"));
-        ob.forget_node_record("dgx2");
-        assert_eq!(ob.load_node_record("dgx2").unwrap(), None);
+    fn an_event_without_a_format_is_read_as_format_1() {
+        let d = tmpdir("format1");
+        let sd = StateDir::new(&d);
+        sd.ensure_dirs().unwrap();
+        let path = d.join(OUTBOX).join(UNVERSIONED_NAME);
+        fs::write(&path, UNVERSIONED).unwrap();
+        let p = sd.queue.pending();
+        assert_eq!(p.len(), 1);
+        let run = &p[0];
+        assert_eq!((run.v, run.seq, run.rank), (1, 1714557600000000000, (0, 0)));
+        assert_eq!(run.item.describe(), "job 4242@hpc-cluster-west RUNNING");
+        let end = run.then.as_deref().unwrap();
+        assert_eq!(end.v, 1);
+        assert_eq!(end.item.describe(), "job 4242@hpc-cluster-west COMPLETED");
+        assert_eq!(end.resolve.unwrap().exit, Some((0, 0)));
+        // Sent like any other: the end becomes the pending event, now with its format.
+        let t = sd.queue.take(run).unwrap().unwrap();
+        sd.queue.finish(&t, Finish::Delivered).unwrap();
+        assert_eq!(sd.queue.pending(), vec![end.clone()]);
+        let v: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!(v["v"], 1);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn every_event_is_written_with_its_format() {
+        let d = tmpdir("format-written");
+        let sd = StateDir::new(&d);
+        let run = Event::new(job("1@c", JobState::Running), (0, 0));
+        assert_eq!(run.v, EVENT_FORMAT);
+        sd.queue.enqueue(&run).unwrap();
+        sd.queue
+            .enqueue(&Event::new(job("1@c", JobState::Failed), (0, 1)))
+            .unwrap();
+        let raw = |dir: &str| -> serde_json::Value {
+            let p = d.join(dir).join("job.1@c.json");
+            serde_json::from_slice(&fs::read(p).unwrap()).unwrap()
+        };
+        let v = raw(OUTBOX);
+        assert_eq!(v["v"], EVENT_FORMAT);
+        assert_eq!(v["then"]["v"], EVENT_FORMAT, "the chained end too");
+        let t = sd.queue.take(&run).unwrap().unwrap();
+        sd.queue
+            .finish(&t, Finish::Reject("HTTP 400".into()))
+            .unwrap();
+        assert_eq!(raw(REJECTED)["v"], EVENT_FORMAT);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn an_event_of_a_newer_format_is_left_in_place_and_not_sent() {
+        let d = tmpdir("format-newer");
+        let sd = StateDir::new(&d);
+        sd.ensure_dirs().unwrap();
+        // The fixture as a newer cvslurm might write it: same shape, and a changed one.
+        let same_shape = UNVERSIONED.replacen('{', r#"{"v":2,"#, 1);
+        let new_shape = r#"{"v":7,"what":{"job":"5@c"}}"#;
+        assert_eq!(
+            decode_event(same_shape.as_bytes()),
+            Err(Undecodable::Newer(2))
+        );
+        assert_eq!(
+            decode_event(new_shape.as_bytes()),
+            Err(Undecodable::Newer(7))
+        );
+        assert!(matches!(
+            decode_event(br#"{"v":1,"what":{}}"#),
+            Err(Undecodable::Corrupt(_))
+        ));
+        let newer = d.join(OUTBOX).join(UNVERSIONED_NAME);
+        fs::write(&newer, &same_shape).unwrap();
+        fs::write(d.join(OUTBOX).join("job.5@c.json"), new_shape).unwrap();
+        let ok = Event::new(job("6@c", JobState::Running), (0, 0));
+        sd.queue.enqueue(&ok).unwrap();
+        // Not sent, not rejected, not counted, not dropped over the limit.
+        assert_eq!(sd.queue.pending(), vec![ok.clone()]);
+        assert_eq!(sd.queue.enforce_limit(0), 1);
+        assert_eq!(sd.queue.rejected_count(), 0);
+        // A later event of its key does not replace it (the hook sends that one itself).
+        let later = Event::new(job("5@c", JobState::Completed), (0, 1));
+        let err = sd.queue.enqueue(&later).unwrap_err();
+        assert!(
+            err.contains("format 7, written by a newer cvslurm"),
+            "{err}"
+        );
+        // In flight when a newer drainer died: put back, never deleted.
+        fs::rename(&newer, d.join(INFLIGHT).join(UNVERSIONED_NAME)).unwrap();
+        assert_eq!(sd.queue.recover().unwrap(), 1);
+        assert_eq!(fs::read_to_string(&newer).unwrap(), same_shape);
+        assert_eq!(
+            fs::read_to_string(d.join(OUTBOX).join("job.5@c.json")).unwrap(),
+            new_shape
+        );
         fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -1,0 +1,32 @@
+//! The name of every directory and file cvslurm keeps in StateDir, in one place.
+//!
+//! The stores in [`crate::state`] and the sender's wake-up socket build their paths from these;
+//! the tests read the same names.
+
+/// Pending events, one per job or node key: `outbox/<kind>.<key>.json`.
+pub const OUTBOX: &str = "outbox";
+/// Events a drainer is sending right now (same names as in [`OUTBOX`]).
+pub const INFLIGHT: &str = "inflight";
+/// Events CloudVision refused as malformed, with its answer (same names as in [`OUTBOX`]).
+pub const REJECTED: &str = "rejected";
+/// Start records: `jobs/<jobid>@<cluster>`, the start time a prolog saw.
+pub const JOBS: &str = "jobs";
+/// Verification marks: `verify/<jobid>@<cluster>`, an epilog's end to check against Slurm.
+pub const VERIFY: &str = "verify";
+/// Node records: `nodes/<node>.json`, the inventory's latest discover record of a node.
+pub const NODES: &str = "nodes";
+/// Every directory above, created (mode 0700) by [`crate::state::StateDir::ensure_dirs`].
+pub const DIRS: [&str; 6] = [OUTBOX, INFLIGHT, REJECTED, JOBS, VERIFY, NODES];
+
+/// `flock`ed for each read-compare-rename of the outbox.
+pub const OUTBOX_LOCK: &str = "outbox.lock";
+/// Held for its whole life by the one process that sends the outbox.
+pub const DRAINER_LOCK: &str = "drainer.lock";
+/// The last drain passes' outcome, for `cvslurm status`.
+pub const SERVICE_STATUS: &str = "service-status.json";
+/// The service's wake-up socket (see `crate::sender`).
+pub const WAKE_SOCKET: &str = "wake.sock";
+
+/// How every temp file's name starts (a writer's file before its rename): skipped by every
+/// reader, removed by [`crate::state::queue::Queue::recover`] once stale.
+pub const TMP_PREFIX: &str = ".tmp.";
