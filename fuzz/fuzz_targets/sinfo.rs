@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         }
         if n.available() {
             let lower = n.state.to_ascii_lowercase();
-            assert!(["idle", "allocated", "mixed", "completing"].contains(&lower.as_str()));
+            assert!(["idle", "allocated", "mixed", "completing", "planned"].contains(&lower.as_str()));
         }
     }
     let _ = node_state_available(s);

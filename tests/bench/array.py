@@ -27,8 +27,8 @@ service for comparison.
 and reports each set-up's median: a single array run swings with whatever else the machine
 does (a missed scheduler pass costs a 30 s backfill wave), so one run settles nothing.
 
-Run as root, inside the cluster lock:
-  flock -o /var/lock/cvslurm-dev-cluster.lock tests/bench/array.py [--only LIST] [--tasks N] [--rounds N]
+Run as root, on a machine where no other test cluster runs:
+  tests/bench/array.py [--only LIST] [--tasks N] [--rounds N]
 Environment: BENCH_BIN (default target/x86_64-unknown-linux-musl/release/cvslurm);
 BENCH_LOG_LEVEL (cvslurm's LogLevel, default info; debug logs each end-state question);
 SLURM=22.05|24.11|26.05 (tests/cluster/cluster.sh: the Slurm release under test; its
