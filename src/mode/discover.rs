@@ -1,7 +1,7 @@
 //! `cvslurm discover`: run on a worker (through srun), print its network interfaces as one
 //! JSON line (the record is [`crate::node_record::DiscoverRecord`]).
 
-use super::common::usage;
+use super::startup::usage;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
 pub use crate::node_record::{
