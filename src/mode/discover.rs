@@ -4,9 +4,8 @@
 use super::startup::usage;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
-pub use crate::node_record::{
-    is_mac, to_parts, DiscoverRecord, Interface, RecordReader, PART_PREFIX,
-};
+pub use crate::node_record::{to_parts, DiscoverRecord, Interface, RecordReader, PART_PREFIX};
+use crate::payload::is_mac;
 use crate::topology::{self, Roots};
 use argh::FromArgs;
 use regex_lite::Regex;

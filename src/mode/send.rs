@@ -128,7 +128,7 @@ pub fn run(a: Args) -> i32 {
                     .and_then(|info| crate::payload::job_config(&info, &cluster))
                 {
                     Ok(mut j) => {
-                        if cfg.job_interfaces != crate::attribution::JobInterfaces::Nodes {
+                        if cfg.job_interfaces != crate::config::JobInterfaces::Nodes {
                             let rule = crate::attribution::enrich(
                                 cfg.job_interfaces,
                                 &slurm,
@@ -296,7 +296,7 @@ impl Tenant {
                     .filter(|s| !s.is_empty())
                     .map(|s| s.to_ascii_lowercase())
                     .collect();
-                if let Some(bad) = macs.iter().find(|m| !super::discover::is_mac(m)) {
+                if let Some(bad) = macs.iter().find(|m| !crate::payload::is_mac(m)) {
                     return Err(format!(
                         "--interfaces: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
                     ));
