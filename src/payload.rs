@@ -211,7 +211,7 @@ pub struct NodeConfig {
 
 /// The RUNNING record of a job Slurm lists as running, on `nodes`, started at `start` (epoch
 /// seconds): what a prolog would have sent (no `type`).
-pub fn running_job(
+pub(crate) fn running_job(
     info: &crate::slurm::JobInfo,
     cluster: &str,
     start: i64,
@@ -233,7 +233,7 @@ pub fn running_job(
 }
 
 /// Builds the JobConfig of a job Slurm described.
-pub fn job_config(info: &crate::slurm::JobInfo, cluster: &str) -> Result<JobConfig, String> {
+pub(crate) fn job_config(info: &crate::slurm::JobInfo, cluster: &str) -> Result<JobConfig, String> {
     let state = JobState::from_slurm(&info.state).ok_or_else(|| {
         format!(
             "job {} is {}: CloudVision has no such state; send it once it runs or ends",

@@ -4,7 +4,7 @@
 use super::startup::usage;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
-pub use crate::node_record::{to_parts, DiscoverRecord, Interface, RecordReader, PART_PREFIX};
+pub use crate::node_record::{to_parts, DiscoverRecord, Interface};
 use crate::payload::is_mac;
 use crate::topology::{self, Roots};
 use argh::FromArgs;
