@@ -91,11 +91,15 @@ pub enum StartError {
 }
 
 impl StartError {
-    /// Reports the error (a usage error on stderr, a failure in the log) and returns the
-    /// exit code: 2 or 1.
+    /// Reports the error (a usage error on stderr, a failure in the log, or on stderr when
+    /// no logger runs) and returns the exit code: 2 or 1.
     pub fn report(&self) -> i32 {
         match self {
             StartError::Usage(m) => usage(m),
+            StartError::Failed(m) if log::max_level() == log::LevelFilter::Off => {
+                eprintln!("cvslurm: {m}");
+                1
+            }
             StartError::Failed(m) => {
                 log::error!("{m}");
                 1
@@ -266,5 +270,102 @@ pub fn install_signal_handlers() {
     for s in [Signal::SIGTERM, Signal::SIGINT] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         let _ = unsafe { sigaction(s, &act) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config file naming a server, in a fresh directory.
+    fn site(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cvslurm-startup-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let conf = d.join("cloudvision.conf");
+        std::fs::write(
+            &conf,
+            format!("ApiServer=cv.example.com\nStateDir={}\n", d.display()),
+        )
+        .unwrap();
+        conf
+    }
+
+    fn startup(conf: &Path, client: ClientNeed, dry_run: bool) -> Startup {
+        Startup {
+            options: Options {
+                config: Some(conf.to_path_buf()),
+                // A file that is not there: the environment's CV_API_TOKEN cannot interfere.
+                api_token_file: Some(conf.with_file_name("no-token")),
+                dry_run,
+                ..Options::default()
+            },
+            log: None,
+            client,
+            drop_privileges: false,
+        }
+    }
+
+    #[test]
+    fn the_client_is_built_as_the_mode_needs() {
+        let conf = site("need");
+        let client = |need, dry| startup(&conf, need, dry).start().unwrap().client();
+        assert!(client(ClientNeed::Never, false).unwrap().is_none());
+        assert!(client(ClientNeed::UnlessDryRun, true).unwrap().is_none());
+        for need in [
+            ClientNeed::UnlessDryRun,
+            ClientNeed::Required,
+            ClientNeed::Optional,
+        ] {
+            let Err(StartError::Failed(e)) = client(need, false) else {
+                panic!("{need:?}: an unreadable token file must fail");
+            };
+            assert!(e.contains("no-token"), "{e}");
+        }
+        // Optional: no token at all is still a client (status probes without one).
+        let mut s = startup(&conf, ClientNeed::Optional, false);
+        s.options.api_token_file = None;
+        if std::env::var_os("CV_API_TOKEN").is_none() {
+            assert!(s.start().unwrap().client().unwrap().is_some());
+            s.client = ClientNeed::Required;
+            let Err(StartError::Failed(e)) = s.start().unwrap().client() else {
+                panic!("a required client needs a token");
+            };
+            assert!(e.starts_with("no API token"), "{e}");
+        }
+        s.client = ClientNeed::Required;
+        // --api-token overrides, --api-server too.
+        s.options.api_token = Some("t0k3n".into());
+        s.options.api_server = Some("other.example.com:8443".into());
+        let started = s.start().unwrap();
+        assert_eq!(
+            started.cfg.api_server.as_deref(),
+            Some("other.example.com:8443")
+        );
+        assert!(started.client().unwrap().is_some());
+        let _ = std::fs::remove_dir_all(conf.parent().unwrap());
+    }
+
+    #[test]
+    fn bad_options_and_config_are_usage_errors() {
+        let conf = site("usage");
+        let mut s = startup(&conf, ClientNeed::Never, false);
+        s.options.api_server = Some("http://cv.example.com".into());
+        let Err(StartError::Usage(e)) = s.start() else {
+            panic!("a bad --api-server is a usage error");
+        };
+        assert!(e.starts_with("--api-server: "), "{e}");
+        assert_eq!(StartError::Usage(e).report(), 2);
+        let s = startup(
+            &conf.with_file_name("absent.conf"),
+            ClientNeed::Never,
+            false,
+        );
+        let Err(StartError::Usage(e)) = s.start() else {
+            panic!("a config file that is not there is a usage error");
+        };
+        assert!(e.contains("absent.conf"), "{e}");
+        assert_eq!(StartError::Failed(e).report(), 1);
+        let _ = std::fs::remove_dir_all(conf.parent().unwrap());
     }
 }
