@@ -4,44 +4,10 @@
 //! [`attribute`] is pure: the caller fetches the job's GPUs ([`crate::slurm::job_gpus`]) and
 //! the nodes' records (the inventory's copies in StateDir, [`crate::state::StateDir::load_node_record`]).
 
+use crate::config::JobInterfaces;
 use crate::node_record::DiscoverRecord;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-
-/// `JobInterfaces`: how a job's place in the fabric is told to CloudVision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum JobInterfaces {
-    /// Node names only (every port of the job's nodes is the job's).
-    #[default]
-    Nodes,
-    /// A job holding part of a node's GPUs is sent as the MACs of the NICs nearest them.
-    /// A node of the job where it holds none of the GPUs adds no NIC.
-    Gpu,
-    /// As `gpu`, but any doubt (a node without topology, a node where the job holds no GPU
-    /// of a GPU node, GPUs with no near NIC) sends node names.
-    Auto,
-}
-
-impl JobInterfaces {
-    /// Parses `nodes`, `gpu` or `auto` (any case).
-    pub fn parse(v: &str) -> Result<JobInterfaces, String> {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "nodes" => Ok(JobInterfaces::Nodes),
-            "gpu" => Ok(JobInterfaces::Gpu),
-            "auto" => Ok(JobInterfaces::Auto),
-            _ => Err(format!("{v:?} is not one of nodes, gpu, auto")),
-        }
-    }
-
-    /// The configuration word.
-    pub fn word(self) -> &'static str {
-        match self {
-            JobInterfaces::Nodes => "nodes",
-            JobInterfaces::Gpu => "gpu",
-            JobInterfaces::Auto => "auto",
-        }
-    }
-}
 
 /// The outcome for one job.
 #[derive(Debug, Clone, PartialEq, Eq)]

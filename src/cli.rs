@@ -1,7 +1,7 @@
 //! Command line: `cvslurm <mode> [options]`, or the mode from argv[0] (busybox-style symlinks).
 //!
 //! Dispatch only: the argv[0] name table, the subcommand enum and the call to the chosen mode's
-//! `run` (each mode lives in [`crate::mode`] with its own `Args`).
+//! `run` (each mode lives in `crate::mode` with its own `Args`).
 
 use crate::mode::{check, discover, flush, hook, inventory, send, status};
 use argh::FromArgs;
@@ -10,7 +10,7 @@ use std::path::Path;
 /// Tell Arista CloudVision which Slurm job runs on which nodes.
 #[derive(FromArgs, Debug)]
 #[argh(help_triggers("-h", "--help", "help"))]
-pub struct Cli {
+pub(crate) struct Cli {
     /// print the version and exit
     #[argh(switch)]
     pub version: bool,
@@ -42,7 +42,7 @@ enum Mode {
 /// Every mode, with the busybox-style names (argv[0]) that select it: the one list of modes
 /// and link names. install.sh, the packages and the tests read it from `cvslurm --list-modes`.
 /// The names of the earlier Python tools also come with `.py`.
-pub const MODES: &[(&str, &[&str])] = &[
+pub(crate) const MODES: &[(&str, &[&str])] = &[
     ("hook", &["cvslurm-hook", "cv-job-hook", "cv-job-hook.py"]),
     ("send", &["cvslurm-send", "cv-job-send", "cv-job-send.py"]),
     (
@@ -67,7 +67,7 @@ pub const MODES: &[(&str, &[&str])] = &[
 ];
 
 /// The mode a busybox-style argv[0] names, if any (a trailing `.py` is ignored).
-pub fn mode_from_argv0(argv0: &str) -> Option<&'static str> {
+pub(crate) fn mode_from_argv0(argv0: &str) -> Option<&'static str> {
     let base = Path::new(argv0).file_name()?.to_str()?;
     let base = base.strip_suffix(".py").unwrap_or(base);
     MODES
@@ -77,7 +77,7 @@ pub fn mode_from_argv0(argv0: &str) -> Option<&'static str> {
 }
 
 /// The long flags a mode accepts (`--help` aside), from the table beside its `Args`.
-pub fn mode_flags(mode: &str) -> Option<&'static [&'static str]> {
+pub(crate) fn mode_flags(mode: &str) -> Option<&'static [&'static str]> {
     Some(match mode {
         "hook" => hook::FLAGS,
         "send" => send::FLAGS,

@@ -57,6 +57,42 @@ impl fmt::Display for Token {
     }
 }
 
+/// `JobInterfaces`: how a job's place in the fabric is told to CloudVision (the rules are
+/// in `crate::attribution`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JobInterfaces {
+    /// Node names only (every port of the job's nodes is the job's).
+    #[default]
+    Nodes,
+    /// A job holding part of a node's GPUs is sent as the MACs of the NICs nearest them.
+    /// A node of the job where it holds none of the GPUs adds no NIC.
+    Gpu,
+    /// As `gpu`, but any doubt (a node without topology, a node where the job holds no GPU
+    /// of a GPU node, GPUs with no near NIC) sends node names.
+    Auto,
+}
+
+impl JobInterfaces {
+    /// Parses `nodes`, `gpu` or `auto` (any case).
+    pub fn parse(v: &str) -> Result<JobInterfaces, String> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "nodes" => Ok(JobInterfaces::Nodes),
+            "gpu" => Ok(JobInterfaces::Gpu),
+            "auto" => Ok(JobInterfaces::Auto),
+            _ => Err(format!("{v:?} is not one of nodes, gpu, auto")),
+        }
+    }
+
+    /// The configuration word.
+    pub fn word(self) -> &'static str {
+        match self {
+            JobInterfaces::Nodes => "nodes",
+            JobInterfaces::Gpu => "gpu",
+            JobInterfaces::Auto => "auto",
+        }
+    }
+}
+
 /// Everything cvslurm can be told by `cloudvision.conf` and the environment.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -126,7 +162,7 @@ pub struct Config {
     pub outbox_max_events: usize,
     /// `JobInterfaces`: node names (`nodes`, the default) or, for jobs sharing a node's GPUs,
     /// the MACs of the NICs nearest their GPUs (`gpu`, `auto`).
-    pub job_interfaces: crate::attribution::JobInterfaces,
+    pub job_interfaces: JobInterfaces,
 }
 
 impl Default for Config {
@@ -161,7 +197,7 @@ impl Default for Config {
             reconcile_interval: Duration::from_secs(300),
             node_reassert_interval: Duration::from_secs(86_400),
             outbox_max_events: 100_000,
-            job_interfaces: crate::attribution::JobInterfaces::Nodes,
+            job_interfaces: JobInterfaces::Nodes,
         }
     }
 }
@@ -409,7 +445,7 @@ pub const KEYS: &[Key] = &[
         name: "JobInterfaces",
         default: "nodes",
         set: |c, v| {
-            c.job_interfaces = crate::attribution::JobInterfaces::parse(v)?;
+            c.job_interfaces = JobInterfaces::parse(v)?;
             Ok(())
         },
     },

@@ -35,12 +35,9 @@ impl fmt::Display for HostlistError {
 
 impl std::error::Error for HostlistError {}
 
-/// Expands a Slurm hostlist expression into host names, in Slurm's order.
-///
-/// ```
-/// let hosts = cvslurm::hostlist::expand("rack[1-2]-n[01-02],login").unwrap();
-/// assert_eq!(hosts, ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02", "login"]);
-/// ```
+/// Expands a Slurm hostlist expression into host names, in Slurm's order:
+/// `rack[1-2]-n[01-02],login` is rack1-n01, rack1-n02, rack2-n01, rack2-n02, login
+/// (`tests::the_documented_examples`).
 pub fn expand(list: &str) -> Result<Vec<String>, HostlistError> {
     let err = |reason: String| HostlistError {
         input: list.to_string(),
@@ -194,10 +191,7 @@ fn expand_group(inner: &str, limit: usize) -> Result<Vec<String>, String> {
 /// names without one, or holding hostlist syntax, stay as they are. What comes out expands
 /// (here and in `scontrol show hostnames`) to exactly the set of names that went in.
 ///
-/// ```
-/// let names = ["n03", "n01", "n02", "login", "n10"];
-/// assert_eq!(cvslurm::hostlist::compress(&names), "login,n[01-03,10]");
-/// ```
+/// n03, n01, n02, login, n10 is `login,n[01-03,10]` (`tests::the_documented_examples`).
 pub fn compress<S: AsRef<str>>(names: &[S]) -> String {
     use std::collections::BTreeMap;
     let mut literal: Vec<&str> = Vec::new();
@@ -274,6 +268,17 @@ pub fn compress<S: AsRef<str>>(names: &[S]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_documented_examples() {
+        let hosts = expand("rack[1-2]-n[01-02],login").unwrap();
+        assert_eq!(
+            hosts,
+            ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02", "login"]
+        );
+        let names = ["n03", "n01", "n02", "login", "n10"];
+        assert_eq!(compress(&names), "login,n[01-03,10]");
+    }
 
     #[test]
     fn compress_is_the_inverse_of_expand() {

@@ -2,7 +2,7 @@
 //! type, its validation (every byte of it comes from a worker, and is hostile until checked),
 //! and the `cvslurm-part` lines that carry long records through srun.
 
-use crate::payload::{DataInterface, Key, NodeConfig};
+use crate::payload::{is_mac, DataInterface, Key, NodeConfig};
 use crate::topology::Topology;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -222,17 +222,6 @@ impl RecordReader {
             }
         }))
     }
-}
-
-/// True for a lower-case `aa:bb:cc:dd:ee:ff`.
-pub fn is_mac(s: &str) -> bool {
-    s.len() == 17
-        && s.split(':').count() == 6
-        && s.split(':').all(|p| {
-            p.len() == 2
-                && p.bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        })
 }
 
 #[cfg(test)]

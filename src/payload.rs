@@ -152,7 +152,7 @@ impl JobConfig {
         match (&self.nodes, &self.interfaces) {
             (Some(_), Some(_)) => return Err(format!("job {id}: both nodes and interfaces")),
             (None, Some(i)) => {
-                if let Some(bad) = i.values.iter().find(|m| !crate::node_record::is_mac(m)) {
+                if let Some(bad) = i.values.iter().find(|m| !is_mac(m)) {
                     return Err(format!(
                         "job {id}: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
                     ));
@@ -211,7 +211,7 @@ pub struct NodeConfig {
 
 /// The RUNNING record of a job Slurm lists as running, on `nodes`, started at `start` (epoch
 /// seconds): what a prolog would have sent (no `type`).
-pub fn running_job(
+pub(crate) fn running_job(
     info: &crate::slurm::JobInfo,
     cluster: &str,
     start: i64,
@@ -233,7 +233,7 @@ pub fn running_job(
 }
 
 /// Builds the JobConfig of a job Slurm described.
-pub fn job_config(info: &crate::slurm::JobInfo, cluster: &str) -> Result<JobConfig, String> {
+pub(crate) fn job_config(info: &crate::slurm::JobInfo, cluster: &str) -> Result<JobConfig, String> {
     let state = JobState::from_slurm(&info.state).ok_or_else(|| {
         format!(
             "job {} is {}: CloudVision has no such state; send it once it runs or ends",
@@ -272,6 +272,17 @@ pub fn job_config(info: &crate::slurm::JobInfo, cluster: &str) -> Result<JobConf
         nodes: Some(nodes.into()),
         interfaces: None,
     })
+}
+
+/// True for a lower-case `aa:bb:cc:dd:ee:ff`.
+pub fn is_mac(s: &str) -> bool {
+    s.len() == 17
+        && s.split(':').count() == 6
+        && s.split(':').all(|p| {
+            p.len() == 2
+                && p.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
 }
 
 #[cfg(test)]

@@ -364,11 +364,6 @@ pub fn pin_string(d: &[u8; 32]) -> String {
     format!("sha256//{}", base64(d))
 }
 
-/// The pin of a certificate's public key, `sha256//<base64>`.
-pub fn pin_of_cert(der: &[u8]) -> Option<String> {
-    CertInfo::parse(der).map(|i| pin_string(&sha256(i.spki)))
-}
-
 /// Parses `sha256//<base64 of 32 bytes>`.
 pub fn parse_pin(s: &str) -> Result<[u8; 32], String> {
     let b = s.trim().strip_prefix("sha256//").ok_or_else(|| {

@@ -12,7 +12,7 @@
 
 mod common;
 use common::*;
-use cvslurm::state::layout;
+use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -1221,7 +1221,7 @@ fn sacct_times(id: &str) -> (String, String) {
         },
     );
     let f: Vec<&str> = row.split('|').collect();
-    let iso = |s: &str| cvslurm::timefmt::format_epoch(s.parse().unwrap()).unwrap();
+    let iso = |s: &str| cvslurm::internals::timefmt::format_epoch(s.parse().unwrap()).unwrap();
     (iso(f[2]), iso(f[3]))
 }
 

@@ -10,7 +10,7 @@
 
 mod common;
 use common::*;
-use cvslurm::state::layout;
+use cvslurm::internals::state::layout;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::fs;
@@ -122,7 +122,7 @@ fn gpus_of(job: &str, node: &str) -> Vec<u32> {
         .args(["show", "job", "-d", "-o", job])
         .output()
         .unwrap();
-    let g = cvslurm::slurm::parse_job_gpus(&stdout(&out)).unwrap();
+    let g = cvslurm::internals::slurm::parse_job_gpus(&stdout(&out)).unwrap();
     g.get(node)
         .map(|s| s.iter().copied().collect())
         .unwrap_or_default()

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use cvslurm::state::layout;
+use cvslurm::internals::state::layout;
 use std::fs;
 
 #[test]

@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use cvslurm::state::layout;
+use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use cvslurm::state::layout;
+use cvslurm::internals::state::layout;
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};

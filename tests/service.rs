@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use cvslurm::state::layout;
+use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::{Command, Stdio};

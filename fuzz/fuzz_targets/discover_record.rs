@@ -2,7 +2,8 @@
 //! line that parses back to the same record.
 #![no_main]
 
-use cvslurm::node_record::{is_mac, DiscoverRecord};
+use cvslurm::internals::node_record::DiscoverRecord;
+use cvslurm::payload::is_mac;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,8 +2,8 @@
 //! `KEY=VALUE` lines (as `env` prints them, like the hookenv-*.txt fixtures).
 #![no_main]
 
-use cvslurm::hook_facts::{parse_exit_code, HookEnv};
-use cvslurm::hostlist;
+use cvslurm::internals::hook_facts::{parse_exit_code, HookEnv};
+use cvslurm::internals::hostlist;
 use libfuzzer_sys::fuzz_target;
 use std::collections::HashMap;
 

@@ -3,7 +3,7 @@
 //! piece size.
 #![no_main]
 
-use cvslurm::inventory::read_lines_capped;
+use cvslurm::internals::inventory::read_lines_capped;
 use libfuzzer_sys::fuzz_target;
 use std::io::Read;
 

@@ -1,7 +1,7 @@
 //! `parse_sinfo` and `node_state_available`.
 #![no_main]
 
-use cvslurm::slurm::{node_state_available, parse_sinfo};
+use cvslurm::internals::slurm::{node_state_available, parse_sinfo};
 use libfuzzer_sys::fuzz_target;
 use std::collections::HashSet;
 

@@ -1,7 +1,7 @@
 //! `timefmt::parse_slurm_epoch` and `parse_user_time`.
 #![no_main]
 
-use cvslurm::timefmt::{format_epoch, parse_slurm_epoch, parse_user_time};
+use cvslurm::internals::timefmt::{format_epoch, parse_slurm_epoch, parse_user_time};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

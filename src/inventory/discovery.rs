@@ -193,7 +193,7 @@ impl Inventory<'_> {
         cmd.args(["--interface-regex", cfg.interface_regex.as_str()])
             .args(["--physical-only", yes_no(cfg.interface_physical_only)])
             .args(["--require-ip", yes_no(cfg.interface_require_ip)]);
-        if cfg.job_interfaces != crate::attribution::JobInterfaces::Nodes {
+        if cfg.job_interfaces != crate::config::JobInterfaces::Nodes {
             // Only then: a worker with an older binary would refuse the flag.
             cmd.arg("--topology");
         }

@@ -6,7 +6,7 @@
 //! slurm.conf (with its `Include`s) runs a cvslurm hook as PrologSlurmctld and
 //! EpilogSlurmctld; SlurmUser can write StateDir and LogFile.
 
-use crate::cloudvision::{Client, ClientOptions};
+use super::startup::client_for;
 use crate::config::{Config, Token};
 use crate::slurm_conf::{hook_programs, SlurmConf};
 use argh::FromArgs;
@@ -515,9 +515,7 @@ fn cloudvision(ctx: &mut Context, r: &mut Report) {
         ));
         return;
     };
-    let probe = ClientOptions::from_config(cfg, Some(t), cfg.request_timeout)
-        .and_then(Client::new)
-        .and_then(|c| c.probe(None));
+    let probe = client_for(cfg, Some(t), cfg.request_timeout).and_then(|c| c.probe(None));
     match probe {
         Ok(a) => r.ok(&format!(
             "CloudVision {server} answers with the token (HTTP {}, {} ms)",

@@ -1,12 +1,11 @@
 //! `cvslurm discover`: run on a worker (through srun), print its network interfaces as one
 //! JSON line (the record is [`crate::node_record::DiscoverRecord`]).
 
-use super::common::usage;
+use super::startup::usage;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
-pub use crate::node_record::{
-    is_mac, to_parts, DiscoverRecord, Interface, RecordReader, PART_PREFIX,
-};
+pub use crate::node_record::{to_parts, DiscoverRecord, Interface};
+use crate::payload::is_mac;
 use crate::topology::{self, Roots};
 use argh::FromArgs;
 use regex_lite::Regex;

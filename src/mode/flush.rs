@@ -2,7 +2,7 @@
 //! not run the cvslurm service (run it from cron), or by hand after an outage. It delivers with
 //! the service's engine ([`crate::service::engine`]), once through the outbox.
 
-use super::common::{client, install_signal_handlers, usage, Common, STOP};
+use super::startup::{install_signal_handlers, ClientNeed, Options, Startup, STOP};
 use crate::logging::Sink;
 use crate::runner::Slurm;
 use crate::service::engine;
@@ -33,23 +33,26 @@ pub struct Args {
 /// Runs `cvslurm flush`: 0 when the outbox is empty afterwards, 1 when events were kept or
 /// rejected, 2 on a usage error.
 pub fn run(a: Args) -> i32 {
-    let common = Common {
-        config: a.config,
-        verbose: a.verbose,
-        ..Common::default()
+    let startup = Startup {
+        options: Options {
+            config: a.config,
+            verbose: a.verbose,
+            ..Options::default()
+        },
+        log: Some(Sink::Stderr),
+        client: ClientNeed::Required,
+        drop_privileges: true,
     };
-    let cfg = match common.load(Sink::Stderr) {
-        Ok(c) => c,
-        Err(e) => return usage(&e),
+    let started = match startup.start() {
+        Ok(s) => s,
+        Err(e) => return e.report(),
     };
-    let client = match client(&cfg, false) {
+    let client = match started.client() {
         Ok(Some(c)) => c,
-        Ok(None) => unreachable!("not a dry run"),
-        Err(e) => {
-            log::error!("{e}");
-            return 1;
-        }
+        Ok(None) => unreachable!("a required client"),
+        Err(e) => return e.report(),
     };
+    let cfg = started.cfg;
     install_signal_handlers();
     let outbox = StateDir::new(&cfg.state_dir);
     // One drainer at a time: what the service (or another flush) has in flight is its own.

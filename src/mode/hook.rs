@@ -11,10 +11,9 @@
 //! service the hook asks slurmctld and sends itself; what it could not send stays in the
 //! outbox for `cvslurm flush`.
 
-use crate::cloudvision::{Client, ClientOptions};
+use super::startup::{client_for, start_hook, HookStart};
 use crate::config::Config;
 use crate::hook_facts::{epilog_state, epilog_times, final_state_named, HookEnv, Phase};
-use crate::logging;
 use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
 use crate::service::sender;
@@ -160,17 +159,14 @@ fn hook_main(config_path: Option<&Path>) -> i32 {
         log::error!("internal error (bug in cvslurm, please report): {info}");
     }));
     let _ = std::panic::catch_unwind(|| {
-        let (cfg, cfg_error) = match Config::load(config_path) {
-            Ok(c) => (c, None),
-            Err(e) => {
-                let mut c = Config::default();
-                c.apply_env();
-                (c, Some(e.to_string()))
-            }
-        };
-        BUDGET_MS.store(cfg.hook_timeout.as_millis() as u64, Ordering::Relaxed);
-        arm_timer(cfg.hook_timeout + Duration::from_millis(300));
-        let problem = logging::init(logging::Sink::File, &cfg.log_file, cfg.log_level);
+        let HookStart {
+            cfg,
+            config_error: cfg_error,
+            log_problem: problem,
+        } = start_hook(config_path, |cfg| {
+            BUDGET_MS.store(cfg.hook_timeout.as_millis() as u64, Ordering::Relaxed);
+            arm_timer(cfg.hook_timeout + Duration::from_millis(300));
+        });
         if !watchdog_started {
             log::warn!("cannot start the watchdog thread (process limit?); a timer ends the hook at its budget");
         }
@@ -317,16 +313,12 @@ fn handle(
         );
         return;
     }
-    if cfg.insecure {
-        log::warn!("TLS verification is off (Insecure=yes)");
-    }
     // Keep a little of the budget to log and remove the outbox file.
     let send_deadline = deadline
         .checked_sub(Duration::from_millis(50))
         .unwrap_or(deadline);
-    let result = ClientOptions::from_config(cfg, token, cfg.hook_timeout)
-        .and_then(Client::new)
-        .and_then(|c| c.post_job(job, Some(send_deadline)));
+    let result =
+        client_for(cfg, token, cfg.hook_timeout).and_then(|c| c.post_job(job, Some(send_deadline)));
     match result {
         Ok(a) => {
             if queued {

@@ -1,7 +1,7 @@
 //! `cvslurm inventory`: the mode. It parses the arguments and runs the one-shot node inventory
 //! ([`crate::inventory`]) or, with `--monitor`, the service ([`crate::service`]).
 
-use super::common::{install_signal_handlers, usage, Common, STOP};
+use super::startup::{install_signal_handlers, usage, ClientNeed, Options, Startup, STOP};
 use crate::inventory::Inventory;
 use crate::logging::Sink;
 use crate::runner::Slurm;
@@ -55,45 +55,51 @@ pub struct Args {
 
 /// Runs `cvslurm inventory` (once, or as the service with `--monitor`).
 pub fn run(a: Args) -> i32 {
-    let common = Common {
-        config: a.config,
-        api_server: a.api_server,
-        api_token: a.api_token,
-        api_token_file: a.api_token_file,
-        dry_run: a.dry_run,
-        verbose: a.verbose,
+    let startup = Startup {
+        options: Options {
+            config: a.config,
+            api_server: a.api_server,
+            api_token: a.api_token,
+            api_token_file: a.api_token_file,
+            dry_run: a.dry_run,
+            verbose: a.verbose,
+        },
+        // The service logs to LogFile (or the journal under systemd), not to a terminal.
+        log: Some(if a.monitor { Sink::File } else { Sink::Stderr }),
+        client: if a.monitor {
+            ClientNeed::Required
+        } else {
+            ClientNeed::UnlessDryRun
+        },
+        drop_privileges: true,
     };
-    // The service logs to LogFile (or the journal under systemd), not to a terminal.
-    let sink = if a.monitor { Sink::File } else { Sink::Stderr };
-    let mut cfg = match common.load(sink) {
-        Ok(c) => c,
-        Err(e) => return usage(&e),
+    let mut started = match startup.start() {
+        Ok(s) => s,
+        Err(e) => return e.report(),
     };
     if a.monitor && std::env::var_os("JOURNAL_STREAM").is_none() {
         // Started by hand (or by a supervisor without the journal): say where the log goes.
         eprintln!(
             "cvslurm: inventory --monitor logs to {} (under systemd: the journal)",
-            cfg.log_file.display()
+            started.cfg.log_file.display()
         );
     }
     if let Some(p) = a.poll_interval {
         if p == 0 {
             return usage("--poll-interval must be at least 1 second");
         }
-        cfg.poll_interval = Duration::from_secs(p);
+        started.cfg.poll_interval = Duration::from_secs(p);
     }
     if a.monitor && a.dry_run {
         return usage("--monitor and --dry-run do not go together");
     }
     install_signal_handlers();
-    let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
-    let client = match common.client(&cfg) {
+    let client = match started.client() {
         Ok(c) => c,
-        Err(e) => {
-            log::error!("{e}");
-            return 1;
-        }
+        Err(e) => return e.report(),
     };
+    let cfg = started.cfg;
+    let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
     if a.monitor {
         let Some(client) = client else {
             return usage("--monitor needs a CloudVision client");

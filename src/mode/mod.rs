@@ -11,10 +11,10 @@
 //! facts → domain records → payload → outbox → delivery.
 
 pub mod check;
-pub mod common;
 pub mod discover;
 pub mod flush;
 pub mod hook;
 pub mod inventory;
 pub mod send;
+pub mod startup;
 pub mod status;

@@ -2,7 +2,7 @@
 //! has forgotten, the accounting database (`sacct --json`); or send a tenant
 //! scheduler's job given on the command line.
 
-use super::common::{usage, Common};
+use super::startup::{usage, ClientNeed, Options, Startup};
 use crate::cloudvision::{Client, JOB_CONFIG_PATH};
 use crate::hostlist;
 use crate::logging::Sink;
@@ -87,95 +87,73 @@ pub struct Args {
 /// Runs `cvslurm send`: 0 when every job was sent (or printed), 1 when any was not, 2 on
 /// a usage error.
 pub fn run(a: Args) -> i32 {
-    let common = Common {
-        config: a.config,
-        api_server: a.api_server,
-        api_token: a.api_token,
-        api_token_file: a.api_token_file,
-        dry_run: a.dry_run,
-        verbose: a.verbose,
+    let startup = Startup {
+        options: Options {
+            config: a.config.clone(),
+            api_server: a.api_server.clone(),
+            api_token: a.api_token.clone(),
+            api_token_file: a.api_token_file.clone(),
+            dry_run: a.dry_run,
+            verbose: a.verbose,
+        },
+        log: Some(Sink::Stderr),
+        client: ClientNeed::UnlessDryRun,
+        drop_privileges: true,
     };
-    let cfg = match common.load(Sink::Stderr) {
-        Ok(c) => c,
+    let started = match startup.start() {
+        Ok(s) => s,
+        Err(e) => return e.report(),
+    };
+    let tenant_job = match a.check() {
+        Ok(t) => t,
         Err(e) => return usage(&e),
     };
-    let tenant_flags = a.name.is_some()
-        || a.location.is_some()
-        || a.state.is_some()
-        || a.start.is_some()
-        || a.end.is_some()
-        || a.nodes.is_some()
-        || a.interfaces.is_some();
-    let jobs: Vec<JobConfig>;
+    let cfg = &started.cfg;
     let mut failed = 0;
-    if let Some(id) = a.tenant {
-        if !a.job_ids.is_empty() {
-            return usage("--tenant sends one tenant job; give no Slurm job ids with it");
-        }
-        let t = Tenant {
-            id,
-            name: a.name.unwrap_or_default(),
-            location: a.location.unwrap_or_default(),
-            state: a.state.unwrap_or_default(),
-            start: a.start.unwrap_or_default(),
-            end: a.end,
-            nodes: a.nodes,
-            interfaces: a.interfaces,
-        };
-        match t.job_config() {
-            Ok(j) => jobs = vec![j],
-            Err(e) => return usage(&e),
-        }
-    } else {
-        if tenant_flags {
-            return usage("--name, --location, --state, --start, --end, --nodes and --interfaces go with --tenant");
-        }
-        if a.job_ids.is_empty() {
-            return usage("give one or more job ids (cvslurm send 12345), or --tenant");
-        }
-        if let Some(bad) = a.job_ids.iter().find(|id| !slurm::valid_job_id(id)) {
-            return usage(&format!(
-                "{bad:?} is not a job id (12345, or 12345_7 for an array task)"
-            ));
-        }
-        let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
-        let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {
-            Ok(c) => c,
-            Err(e) => {
-                log::error!("{e}");
-                return 1;
-            }
-        };
-        let mut found = Vec::new();
-        let outbox = StateDir::new(&cfg.state_dir);
-        for id in &a.job_ids {
-            match slurm::lookup(&slurm, id)
-                .and_then(|info| crate::payload::job_config(&info, &cluster))
-            {
-                Ok(mut j) => {
-                    if cfg.job_interfaces != crate::attribution::JobInterfaces::Nodes {
-                        let rule =
-                            crate::attribution::enrich(cfg.job_interfaces, &slurm, &outbox, &mut j);
-                        if a.dry_run {
-                            println!("# job {}: {rule}", j.job_id());
-                        }
-                    }
-                    found.push(j)
-                }
+    let jobs: Vec<JobConfig> = match tenant_job {
+        Some(j) => vec![j],
+        None => {
+            let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+            let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {
+                Ok(c) => c,
                 Err(e) => {
                     log::error!("{e}");
-                    failed += 1;
+                    return 1;
+                }
+            };
+            let mut found = Vec::new();
+            let outbox = StateDir::new(&cfg.state_dir);
+            for id in &a.job_ids {
+                match slurm::lookup(&slurm, id)
+                    .and_then(|info| crate::payload::job_config(&info, &cluster))
+                {
+                    Ok(mut j) => {
+                        if cfg.job_interfaces != crate::config::JobInterfaces::Nodes {
+                            let rule = crate::attribution::enrich(
+                                cfg.job_interfaces,
+                                &slurm,
+                                &outbox,
+                                &mut j,
+                            );
+                            if a.dry_run {
+                                println!("# job {}: {rule}", j.job_id());
+                            }
+                        }
+                        found.push(j)
+                    }
+                    Err(e) => {
+                        log::error!("{e}");
+                        failed += 1;
+                    }
                 }
             }
+            found
         }
-        jobs = found;
-    }
-    let client = match common.client(&cfg) {
+    };
+    // After the lookups: what Slurm says about the jobs is reported whatever the client.
+    let client = match started.client() {
         Ok(c) => c,
-        Err(e) => {
-            log::error!("{e}");
-            return 1;
-        }
+        Err(e) => return e.report(),
     };
     for j in &jobs {
         if !deliver(client.as_ref(), cfg.api_server.as_deref(), j) {
@@ -183,6 +161,47 @@ pub fn run(a: Args) -> i32 {
         }
     }
     i32::from(failed > 0)
+}
+
+impl Args {
+    /// Checks the arguments: the tenant job (`Some`), or valid Slurm job ids (`None`).
+    fn check(&self) -> Result<Option<JobConfig>, String> {
+        let tenant_flags = self.name.is_some()
+            || self.location.is_some()
+            || self.state.is_some()
+            || self.start.is_some()
+            || self.end.is_some()
+            || self.nodes.is_some()
+            || self.interfaces.is_some();
+        if let Some(id) = &self.tenant {
+            if !self.job_ids.is_empty() {
+                return Err("--tenant sends one tenant job; give no Slurm job ids with it".into());
+            }
+            let t = Tenant {
+                id: id.clone(),
+                name: self.name.clone().unwrap_or_default(),
+                location: self.location.clone().unwrap_or_default(),
+                state: self.state.clone().unwrap_or_default(),
+                start: self.start.clone().unwrap_or_default(),
+                end: self.end.clone(),
+                nodes: self.nodes.clone(),
+                interfaces: self.interfaces.clone(),
+            };
+            return t.job_config().map(Some);
+        }
+        if tenant_flags {
+            return Err("--name, --location, --state, --start, --end, --nodes and --interfaces go with --tenant".into());
+        }
+        if self.job_ids.is_empty() {
+            return Err("give one or more job ids (cvslurm send 12345), or --tenant".into());
+        }
+        if let Some(bad) = self.job_ids.iter().find(|id| !slurm::valid_job_id(id)) {
+            return Err(format!(
+                "{bad:?} is not a job id (12345, or 12345_7 for an array task)"
+            ));
+        }
+        Ok(None)
+    }
 }
 
 /// Prints what a dry run would send: the full URL when the server is known.
@@ -277,7 +296,7 @@ impl Tenant {
                     .filter(|s| !s.is_empty())
                     .map(|s| s.to_ascii_lowercase())
                     .collect();
-                if let Some(bad) = macs.iter().find(|m| !super::discover::is_mac(m)) {
+                if let Some(bad) = macs.iter().find(|m| !crate::payload::is_mac(m)) {
                     return Err(format!(
                         "--interfaces: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
                     ));

@@ -1,8 +1,7 @@
 //! `cvslurm status`: outbox depth, oldest event age, rejected events, and whether CloudVision
 //! answers with the configured token.
 
-use crate::cloudvision::{Client, ClientOptions};
-use crate::config::Config;
+use super::startup::{ClientNeed, Options, Startup};
 use crate::state::StateDir;
 use argh::FromArgs;
 use serde::Serialize;
@@ -64,34 +63,34 @@ pub fn run(a: Args) -> i32 {
         max_age,
         offline,
     } = a;
-    let mut cfg = match Config::load(config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cvslurm: {e}");
-            return 2;
-        }
-    };
     // Reading the outbox may move files in StateDir: never as root there (crate::privilege).
-    if let Err(e) = crate::privilege::drop_to_state_dir_owner(&mut cfg) {
-        eprintln!("cvslurm: {e}");
-        return 2;
-    }
-    for p in &cfg.problems {
-        eprintln!("cvslurm: config: {p}; this line is ignored, the others apply (cvslurm check)");
-    }
+    let startup = Startup {
+        options: Options {
+            config,
+            ..Options::default()
+        },
+        log: None,
+        client: if offline {
+            ClientNeed::Never
+        } else {
+            ClientNeed::Optional
+        },
+        drop_privileges: true,
+    };
+    let started = match startup.start() {
+        Ok(s) => s,
+        Err(e) => return e.report(),
+    };
+    let cfg = &started.cfg;
     let outbox = StateDir::new(&cfg.state_dir);
     let (depth, oldest) = outbox.queue.depth();
     let cv = if offline {
         "skipped".to_string()
     } else {
-        match cfg
-            .token()
+        match started
+            .client()
             .map_err(|e| e.to_string())
-            .and_then(|t| {
-                ClientOptions::from_config(&cfg, t, cfg.request_timeout).map_err(|e| e.to_string())
-            })
-            .and_then(|o| Client::new(o).map_err(|e| e.to_string()))
-            .and_then(|c| c.probe(None).map_err(|e| e.to_string()))
+            .and_then(|c| c.expect("asked for").probe(None).map_err(|e| e.to_string()))
         {
             Ok(_) => "ok".to_string(),
             Err(e) => e,

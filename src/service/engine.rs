@@ -12,8 +12,8 @@
 //! What the callers decide is only when to send: the service pauses every worker on a kept
 //! event (backoff), `flush` goes through the outbox once and stops at a refused token.
 
-use crate::attribution::JobInterfaces;
 use crate::cloudvision::{Answer, Client, SendError};
+use crate::config::JobInterfaces;
 use crate::hook_facts as hook;
 use crate::runner::Slurm;
 use crate::slurm::{self, JobInfo};

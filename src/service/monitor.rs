@@ -40,7 +40,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     let every = |d: Duration| (!d.is_zero()).then_some(d);
     let mut next_reconcile = Instant::now();
     let mut next_reassert = every(inv.cfg.node_reassert_interval).map(|d| Instant::now() + d);
-    let follow_records = inv.cfg.job_interfaces != crate::attribution::JobInterfaces::Nodes;
+    let follow_records = inv.cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
     let mut records = resend::RecordWatch::default();
     let mut resend_on: BTreeSet<String> = BTreeSet::new();
     if follow_records {

@@ -23,16 +23,6 @@ use crate::timefmt::format_epoch;
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// The jobs slurmctld has running (configuring, running, completing or suspended), from its
-/// JSON (`scontrol --json show job`, or `squeue --all --json` before Slurm 23.02): a job name
-/// cannot forge another job's record.
-pub fn squeue_running(slurm: &Slurm) -> Result<Vec<JobInfo>, String> {
-    Ok(crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?
-        .into_iter()
-        .filter(is_running)
-        .collect())
-}
-
 /// Slurm's final record of each of `ids` that has ended: slurmctld's (from `listing`, the
 /// pass's own) when it names a final state, else accounting's, asked for all the others in
 /// one `sacct` call. Ids with no final record yet are absent.

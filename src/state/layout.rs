@@ -15,7 +15,7 @@ pub const JOBS: &str = "jobs";
 pub const VERIFY: &str = "verify";
 /// Node records: `nodes/<node>.json`, the inventory's latest discover record of a node.
 pub const NODES: &str = "nodes";
-/// Every directory above, created (mode 0700) by [`crate::state::StateDir::ensure_dirs`].
+/// Every directory above, created (mode 0700) by [`crate::state::durable::ensure_dirs`].
 pub const DIRS: [&str; 6] = [OUTBOX, INFLIGHT, REJECTED, JOBS, VERIFY, NODES];
 
 /// `flock`ed for each read-compare-rename of the outbox.

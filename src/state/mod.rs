@@ -70,7 +70,9 @@ impl StateDir {
         self.owner
     }
 
-    /// Creates the directories ([`layout::DIRS`], mode 0700) if missing.
+    /// Creates the directories ([`layout::DIRS`], mode 0700) if missing (the stores create
+    /// theirs as they need them; tests create them all at once).
+    #[cfg(test)]
     pub fn ensure_dirs(&self) -> Result<(), String> {
         durable::ensure_dirs(&self.root, self.owner)
     }

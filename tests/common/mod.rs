@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cvslurm::cloudvision::{Client, ClientOptions};
 use cvslurm::config::Token;
-use cvslurm::state::layout;
+use cvslurm::internals::state::layout;
 
 pub const TOKEN: &str = "test-token-5ecr3t";
 
