@@ -5,7 +5,7 @@ use super::common::usage;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
 pub use crate::node_record::{
-    is_mac, to_parts, DiscoverRecord, Interface, RecordReader, PART_PREFIX,
+    is_mac, to_parts, valid_interface_name, DiscoverRecord, Interface, RecordReader, PART_PREFIX,
 };
 use crate::topology::{self, Roots};
 use argh::FromArgs;
@@ -183,6 +183,13 @@ pub fn interfaces(
         let name = entry.file_name().to_string_lossy().into_owned();
         let dir = entry.path();
         if name == "lo" || !filter.name_regex.is_match(&name) {
+            continue;
+        }
+        if !valid_interface_name(&name) {
+            log::warn!(
+                "interface {name:?} skipped: not a valid interface name \
+                 (1-15 bytes, no whitespace, '/', ':' or control characters)"
+            );
             continue;
         }
         if filter.physical_only && !dir.join("device").exists() {
