@@ -39,7 +39,14 @@ pub struct DiscoverRecord {
     /// GPUs). Never part of the NodeConfig; absent in records of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<Topology>,
+    /// Why `discover --topology` reports no topology although asked (the GPUs could not be
+    /// read or numbered): the record is kept, without topology. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_error: Option<String>,
 }
+
+/// The longest `topology_error` accepted.
+const MAX_TOPOLOGY_ERROR: usize = 1024;
 
 /// Is `name` an interface name as Linux allows it (`dev_valid_name`): 1 to 15 bytes, not `.`
 /// or `..`, no `/`, `:` or whitespace? Control characters are refused too (the kernel lets
@@ -131,6 +138,15 @@ impl DiscoverRecord {
         }
         if let Some(t) = &self.topology {
             t.validate(&names)?;
+        }
+        if self
+            .topology_error
+            .as_ref()
+            .is_some_and(|e| e.len() > MAX_TOPOLOGY_ERROR)
+        {
+            return Err(format!(
+                "topology_error longer than {MAX_TOPOLOGY_ERROR} bytes"
+            ));
         }
         Ok(())
     }

@@ -642,3 +642,144 @@ fn discover_skips_an_interface_with_an_invalid_name() {
     );
     assert!(!err.contains('\u{1b}'), "{err:?}");
 }
+
+/// A sysfs/procfs tree from tests/fixtures/topology/gen.sh, with its environment variables.
+fn topology_tree(scratch: &Scratch, layout: &str, env: &[(&str, &str)]) -> std::path::PathBuf {
+    let dir = scratch.path().join(layout);
+    let gen =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/topology/gen.sh");
+    let st = std::process::Command::new("bash")
+        .arg(gen)
+        .arg(layout)
+        .arg(&dir)
+        .arg("02:dd:00:07")
+        .envs(env.iter().copied())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    dir
+}
+
+/// `cvslurm discover --topology` on a tree: (exit code, the record put together from its
+/// parts, stderr).
+fn discover_topology(
+    root: &std::path::Path,
+) -> (
+    Option<i32>,
+    Option<cvslurm::node_record::DiscoverRecord>,
+    String,
+) {
+    let out = std::process::Command::new(bin())
+        .args([
+            "discover",
+            "--node-name",
+            "n1",
+            "--topology",
+            "--require-ip",
+            "no",
+        ])
+        .arg("--sys-root")
+        .arg(root)
+        .output()
+        .unwrap();
+    let mut r = cvslurm::node_record::RecordReader::new(1 << 20, 1 << 22);
+    let rec = stdout(&out)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .find_map(|l| r.push(l))
+        .map(|x| x.unwrap());
+    (out.status.code(), rec, stderr(&out))
+}
+
+/// GPU SR-IOV virtual functions are not GPUs: a DGX A100 with 16 per GPU reports its 8 GPUs
+/// (before, "more than 64 GPUs" failed discover and the node lost its NodeConfig). A GPU bound
+/// to no driver is skipped and the others keep their driver minors (before, all went to PCI
+/// order, so GPUs 2-3 named the NICs of other GPUs).
+#[test]
+fn discover_counts_only_gpus_a_job_can_hold() {
+    let scratch = Scratch::new("gpus");
+    let vfs = topology_tree(&scratch, "dgx-a100", &[("GPU_VFS", "16")]);
+    let (code, rec, err) = discover_topology(&vfs);
+    assert_eq!(code, Some(0), "{err}");
+    let rec = rec.unwrap();
+    let t = rec.topology.as_ref().unwrap();
+    assert_eq!(
+        t.gpus.iter().map(|g| g.index).collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
+    assert_eq!(rec.interfaces.len(), 10);
+    let driverless = topology_tree(&scratch, "two-socket", &[("DRIVERLESS", "0000:17:00.0")]);
+    let (code, rec, err) = discover_topology(&driverless);
+    assert_eq!(code, Some(0), "{err}");
+    let t = rec.unwrap().topology.unwrap();
+    let idx: Vec<(u32, &str)> = t.gpus.iter().map(|g| (g.index, g.pci.as_str())).collect();
+    assert_eq!(
+        idx,
+        [
+            (1, "0000:31:00.0"),
+            (2, "0000:98:00.0"),
+            (3, "0000:b1:00.0")
+        ]
+    );
+    assert_eq!(t.nic("ens7f0").unwrap().gpus, [2, 3]);
+    assert!(
+        err.contains("GPU 0000:17:00.0 skipped: bound to no driver"),
+        "{err}"
+    );
+}
+
+/// A node never loses its record over its topology: when the GPUs cannot be numbered (bound
+/// to nvidia, but no device minor to read), discover prints the record without topology and
+/// says why (stderr and `topology_error`); the inventory sends the node's NodeConfig, keeps the
+/// record and logs the reason.
+#[test]
+fn a_topology_that_cannot_be_read_does_not_lose_the_node() {
+    let scratch = Scratch::new("topofail");
+    let tree = topology_tree(&scratch, "two-socket", &[]);
+    fs::remove_dir_all(tree.join("proc/driver")).unwrap();
+    let (code, rec, err) = discover_topology(&tree);
+    assert_eq!(code, Some(0), "{err}");
+    let rec = rec.unwrap();
+    assert_eq!(rec.interfaces.len(), 5);
+    assert!(rec.topology.is_none());
+    let why = rec.topology_error.clone().unwrap();
+    assert!(
+        why.contains("GPU 0000:17:00.0: no device minor in"),
+        "{why}"
+    );
+    assert!(
+        err.contains("GPU topology not reported: GPU 0000:17:00.0"),
+        "{err}"
+    );
+
+    let cv = Standin::start();
+    let site = fake_slurm_site(
+        &cv.server(),
+        &cv.ca(),
+        "JobInterfaces=gpu\nInterfaceRequireIp=no",
+        &format!(
+            "{} discover --node-name n1 --sys-root {} --topology --require-ip no | sed 's/^/0: /'",
+            bin().display(),
+            tree.display()
+        ),
+    );
+    let out = inventory(&site, &[], false);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{}\n{err}", stdout(&out));
+    let sent = cv.accepted("NodeConfig");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0]["data_interfaces"]["values"]
+            .as_array()
+            .unwrap()
+            .len(),
+        5
+    );
+    assert!(
+        err.contains("node n1: no GPU topology (its jobs go by node name): GPU 0000:17:00.0"),
+        "{err}"
+    );
+    let kept = fs::read_to_string(site.state_dir.join(layout::NODES).join("n1.json")).unwrap();
+    let kept = cvslurm::node_record::DiscoverRecord::parse_line(&kept).unwrap();
+    assert_eq!(kept.topology_error, Some(why));
+}
