@@ -1,10 +1,41 @@
 //! Log set-up: the hook and the service append one line per event to `LogFile`; interactive
 //! commands write to stderr; under systemd (`JOURNAL_STREAM` set) lines carry `<N>` priority
 //! prefixes and no timestamp, so journald keeps the levels.
+//!
+//! Every record is one line: the formatter escapes control characters in the message
+//! ([`escape_control`]), so text from outside (a worker's record, a job's environment) can
+//! neither forge a log line (a newline followed by a timestamp, or journald's `<3>`) nor drive
+//! the terminal of whoever reads the log (ESC sequences).
 
+use std::borrow::Cow;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::Path;
+
+/// `s` with every control character escaped: LF, CR and TAB as `\n`, `\r`, `\t`, the other C0
+/// controls and DEL as `\x1b`-style escapes, C1 controls (U+0080-U+009F) and the Unicode line
+/// and paragraph separators as `\u{85}`-style escapes. Everything else, backslashes included,
+/// is kept as it is. Borrowed when there is nothing to escape.
+pub fn escape_control(s: &str) -> Cow<'_, str> {
+    let special = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    if !s.chars().any(special) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if special(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// Where log lines go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +77,9 @@ pub fn init(sink: Sink, file: &Path, level: log::LevelFilter) -> Option<String> 
     }
     let pid = std::process::id();
     builder.format(move |buf, record| {
+        // One record, one line, whoever wrote the text in it.
+        let text = record.args().to_string();
+        let msg = escape_control(&text);
         if journald {
             let prio = match record.level() {
                 log::Level::Error => 3,
@@ -53,21 +87,15 @@ pub fn init(sink: Sink, file: &Path, level: log::LevelFilter) -> Option<String> 
                 log::Level::Info => 6,
                 _ => 7,
             };
-            writeln!(buf, "<{prio}>{}", record.args())
+            writeln!(buf, "<{prio}>{msg}")
         } else if to_file {
             let now = crate::timefmt::format_epoch(crate::timefmt::now_epoch()).unwrap_or_default();
-            writeln!(
-                buf,
-                "{now} cvslurm[{pid}] {:<5} {}",
-                record.level(),
-                record.args()
-            )
+            writeln!(buf, "{now} cvslurm[{pid}] {:<5} {msg}", record.level(),)
         } else {
             writeln!(
                 buf,
-                "cvslurm: {}: {}",
+                "cvslurm: {}: {msg}",
                 record.level().as_str().to_ascii_lowercase(),
-                record.args()
             )
         }
     });
@@ -129,6 +157,23 @@ fn give_to_dir_owner(f: &std::fs::File, path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert!(matches!(
+            escape_control("plain \\ text é"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            escape_control("a\n2026-01-01T00:00:00Z cvslurm[1] ERROR x\r\t\x1b[2J\x00\x7f"),
+            "a\\n2026-01-01T00:00:00Z cvslurm[1] ERROR x\\r\\t\\x1b[2J\\x00\\x7f"
+        );
+        assert_eq!(
+            escape_control("\u{85}\u{9b}2J\u{2028}ok"),
+            "\\u{85}\\u{9b}2J\\u{2028}ok"
+        );
+        assert_eq!(escape_control("eth0\n<3>x"), "eth0\\n<3>x");
+    }
 
     #[test]
     fn root_created_log_file_takes_the_directory_owner() {

@@ -39,15 +39,65 @@ pub struct DiscoverRecord {
     /// GPUs). Never part of the NodeConfig; absent in records of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<Topology>,
+    /// Why `discover --topology` reports no topology although asked (the GPUs could not be
+    /// read or numbered): the record is kept, without topology. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_error: Option<String>,
+}
+
+/// The longest `topology_error` accepted.
+const MAX_TOPOLOGY_ERROR: usize = 1024;
+
+/// Is `name` an interface name as Linux allows it (`dev_valid_name`): 1 to 15 bytes, not `.`
+/// or `..`, no `/`, `:` or whitespace? Control characters are refused too (the kernel lets
+/// them through; a name is printed and logged).
+pub fn valid_interface_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() < 16
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
 }
 
 impl DiscoverRecord {
-    /// Parses and validates one line of discover output. The error says what is wrong.
+    /// Parses and validates one line of discover output. The error says what is wrong (with
+    /// control characters escaped: serde echoes a worker's unknown key). An interface whose
+    /// name Linux would not allow is dropped, with a warning, and the rest of the record kept.
     pub fn parse_line(line: &str) -> Result<DiscoverRecord, String> {
-        let rec: DiscoverRecord =
-            serde_json::from_str(line).map_err(|e| format!("not a discover record: {e}"))?;
+        let mut rec: DiscoverRecord = serde_json::from_str(line).map_err(|e| {
+            let e = e.to_string();
+            format!(
+                "not a discover record: {}",
+                crate::logging::escape_control(&e)
+            )
+        })?;
+        rec.drop_invalid_interfaces();
         rec.validate()?;
         Ok(rec)
+    }
+
+    /// Removes the interfaces whose name [`valid_interface_name`] refuses (and their topology
+    /// entries), logging each.
+    fn drop_invalid_interfaces(&mut self) {
+        let node = self.node_name.clone();
+        let mut dropped: Vec<String> = Vec::new();
+        self.interfaces.retain(|i| {
+            let ok = valid_interface_name(&i.name);
+            if !ok {
+                log::warn!(
+                    "node {node:?}: interface {:?} dropped: not a valid interface name \
+                     (1-15 bytes, no whitespace, '/', ':' or control characters)",
+                    i.name
+                );
+                dropped.push(i.name.clone());
+            }
+            ok
+        });
+        if let Some(t) = &mut self.topology {
+            t.nics.retain(|n| !dropped.contains(&n.name));
+        }
     }
 
     /// Checks names, MAC and IPv4 syntax.
@@ -68,14 +118,14 @@ impl DiscoverRecord {
         }
         let mut names = std::collections::BTreeSet::new();
         for i in &self.interfaces {
+            if !valid_interface_name(&i.name) {
+                return Err(format!("bad interface name {:?}", i.name));
+            }
             if !names.insert(i.name.as_str()) {
                 return Err(format!("interface {} listed twice", i.name));
             }
             if i.ip_addresses.len() > 1024 {
                 return Err(format!("interface {}: more than 1024 addresses", i.name));
-            }
-            if i.name.is_empty() || i.name.len() > 64 {
-                return Err(format!("bad interface name {:?}", i.name));
             }
             if !is_mac(&i.mac_address) {
                 return Err(format!("interface {}: bad MAC {:?}", i.name, i.mac_address));
@@ -88,6 +138,15 @@ impl DiscoverRecord {
         }
         if let Some(t) = &self.topology {
             t.validate(&names)?;
+        }
+        if self
+            .topology_error
+            .as_ref()
+            .is_some_and(|e| e.len() > MAX_TOPOLOGY_ERROR)
+        {
+            return Err(format!(
+                "topology_error longer than {MAX_TOPOLOGY_ERROR} bytes"
+            ));
         }
         Ok(())
     }
@@ -250,6 +309,55 @@ mod tests {
         ] {
             assert!(DiscoverRecord::parse_line(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Interface names follow Linux's rule (dev_valid_name), control characters refused too;
+    /// a record from a worker loses a bad interface, not the node.
+    #[test]
+    fn interface_names_as_linux_allows_them() {
+        for ok in [
+            "eth0",
+            "enp225s0f1",
+            "a",
+            "ib0.8001",
+            "x-y_z@1",
+            "123456789012345",
+        ] {
+            assert!(valid_interface_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "1234567890123456",
+            "eth0\n<3>x\u{1b}[2J",
+            "eth 0",
+            "eth\t0",
+            "eth/0",
+            "eth0:1",
+            "eth\u{1b}",
+            "eth\u{7f}",
+            "eth\u{9b}",
+            "eth\u{a0}",
+        ] {
+            assert!(!valid_interface_name(bad), "{bad:?}");
+        }
+        let line = r#"{"node_name":"n1","hostname":"n1","location":null,"interfaces":[{"name":"eth0\n<3>x\u001b[2J","mac_address":"02:99:00:00:01:01","ip_addresses":[]},{"name":"eth1","mac_address":"02:99:00:00:01:02","ip_addresses":[]}]}"#;
+        let r = DiscoverRecord::parse_line(line).unwrap();
+        let names: Vec<&str> = r.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["eth1"]);
+        // Validation alone (what discover checks before printing) refuses it.
+        let mut bad = r.clone();
+        bad.interfaces[0].name = "eth1:0".into();
+        assert!(bad.validate().unwrap_err().contains("bad interface name"));
+        // serde echoes an unknown key; the error carries it escaped.
+        let forged = r#"{"node_name":"n1","hostname":"n1","location":null,"interfaces":[],"\n2026-01-01T00:00:00Z cvslurm[1] ERROR forged\u001b[2J":1}"#;
+        let e = DiscoverRecord::parse_line(forged).unwrap_err();
+        assert!(!e.contains('\n') && !e.contains('\u{1b}'), "{e:?}");
+        assert!(
+            e.contains("\\n2026-01-01T00:00:00Z cvslurm[1] ERROR forged\\x1b[2J"),
+            "{e:?}"
+        );
     }
 
     /// A DGX record (about 2.6 kB) goes out in lines under 1000 bytes and is put together

@@ -7,6 +7,9 @@
 //! bridge below the root port) are nearest ([`Nearness::Switch`]), then the same root port,
 //! then the same host bridge (root complex), then the same NUMA node. Each NIC lists the GPUs
 //! at its best level; a NIC on another NUMA node than every GPU is near none.
+//!
+//! Only GPUs a job can hold count (physical functions bound to a GPU driver: see [`read`]);
+//! GPUs that cannot be numbered as Slurm numbers them are an error, never a guess.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,8 +55,8 @@ impl Nearness {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Gpu {
-    /// The GRES index (`IDX` in `scontrol show job -d`): the NVIDIA device minor, else the
-    /// position in PCI address order.
+    /// The GRES index (`IDX` in `scontrol show job -d`): the NVIDIA device minor; for AMD
+    /// GPUs, the position in PCI address order.
     pub index: u32,
     /// PCI address `0000:07:00.0`.
     pub pci: String,
@@ -242,10 +245,23 @@ fn read_numa(dev: &Path) -> Option<u32> {
 /// PCI vendors whose display/3D controllers Slurm schedules as GPUs: NVIDIA and AMD.
 const GPU_VENDORS: [u32; 2] = [0x10de, 0x1002];
 
+/// The kernel drivers through which Slurm's jobs use a GPU (`/dev/nvidia<minor>`,
+/// `/dev/dri/renderD*`). A GPU bound to no driver, or to another one (`vfio-pci` for a
+/// virtual machine, `nouveau`), is no GPU a job can hold.
+const GPU_DRIVERS: [&str; 2] = ["nvidia", "amdgpu"];
+
 /// Is a device of this class and vendor a GPU? (Display controllers, base class 0x03, of a GPU
 /// vendor: a BMC's VGA is not one.)
 fn is_gpu(class: u32, vendor: u32) -> bool {
     class >> 16 == 0x03 && GPU_VENDORS.contains(&vendor)
+}
+
+/// The name of the driver bound to a PCI function (the last part of its `driver` link).
+fn driver_of(dev: &Path) -> Option<String> {
+    fs::read_link(dev.join("driver"))
+        .ok()?
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
 }
 
 /// The NVIDIA driver's device minor for a GPU (`Device Minor:` in
@@ -262,13 +278,24 @@ fn nvidia_minor(proc_root: &Path, pci: &str) -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// The GPUs under `roots`, with their PCI paths, sorted by index.
-fn gpus(roots: &Roots) -> Vec<(Gpu, PciPath)> {
+/// The GPUs under `roots`, with their PCI paths, sorted by index; an error when they cannot be
+/// numbered as Slurm numbers them.
+///
+/// A GPU is a physical function (an SR-IOV virtual function, with a `physfn` link, is a slice
+/// of one and is not counted) of a GPU vendor's display class, bound to a GPU driver
+/// ([`GPU_DRIVERS`]). NVIDIA GPUs are numbered by the driver's device minor, which is Slurm's
+/// index (`File=/dev/nvidia<minor>`, or NVML); each must have one, distinct. AMD GPUs are
+/// numbered in PCI address order. A node holding both is not numbered: which index Slurm
+/// gives each is not known here.
+fn gpus(roots: &Roots) -> Result<Vec<(Gpu, PciPath)>, String> {
     let dir = roots.sys.join("bus/pci/devices");
-    let Ok(rd) = fs::read_dir(&dir) else {
-        return Vec::new();
+    let rd = match fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        // No PCI bus in this sysfs (a container, a VM without PCI): no GPU.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("cannot list {}: {e}", dir.display())),
     };
-    let mut found: Vec<(String, PciPath, Option<u32>, Option<u32>)> = Vec::new();
+    let mut found: Vec<(String, PciPath, Option<u32>, bool)> = Vec::new();
     for e in rd.flatten().take(MAX_PCI_DEVICES) {
         let link = e.path();
         let (Some(class), Some(vendor)) = (
@@ -277,7 +304,7 @@ fn gpus(roots: &Roots) -> Vec<(Gpu, PciPath)> {
         ) else {
             continue;
         };
-        if !is_gpu(class, vendor) {
+        if !is_gpu(class, vendor) || fs::symlink_metadata(link.join("physfn")).is_ok() {
             continue;
         }
         let Some(path) = fs::canonicalize(&link)
@@ -287,49 +314,80 @@ fn gpus(roots: &Roots) -> Vec<(Gpu, PciPath)> {
             continue;
         };
         let pci = path.device().to_string();
-        let minor = if vendor == 0x10de {
-            nvidia_minor(&roots.proc, &pci)
-        } else {
-            None
-        };
-        found.push((pci, path, read_numa(&link), minor));
+        let driver = driver_of(&link);
+        if !driver.as_deref().is_some_and(|d| GPU_DRIVERS.contains(&d)) {
+            log::info!(
+                "GPU {pci} skipped: bound to {}, not a GPU driver ({})",
+                driver
+                    .as_deref()
+                    .map_or("no driver".into(), |d| format!("{d:?}")),
+                GPU_DRIVERS.join(", ")
+            );
+            continue;
+        }
+        let is_nvidia = driver.as_deref() == Some("nvidia");
+        found.push((pci, path, read_numa(&link), is_nvidia));
         if found.len() > MAX_GPUS {
-            break;
+            return Err(format!("more than {MAX_GPUS} GPUs"));
         }
     }
     found.sort_by(|a, b| a.0.cmp(&b.0));
-    // Device minors when every GPU has a distinct one, else PCI order (see README).
-    let minors: BTreeSet<u32> = found.iter().filter_map(|f| f.3).collect();
-    let use_minors = minors.len() == found.len();
-    let mut out: Vec<(Gpu, PciPath)> = found
-        .into_iter()
-        .enumerate()
-        .map(|(i, (pci, path, numa_node, minor))| {
-            let index = if use_minors {
-                minor.unwrap_or(0)
-            } else {
-                i as u32
-            };
-            (
-                Gpu {
-                    index,
-                    pci,
-                    numa_node,
-                },
-                path,
-            )
-        })
-        .collect();
+    let nvidia = found.iter().filter(|f| f.3).count();
+    if nvidia > 0 && nvidia < found.len() {
+        return Err(format!(
+            "{nvidia} NVIDIA and {} other GPU(s): how Slurm numbers them is not known",
+            found.len() - nvidia
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::with_capacity(found.len());
+    for (i, (pci, path, numa_node, is_nvidia)) in found.into_iter().enumerate() {
+        let index = if is_nvidia {
+            let minor = nvidia_minor(&roots.proc, &pci).ok_or_else(|| {
+                format!(
+                    "GPU {pci}: no device minor in {}",
+                    roots
+                        .proc
+                        .join("driver/nvidia/gpus")
+                        .join(&pci)
+                        .join("information")
+                        .display()
+                )
+            })?;
+            if !seen.insert(minor) {
+                return Err(format!(
+                    "GPU {pci}: device minor {minor} is another GPU's too"
+                ));
+            }
+            minor
+        } else {
+            i as u32
+        };
+        out.push((
+            Gpu {
+                index,
+                pci,
+                numa_node,
+            },
+            path,
+        ));
+    }
     out.sort_by_key(|g| g.0.index);
-    out
+    Ok(out)
 }
 
 /// Reads the topology of the interfaces `names` (found under `sys_class_net`). `None` when the
-/// node has no GPU: there is nothing to attribute.
-pub fn read(roots: &Roots, sys_class_net: &Path, names: &[&str]) -> Option<Topology> {
-    let gpus = gpus(roots);
+/// node has no GPU: there is nothing to attribute. An error when the GPUs cannot be read or
+/// numbered (physical functions bound to `nvidia` or `amdgpu`; NVIDIA by device minor, AMD in
+/// PCI order; anything else is an error): the caller reports the node without topology.
+pub fn read(
+    roots: &Roots,
+    sys_class_net: &Path,
+    names: &[&str],
+) -> Result<Option<Topology>, String> {
+    let gpus = gpus(roots)?;
     if gpus.is_empty() {
-        return None;
+        return Ok(None);
     }
     let mut nics = Vec::new();
     for name in names {
@@ -367,10 +425,12 @@ pub fn read(roots: &Roots, sys_class_net: &Path, names: &[&str]) -> Option<Topol
             near,
         });
     }
-    Some(Topology {
+    let t = Topology {
         gpus: gpus.into_iter().map(|g| g.0).collect(),
         nics,
-    })
+    };
+    t.validate(&names.iter().copied().collect())?;
+    Ok(Some(t))
 }
 
 /// NIC name → nearest GPU indices, for tests and `discover` summaries.
@@ -389,6 +449,11 @@ pub mod fixtures {
 
     /// Generates layout `layout` (NIC MACs start with `mac_prefix`) in a fresh directory.
     pub fn tree(layout: &str, mac_prefix: &str) -> PathBuf {
+        tree_with(layout, mac_prefix, &[])
+    }
+
+    /// As [`tree`], with gen.sh's environment variables (`GPU_VFS`, `DRIVERLESS`).
+    pub fn tree_with(layout: &str, mac_prefix: &str, env: &[(&str, &str)]) -> PathBuf {
         use std::sync::atomic::{AtomicUsize, Ordering};
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -404,6 +469,7 @@ pub mod fixtures {
             .args([gen, layout])
             .arg(&dir)
             .arg(mac_prefix)
+            .envs(env.iter().copied())
             .status()
             .expect("bash runs");
         assert!(st.success(), "gen.sh {layout} failed");
@@ -413,7 +479,17 @@ pub mod fixtures {
     /// The discover record of node `node` with layout `layout`, as `discover --topology
     /// --sys-root <tree> --require-ip no` builds it (default name filter, physical NICs).
     pub fn record(node: &str, layout: &str, mac_prefix: &str) -> DiscoverRecord {
-        let dir = tree(layout, mac_prefix);
+        record_with(node, layout, mac_prefix, &[])
+    }
+
+    /// As [`record`], on a tree made with gen.sh's environment variables.
+    pub fn record_with(
+        node: &str,
+        layout: &str,
+        mac_prefix: &str,
+        env: &[(&str, &str)],
+    ) -> DiscoverRecord {
+        let dir = tree_with(layout, mac_prefix, env);
         let roots = super::Roots::under(&dir);
         let filter = Filter {
             name_regex: crate::config::Config::default().interface_regex,
@@ -423,13 +499,14 @@ pub mod fixtures {
         let net = roots.sys.join("class/net");
         let interfaces = discover::interfaces(&net, &Default::default(), &filter).unwrap();
         let names: Vec<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
-        let topology = super::read(&roots, &net, &names);
+        let topology = super::read(&roots, &net, &names).unwrap();
         let rec = DiscoverRecord {
             node_name: node.into(),
             hostname: node.into(),
             location: None,
             interfaces,
             topology,
+            topology_error: None,
         };
         rec.validate().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
@@ -515,10 +592,12 @@ mod tests {
         assert!(t.nics.iter().all(|n| n.near == Nearness::Numa));
     }
 
-    /// Without the NVIDIA driver's minors, GPUs are numbered in PCI order; without GPUs there
-    /// is no topology at all.
+    /// NVIDIA GPUs are numbered by the driver's minors, whatever their PCI order; GPUs that
+    /// cannot be numbered as Slurm numbers them (a repeated minor, no minor, NVIDIA beside AMD)
+    /// give an error, never a guess; AMD GPUs go in PCI order; without GPUs there is no
+    /// topology at all.
     #[test]
-    fn pci_order_without_driver_and_no_gpus() {
+    fn gpu_numbering_by_minor_or_pci_order_never_a_guess() {
         let dir = fixtures::tree("two-socket", "02:dd:00:03");
         let roots = Roots::under(&dir);
         let set_minor = |pci: &str, from: u32, to: u32| {
@@ -535,11 +614,12 @@ mod tests {
             assert_ne!(text, new);
             fs::write(&info, new).unwrap();
         };
+        let dev = |pci: &str| roots.sys.join("bus/pci/devices").join(pci);
         let net = roots.sys.join("class/net");
         // The driver's minors win over PCI order...
         set_minor("0000:17:00.0", 0, 1);
         set_minor("0000:31:00.0", 1, 0);
-        let t = read(&roots, &net, &["ens3f0"]).unwrap();
+        let t = read(&roots, &net, &["ens3f0"]).unwrap().unwrap();
         assert_eq!(
             (t.gpus[0].index, t.gpus[0].pci.as_str()),
             (0, "0000:31:00.0")
@@ -548,15 +628,29 @@ mod tests {
             (t.gpus[1].index, t.gpus[1].pci.as_str()),
             (1, "0000:17:00.0")
         );
-        // ...unless two GPUs claim the same one: then PCI order.
+        // ...and two GPUs claiming the same one, or GPUs bound to nvidia without one, are an
+        // error: PCI order could give a job another job's NICs.
         set_minor("0000:31:00.0", 0, 1);
-        let t = read(&roots, &net, &["ens3f0"]).unwrap();
-        assert_eq!(
-            (t.gpus[0].index, t.gpus[0].pci.as_str()),
-            (0, "0000:17:00.0")
-        );
+        let e = read(&roots, &net, &["ens3f0"]).unwrap_err();
+        assert!(e.contains("device minor 1 is another GPU's too"), "{e}");
         fs::remove_dir_all(roots.proc.join("driver")).unwrap();
-        let t = read(&roots, &net, &["ens3f0", "lo"]).unwrap();
+        let e = read(&roots, &net, &["ens3f0"]).unwrap_err();
+        assert!(e.contains("GPU 0000:17:00.0: no device minor in"), "{e}");
+        // AMD GPUs (amdgpu) are numbered in PCI order; beside NVIDIA ones, not at all.
+        let amd = |pci: &str| {
+            fs::write(dev(pci).join("vendor"), "0x1002\n").unwrap();
+            let link = dev(pci).join("driver");
+            let to = fs::read_link(&link).unwrap().with_file_name("amdgpu");
+            fs::remove_file(&link).unwrap();
+            std::os::unix::fs::symlink(to, &link).unwrap();
+        };
+        amd("0000:17:00.0");
+        let e = read(&roots, &net, &["ens3f0"]).unwrap_err();
+        assert!(e.contains("3 NVIDIA and 1 other GPU(s)"), "{e}");
+        for g in ["0000:31:00.0", "0000:98:00.0", "0000:b1:00.0"] {
+            amd(g);
+        }
+        let t = read(&roots, &net, &["ens3f0", "lo"]).unwrap().unwrap();
         assert_eq!(
             t.gpus.iter().map(|g| g.index).collect::<Vec<_>>(),
             [0, 1, 2, 3]
@@ -568,14 +662,76 @@ mod tests {
             "0000:98:00.0",
             "0000:b1:00.0",
         ] {
-            fs::write(
-                roots.sys.join("bus/pci/devices").join(g).join("class"),
-                "0x020000\n",
-            )
-            .unwrap();
+            fs::write(dev(g).join("class"), "0x020000\n").unwrap();
         }
-        assert!(read(&roots, &net, &["ens3f0"]).is_none());
+        assert_eq!(read(&roots, &net, &["ens3f0"]), Ok(None));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// SR-IOV virtual functions are slices of a GPU, not GPUs: a DGX A100 with 16 VFs per GPU
+    /// (bound to nvidia, as on a vGPU host) has the same 8 GPUs and NIC nearness as without.
+    /// Before, its 136 functions were "more than 64 GPUs" and the node lost its record.
+    #[test]
+    fn virtual_functions_are_not_gpus() {
+        let plain = fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        let vfs = fixtures::record_with("dgx1", "dgx-a100", "02:dd:00:01", &[("GPU_VFS", "16")]);
+        let t = vfs.topology.as_ref().unwrap();
+        assert_eq!(t.gpus.len(), 8);
+        assert_eq!(vfs, plain);
+        // The tree does hold them: 16 functions bound to nvidia behind each GPU.
+        let dir = fixtures::tree_with("dgx-a100", "02:dd:00:01", &[("GPU_VFS", "16")]);
+        let vf = dir.join("sys/bus/pci/devices/0000:07:02.3");
+        assert!(vf.join("physfn").exists());
+        assert_eq!(driver_of(&vf).as_deref(), Some("nvidia"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A GPU bound to no driver is no GPU a job can hold: it is skipped, and the others keep
+    /// their minors. Before, it switched every GPU to PCI order: GPUs 1-3 became 0-2, and a job
+    /// holding GPUs 2-3 was sent with the NICs of the GPUs another job held.
+    #[test]
+    fn a_driverless_gpu_is_skipped_and_the_others_keep_their_numbers() {
+        let rec = fixtures::record_with(
+            "pcie1",
+            "two-socket",
+            "02:dd:00:04",
+            &[("DRIVERLESS", "0000:17:00.0")],
+        );
+        let t = rec.topology.as_ref().unwrap();
+        let idx: Vec<(u32, &str)> = t.gpus.iter().map(|g| (g.index, g.pci.as_str())).collect();
+        assert_eq!(
+            idx,
+            [
+                (1, "0000:31:00.0"),
+                (2, "0000:98:00.0"),
+                (3, "0000:b1:00.0")
+            ]
+        );
+        assert_eq!(
+            nic_map(t),
+            map(&[
+                ("eno1", &[1]),
+                ("ens3f0", &[1]),
+                ("ens3f1", &[1]),
+                ("ens7f0", &[2, 3]),
+                ("ens7f1", &[2, 3]),
+            ])
+        );
+        // A job holding GPUs 2-3 gets socket 1's NICs (MACs: prefix, bus 0xca, function).
+        let records = BTreeMap::from([("pcie1".to_string(), rec)]);
+        let gpus = BTreeMap::from([("pcie1".to_string(), BTreeSet::from([2, 3]))]);
+        let a = crate::attribution::attribute(
+            crate::config::JobInterfaces::Gpu,
+            &["pcie1".to_string()],
+            &gpus,
+            &records,
+        );
+        assert_eq!(
+            a.macs.unwrap(),
+            ["02:dd:00:04:ca:00", "02:dd:00:04:ca:01"],
+            "{}",
+            a.rule
+        );
     }
 
     #[test]

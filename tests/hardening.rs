@@ -492,3 +492,295 @@ fn broadcast_copy_verifies_itself() {
     assert!(stdout(&out).contains("\"node_name\":\"n1\""));
     let _ = fs::remove_file(&copy);
 }
+
+// Issue 17: worker text and a GPU node's sysfs.
+
+/// A site whose Slurm is three scripts: `scontrol show config` names cluster c1, `sinfo` lists
+/// node n1 idle, and `srun` runs `srun_body` (a shell script body) as the worker would answer.
+fn fake_slurm_site(server: &str, ca: &std::path::Path, extra: &str, srun_body: &str) -> Site {
+    use std::os::unix::fs::PermissionsExt;
+    let site = Site::new(server, ca, extra);
+    for (name, body) in [
+        ("scontrol", "printf 'ClusterName = c1\\n'"),
+        ("sinfo", "echo 'n1 idle p1'"),
+        ("srun", srun_body),
+    ] {
+        let p = site.bin_dir.join(name);
+        fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    site
+}
+
+/// Runs `cvslurm inventory <args>` on `site`, under journald's conventions when `journald`.
+fn inventory(site: &Site, args: &[&str], journald: bool) -> std::process::Output {
+    let mut c = std::process::Command::new(bin());
+    c.arg("inventory")
+        .args(args)
+        .env_remove("CV_API_TOKEN")
+        .env_remove("CV_API_SERVER")
+        .env_remove("JOURNAL_STREAM")
+        .env("CVSLURM_CONF", &site.conf);
+    if journald {
+        c.env("JOURNAL_STREAM", "8:1234");
+    }
+    c.output().unwrap()
+}
+
+/// A worker's text cannot forge a log line nor drive a terminal: the key serde echoes in its
+/// parse error and an interface name holding a newline, journald's `<3>` and an ESC sequence
+/// come out escaped, one record per line, under journald and on a terminal alike. The bad
+/// interface is dropped (and said), the node is kept with its other interface.
+#[test]
+fn a_workers_text_cannot_forge_log_lines_or_drive_the_terminal() {
+    let scratch = Scratch::new("forge");
+    let answer = scratch.path().join("worker.out");
+    let forged_key = r#"0: {"node_name":"n1","hostname":"n1","location":null,"interfaces":[],"\n<3>forged entry\u001b[2J":1}"#;
+    let bad_name = r#"0: {"node_name":"n1","hostname":"n1","location":null,"interfaces":[{"name":"eth0\n<3>x\u001b[2J","mac_address":"02:99:00:00:01:01","ip_addresses":["10.0.0.1"]},{"name":"eth1","mac_address":"02:99:00:00:01:02","ip_addresses":["10.0.0.2"]}]}"#;
+    fs::write(&answer, format!("{forged_key}\n{bad_name}\n")).unwrap();
+    let site = fake_slurm_site(
+        "127.0.0.1:1",
+        std::path::Path::new("/nonexistent"),
+        "",
+        &format!("cat {}", answer.display()),
+    );
+    for journald in [true, false] {
+        let out = inventory(&site, &["--dry-run"], journald);
+        let (text, err) = (stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{text}\n{err}");
+        assert!(text.contains("\"name\": \"eth1\""), "{text}");
+        assert!(
+            !text.contains("eth0"),
+            "the bad interface is not sent: {text}"
+        );
+        assert!(
+            text.contains("inventory of cluster c1: 1 would send, 0 failed"),
+            "{text}"
+        );
+        for (what, s) in [("stdout", &text), ("stderr", &err)] {
+            assert!(!s.contains('\u{1b}'), "{what} holds a raw ESC: {s:?}");
+        }
+        let prefix = if journald { "<" } else { "cvslurm: " };
+        for l in err.lines() {
+            assert!(
+                l.starts_with(prefix),
+                "a forged or broken line: {l:?}\n{err}"
+            );
+            assert!(
+                !l.starts_with("<3>forged") && !l.starts_with("<3>x"),
+                "{err}"
+            );
+        }
+        assert!(
+            err.contains(r#"interface "eth0\n<3>x\u{1b}[2J" dropped: not a valid interface name"#),
+            "{err}"
+        );
+        assert!(
+            err.contains(r"\n<3>forged entry\x1b[2J"),
+            "the parse error is logged, escaped: {err}"
+        );
+    }
+}
+
+/// The hook's log file keeps one record per line too: a newline in `SLURM_JOB_ID` followed by
+/// a timestamp does not start a line of its own, nor does journald's `<3>` under systemd.
+#[test]
+fn a_log_record_is_one_line_in_the_log_file_and_the_journal() {
+    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let id = "7\n2026-01-01T00:00:00Z cvslurm[1] ERROR forged\u{1b}[2J";
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", id, &[]));
+    assert_eq!(out.status.code(), Some(0));
+    let log = site.log();
+    assert!(!log.is_empty());
+    for l in log.lines() {
+        assert!(!l.starts_with("2026-01-01T00:00:00Z cvslurm[1]"), "{log}");
+    }
+    assert!(!log.contains('\u{1b}'), "{log:?}");
+    assert!(
+        log.contains(r"job 7\n2026-01-01T00:00:00Z cvslurm[1] ERROR forged\x1b[2J: not sent"),
+        "{log}"
+    );
+    let id = "7\n<3>forged";
+    let (out, _) = site.hook(&job_env(
+        "prolog_slurmctld",
+        id,
+        &[("JOURNAL_STREAM", "8:1234")],
+    ));
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains(r"job 7\n<3>forged: not sent"), "{err}");
+    assert!(err.lines().all(|l| !l.starts_with("<3>forged")), "{err}");
+}
+
+/// `discover` skips an interface whose name Linux's rules (and ours: no control characters)
+/// refuse, says so escaped, and reports the others.
+#[test]
+fn discover_skips_an_interface_with_an_invalid_name() {
+    let scratch = Scratch::new("ifname");
+    for (name, mac) in [
+        ("eth0", "02:99:00:00:01:01"),
+        ("eth1\u{1b}[2J", "02:99:00:00:01:02"),
+    ] {
+        let d = scratch.path().join(name);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("address"), format!("{mac}\n")).unwrap();
+    }
+    let out = std::process::Command::new(bin())
+        .args(["discover", "--node-name", "n1", "--sys-class-net"])
+        .arg(scratch.path())
+        .args(["--physical-only", "no", "--require-ip", "no"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let rec =
+        cvslurm::internals::node_record::DiscoverRecord::parse_line(stdout(&out).trim()).unwrap();
+    let names: Vec<&str> = rec.interfaces.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["eth0"]);
+    let err = stderr(&out);
+    assert!(
+        err.contains(r#"interface "eth1\u{1b}[2J" skipped: not a valid interface name"#),
+        "{err}"
+    );
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+}
+
+/// A sysfs/procfs tree from tests/fixtures/topology/gen.sh, with its environment variables.
+fn topology_tree(scratch: &Scratch, layout: &str, env: &[(&str, &str)]) -> std::path::PathBuf {
+    let dir = scratch.path().join(layout);
+    let gen =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/topology/gen.sh");
+    let st = std::process::Command::new("bash")
+        .arg(gen)
+        .arg(layout)
+        .arg(&dir)
+        .arg("02:dd:00:07")
+        .envs(env.iter().copied())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    dir
+}
+
+/// `cvslurm discover --topology` on a tree: (exit code, the record put together from its
+/// parts, stderr).
+fn discover_topology(
+    root: &std::path::Path,
+) -> (
+    Option<i32>,
+    Option<cvslurm::internals::node_record::DiscoverRecord>,
+    String,
+) {
+    let out = std::process::Command::new(bin())
+        .args([
+            "discover",
+            "--node-name",
+            "n1",
+            "--topology",
+            "--require-ip",
+            "no",
+        ])
+        .arg("--sys-root")
+        .arg(root)
+        .output()
+        .unwrap();
+    let mut r = cvslurm::internals::node_record::RecordReader::new(1 << 20, 1 << 22);
+    let rec = stdout(&out)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .find_map(|l| r.push(l))
+        .map(|x| x.unwrap());
+    (out.status.code(), rec, stderr(&out))
+}
+
+/// GPU SR-IOV virtual functions are not GPUs: a DGX A100 with 16 per GPU reports its 8 GPUs
+/// (before, "more than 64 GPUs" failed discover and the node lost its NodeConfig). A GPU bound
+/// to no driver is skipped and the others keep their driver minors (before, all went to PCI
+/// order, so GPUs 2-3 named the NICs of other GPUs).
+#[test]
+fn discover_counts_only_gpus_a_job_can_hold() {
+    let scratch = Scratch::new("gpus");
+    let vfs = topology_tree(&scratch, "dgx-a100", &[("GPU_VFS", "16")]);
+    let (code, rec, err) = discover_topology(&vfs);
+    assert_eq!(code, Some(0), "{err}");
+    let rec = rec.unwrap();
+    let t = rec.topology.as_ref().unwrap();
+    assert_eq!(
+        t.gpus.iter().map(|g| g.index).collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
+    assert_eq!(rec.interfaces.len(), 10);
+    let driverless = topology_tree(&scratch, "two-socket", &[("DRIVERLESS", "0000:17:00.0")]);
+    let (code, rec, err) = discover_topology(&driverless);
+    assert_eq!(code, Some(0), "{err}");
+    let t = rec.unwrap().topology.unwrap();
+    let idx: Vec<(u32, &str)> = t.gpus.iter().map(|g| (g.index, g.pci.as_str())).collect();
+    assert_eq!(
+        idx,
+        [
+            (1, "0000:31:00.0"),
+            (2, "0000:98:00.0"),
+            (3, "0000:b1:00.0")
+        ]
+    );
+    assert_eq!(t.nic("ens7f0").unwrap().gpus, [2, 3]);
+    assert!(
+        err.contains("GPU 0000:17:00.0 skipped: bound to no driver"),
+        "{err}"
+    );
+}
+
+/// A node never loses its record over its topology: when the GPUs cannot be numbered (bound
+/// to nvidia, but no device minor to read), discover prints the record without topology and
+/// says why (stderr and `topology_error`); the inventory sends the node's NodeConfig, keeps the
+/// record and logs the reason.
+#[test]
+fn a_topology_that_cannot_be_read_does_not_lose_the_node() {
+    let scratch = Scratch::new("topofail");
+    let tree = topology_tree(&scratch, "two-socket", &[]);
+    fs::remove_dir_all(tree.join("proc/driver")).unwrap();
+    let (code, rec, err) = discover_topology(&tree);
+    assert_eq!(code, Some(0), "{err}");
+    let rec = rec.unwrap();
+    assert_eq!(rec.interfaces.len(), 5);
+    assert!(rec.topology.is_none());
+    let why = rec.topology_error.clone().unwrap();
+    assert!(
+        why.contains("GPU 0000:17:00.0: no device minor in"),
+        "{why}"
+    );
+    assert!(
+        err.contains("GPU topology not reported: GPU 0000:17:00.0"),
+        "{err}"
+    );
+
+    let cv = Standin::start();
+    let site = fake_slurm_site(
+        &cv.server(),
+        &cv.ca(),
+        "JobInterfaces=gpu\nInterfaceRequireIp=no",
+        &format!(
+            "{} discover --node-name n1 --sys-root {} --topology --require-ip no | sed 's/^/0: /'",
+            bin().display(),
+            tree.display()
+        ),
+    );
+    let out = inventory(&site, &[], false);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{}\n{err}", stdout(&out));
+    let sent = cv.accepted("NodeConfig");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0]["data_interfaces"]["values"]
+            .as_array()
+            .unwrap()
+            .len(),
+        5
+    );
+    assert!(
+        err.contains("node n1: no GPU topology (its jobs go by node name): GPU 0000:17:00.0"),
+        "{err}"
+    );
+    let kept = fs::read_to_string(site.state_dir.join(layout::NODES).join("n1.json")).unwrap();
+    let kept = cvslurm::internals::node_record::DiscoverRecord::parse_line(&kept).unwrap();
+    assert_eq!(kept.topology_error, Some(why));
+}

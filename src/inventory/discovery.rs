@@ -259,6 +259,12 @@ impl Inventory<'_> {
                         };
                         log::warn!("discovery: {last_garbage}");
                     } else if wanted.contains(&rec.node_name) && !got.contains_key(&rec.node_name) {
+                        if let Some(e) = &rec.topology_error {
+                            log::warn!(
+                                "node {}: no GPU topology (its jobs go by node name): {e}",
+                                rec.node_name
+                            );
+                        }
                         got.insert(rec.node_name.clone(), Ok(rec));
                     } else {
                         garbage += 1;

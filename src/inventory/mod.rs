@@ -104,7 +104,8 @@ impl Inventory<'_> {
         } else {
             "would send"
         };
-        println!(
+        // Node names and states come from sinfo: printed with control characters escaped.
+        let summary = format!(
             "inventory of cluster {}: {} {verb}, {} failed{}, {} unavailable{}",
             self.cluster,
             if self.client.is_some() {
@@ -125,6 +126,7 @@ impl Inventory<'_> {
                 format!(" ({})", unavailable.join(", "))
             },
         );
+        println!("{}", crate::logging::escape_control(&summary));
         i32::from(!failed.is_empty())
     }
 }

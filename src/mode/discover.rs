@@ -4,7 +4,7 @@
 use super::startup::usage;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
-pub use crate::node_record::{to_parts, DiscoverRecord, Interface};
+pub use crate::node_record::{to_parts, valid_interface_name, DiscoverRecord, Interface};
 use crate::payload::is_mac;
 use crate::topology::{self, Roots};
 use argh::FromArgs;
@@ -134,7 +134,7 @@ pub fn run(a: Args) -> i32 {
             // it comes, so another node's unterminated output (a worker printing garbage
             // without a newline) would otherwise swallow this record.
             let json = serde_json::to_string(&rec).expect("serializes");
-            let line = if rec.topology.is_some() {
+            let line = if a.topology {
                 // Only inventories that asked for --topology read parts.
                 format!("\n{}", to_parts(&rec.node_name, &json))
             } else {
@@ -182,6 +182,13 @@ pub fn interfaces(
         let name = entry.file_name().to_string_lossy().into_owned();
         let dir = entry.path();
         if name == "lo" || !filter.name_regex.is_match(&name) {
+            continue;
+        }
+        if !valid_interface_name(&name) {
+            log::warn!(
+                "interface {name:?} skipped: not a valid interface name \
+                 (1-15 bytes, no whitespace, '/', ':' or control characters)"
+            );
             continue;
         }
         if filter.physical_only && !dir.join("device").exists() {
@@ -257,10 +264,26 @@ pub fn discover(
     };
     let ipv4 = ipv4_addresses()?;
     let interfaces = interfaces(sys_class_net, &ipv4, filter)?;
-    let topology = topology.and_then(|roots| {
-        let names: Vec<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
-        topology::read(roots, sys_class_net, &names)
-    });
+    // The node's record never depends on its topology: a topology that cannot be read is
+    // left out, and why is said (here on stderr, and in the record for the inventory).
+    let (topology, topology_error) = match topology {
+        None => (None, None),
+        Some(roots) => {
+            let names: Vec<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
+            match topology::read(roots, sys_class_net, &names) {
+                Ok(t) => (t, None),
+                Err(mut e) => {
+                    log::warn!("GPU topology not reported: {e}");
+                    let mut end = e.len().min(1000);
+                    while !e.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    e.truncate(end);
+                    (None, Some(e))
+                }
+            }
+        }
+    };
     let rec = DiscoverRecord {
         node_name,
         hostname: short_hostname(),
@@ -269,6 +292,7 @@ pub fn discover(
             .filter(|c| !c.is_empty()),
         interfaces,
         topology,
+        topology_error,
     };
     rec.validate()?;
     Ok(rec)

@@ -136,7 +136,9 @@ pub fn run(a: Args) -> i32 {
                                 &mut j,
                             );
                             if a.dry_run {
-                                println!("# job {}: {rule}", j.job_id());
+                                // The rule names interfaces from workers' records.
+                                let line = format!("# job {}: {rule}", j.job_id());
+                                println!("{}", crate::logging::escape_control(&line));
                             }
                         }
                         found.push(j)
@@ -226,10 +228,12 @@ pub fn deliver(client: Option<&Client>, server: Option<&str>, job: &JobConfig) -
                     (_, Some(i)) => format!("{} interface(s)", i.values.len()),
                     (n, None) => format!("{} node(s)", n.as_ref().map_or(0, |n| n.values.len())),
                 };
-                println!(
+                // A tenant job's id is the --tenant text as given.
+                let line = format!(
                     "job {}: sent {} on {place} (HTTP {})",
                     job.key.id, job.state, a.status
                 );
+                println!("{}", crate::logging::escape_control(&line));
                 true
             }
             Err(e) => {

@@ -150,6 +150,7 @@ mod tests {
                 ip_addresses: vec![ip.into()],
             }],
             topology: None,
+            topology_error: None,
         }
     }
 
