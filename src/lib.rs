@@ -30,6 +30,7 @@ pub mod slurm_conf;
 pub mod slurm_facts;
 pub mod state;
 pub mod systemd;
+pub mod text;
 pub mod timefmt;
 pub mod tls;
 pub mod topology;

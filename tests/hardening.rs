@@ -492,3 +492,61 @@ fn broadcast_copy_verifies_itself() {
     assert!(stdout(&out).contains("\"node_name\":\"n1\""));
     let _ = fs::remove_file(&copy);
 }
+
+/// Item 5 of issue 17: what CloudVision (or a proxy) answers and what SlurmUser writes in
+/// `service-status.json` reach root's terminal through `flush` and `status`: escape sequences
+/// there are printed as visible escapes, and the server's message is stored on one line,
+/// capped.
+#[test]
+fn server_and_state_dir_text_cannot_rewrite_the_terminal() {
+    use serde_json::json;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let evil = format!(
+        "\x1b[2J\x1b[H\rALL OK\nnothing waiting {}",
+        "x".repeat(5000)
+    );
+    cv.set_mode(json!({"mode": "status", "status": 503, "message": evil}));
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "51", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    let out = site.run(&["flush", "--no-reconcile"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    let raw = |t: &str| t.contains('\x1b') || t.contains('\r');
+    assert!(!raw(&text), "{text:?}");
+    assert_eq!(text.lines().count(), 1, "{text:?}");
+    assert!(
+        text.contains("\\x1b[2J\\x1b[H ALL OK nothing waiting"),
+        "{text}"
+    );
+    assert!(
+        text.len() < 2000,
+        "the message is capped: {} bytes",
+        text.len()
+    );
+
+    let status_file = site.state_dir.join(layout::SERVICE_STATUS);
+    let stored: serde_json::Value =
+        serde_json::from_slice(&fs::read(&status_file).unwrap()).unwrap();
+    let last = stored["last_error"].as_str().unwrap();
+    assert!(!raw(last) && !last.contains('\n'), "{last:?}");
+    assert!(last.chars().count() <= 1000, "{}", last.len());
+
+    // SlurmUser writes the file `status` reads.
+    fs::write(
+        &status_file,
+        json!({
+            "last_error": "\x1b[1A\x1b[2Koutbox: 0 event(s) waiting\r\nCloudVision: ok\u{9b}2J",
+            "last_error_at": 1,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let out = site.run(&["status", "--offline"]);
+    let text = stdout(&out);
+    assert!(!raw(&text) && !text.contains('\u{9b}'), "{text:?}");
+    assert!(
+        text.contains("last error:       \\x1b[1A\\x1b[2Koutbox: 0 event(s) waiting CloudVision: ok\\u{9b}2J at"),
+        "{text}"
+    );
+}

@@ -4,6 +4,7 @@
 use crate::cloudvision::{Client, ClientOptions};
 use crate::config::Config;
 use crate::state::StateDir;
+use crate::text::{escape_control, one_line};
 use argh::FromArgs;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -77,7 +78,10 @@ pub fn run(a: Args) -> i32 {
         return 2;
     }
     for p in &cfg.problems {
-        eprintln!("cvslurm: config: {p}; this line is ignored, the others apply (cvslurm check)");
+        eprintln!(
+            "cvslurm: config: {}; this line is ignored, the others apply (cvslurm check)",
+            escape_control(&p.to_string())
+        );
     }
     let outbox = StateDir::new(&cfg.state_dir);
     let (depth, oldest) = outbox.queue.depth();
@@ -118,7 +122,9 @@ pub fn run(a: Args) -> i32 {
     if json {
         println!("{}", serde_json::to_string_pretty(&st).expect("serializes"));
     } else {
-        println!("state dir:        {}", st.state_dir);
+        // What is printed comes from outside (service-status.json is SlurmUser's, the
+        // CloudVision answer a server's or a proxy's): its control characters are escaped.
+        println!("state dir:        {}", escape_control(&st.state_dir));
         println!(
             "service:          {}",
             if st.service_running {
@@ -145,13 +151,17 @@ pub fn run(a: Args) -> i32 {
         };
         println!("last delivery:    {}", ago(st.last_delivery));
         match &st.last_error {
-            Some(e) => println!("last error:       {} at {}", e, ago(st.last_error_at)),
+            Some(e) => println!(
+                "last error:       {} at {}",
+                one_line(e, 1000),
+                ago(st.last_error_at)
+            ),
             None => println!("last error:       none"),
         }
         println!(
             "CloudVision:      {} ({})",
-            st.api_server.as_deref().unwrap_or("not configured"),
-            st.cloudvision
+            escape_control(st.api_server.as_deref().unwrap_or("not configured")),
+            escape_control(&st.cloudvision)
         );
     }
     let stale = oldest.is_some_and(|a| a > max_age);
