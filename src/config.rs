@@ -1,5 +1,5 @@
 //! `cloudvision.conf`: slurm.conf-style `Key=Value` lines, `#` comments (`\#` for a literal
-//! `#`), case-insensitive keys.
+//! `#`), case-insensitive keys. UTF-8 text; a byte that is not spoils at most its own line.
 //!
 //! The file is found at `--config PATH`, else `$CVSLURM_CONF`, else
 //! `/etc/slurm/cloudvision.conf`. A missing default file means "all defaults" (the environment
@@ -446,8 +446,10 @@ impl Config {
             (None, Some(p)) => (PathBuf::from(p), true),
             (None, None) => (PathBuf::from(DEFAULT_PATH), false),
         };
-        let mut cfg = match fs::read_to_string(&path) {
-            Ok(text) => Config::parse_lenient(&text, &path),
+        // Read as bytes: one byte that is not UTF-8 (a Latin-1 comment) spoils at most its own
+        // line, not the file.
+        let mut cfg = match fs::read(&path) {
+            Ok(bytes) => Config::parse_lenient_bytes(&bytes, &path),
             Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Config::default(),
             Err(e) => {
                 return Err(ConfigError(format!(
@@ -473,18 +475,40 @@ impl Config {
     /// Parses the text of a config file, applying every valid line and listing each bad one
     /// in [`Config::problems`]. A leading UTF-8 byte-order mark is ignored.
     pub fn parse_lenient(text: &str, origin: &Path) -> Config {
+        Config::parse_lenient_bytes(text.as_bytes(), origin)
+    }
+
+    /// [`Config::parse_lenient`] on the file's bytes. Bytes that are not UTF-8 spoil at most
+    /// their own line: in a comment they are part of the comment; elsewhere the line is a bad
+    /// line like any other.
+    pub fn parse_lenient_bytes(bytes: &[u8], origin: &Path) -> Config {
         let mut cfg = Config {
             source: Some(origin.to_path_buf()),
             ..Config::default()
         };
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        for (n, raw) in text.lines().enumerate() {
+        let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+        for (n, raw) in bytes.split(|b| *b == b'\n').enumerate() {
+            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+            let at = |msg: String| ConfigError(format!("{}:{}: {msg}", origin.display(), n + 1));
             let stripped = strip_comment(raw);
-            let line = stripped.trim();
+            let line = match std::str::from_utf8(&stripped) {
+                Ok(l) => l.trim(),
+                Err(e) => {
+                    let key = String::from_utf8_lossy(&stripped);
+                    let key = key.split('=').next().unwrap_or("").trim();
+                    let key = find_key(key).map_or(String::new(), |k| format!("{}: ", k.name));
+                    cfg.problems.push(at(format!(
+                        "{key}not UTF-8 text (byte 0x{:02X} at column {}): write the value in \
+                         UTF-8 (iconv -f latin1 -t utf-8)",
+                        stripped[e.valid_up_to()],
+                        e.valid_up_to() + 1
+                    )));
+                    continue;
+                }
+            };
             if line.is_empty() {
                 continue;
             }
-            let at = |msg: String| ConfigError(format!("{}:{}: {msg}", origin.display(), n + 1));
             let Some((key, value)) = line.split_once('=') else {
                 cfg.problems
                     .push(at(format!("expected Key=Value, found {line:?}")));
@@ -605,22 +629,22 @@ fn find_key(key: &str) -> Option<&'static Key> {
 }
 
 /// Cuts a line at its first `#` that is not written `\#` (as in slurm.conf), and turns each
-/// `\#` into `#`.
-fn strip_comment(line: &str) -> std::borrow::Cow<'_, str> {
-    let bytes = line.as_bytes();
-    let mut cut = line.len();
-    for (i, &b) in bytes.iter().enumerate() {
-        if b == b'#' && (i == 0 || bytes[i - 1] != b'\\') {
-            cut = i;
-            break;
+/// `\#` into `#`. Works on bytes: what follows the `#` need not be text.
+fn strip_comment(line: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let cut = (0..line.len())
+        .find(|&i| line[i] == b'#' && (i == 0 || line[i - 1] != b'\\'))
+        .unwrap_or(line.len());
+    let kept = &line[..cut];
+    if !kept.windows(2).any(|w| w == b"\\#") {
+        return std::borrow::Cow::Borrowed(kept);
+    }
+    let mut out = Vec::with_capacity(kept.len());
+    for (i, &b) in kept.iter().enumerate() {
+        if !(b == b'\\' && kept.get(i + 1) == Some(&b'#')) {
+            out.push(b);
         }
     }
-    let kept = &line[..cut];
-    if kept.contains("\\#") {
-        std::borrow::Cow::Owned(kept.replace("\\#", "#"))
-    } else {
-        std::borrow::Cow::Borrowed(kept)
-    }
+    std::borrow::Cow::Owned(out)
 }
 
 fn unquote(v: &str) -> &str {
@@ -876,6 +900,24 @@ mod tests {
         );
         // The BOM is not part of the first key.
         assert!(parse("\u{feff}ApiServer=cv\n").is_ok());
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_spoil_at_most_their_line() {
+        let text = b"# G\xe9r\xe9 par Puppet\nStateDir=/var/spool/site # \xe9t\xe9\n\
+                     Partitions=caf\xe9\r\n  # \xff\xfe\nLogFile=/tmp/site.log\n";
+        let c = Config::parse_lenient_bytes(text, Path::new("/etc/cv.conf"));
+        assert_eq!(c.state_dir, Path::new("/var/spool/site"));
+        assert_eq!(c.log_file, Path::new("/tmp/site.log"));
+        assert!(c.partitions.is_empty());
+        let p: Vec<String> = c.problems.iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            p,
+            [
+                "/etc/cv.conf:3: Partitions: not UTF-8 text (byte 0xE9 at column 15): write the \
+              value in UTF-8 (iconv -f latin1 -t utf-8)"
+            ]
+        );
     }
 
     #[test]

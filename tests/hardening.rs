@@ -550,3 +550,52 @@ fn server_and_state_dir_text_cannot_rewrite_the_terminal() {
         "{text}"
     );
 }
+
+/// Item 6 of issue 17: one Latin-1 byte in a comment (`# Géré par Puppet`, byte 0xE9) no
+/// longer discards the whole cloudvision.conf. A key line with such a byte is a bad line like
+/// any other: reported, the others apply.
+#[test]
+fn a_latin1_byte_spoils_at_most_its_own_line() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let mut bytes = b"# G\xe9r\xe9 par Puppet\n".to_vec();
+    bytes.extend(fs::read(&site.conf).unwrap());
+    bytes.extend(b"Partitions=caf\xe9 # d\xe9j\xe0\n");
+    fs::write(&site.conf, &bytes).unwrap();
+    let bad_line = bytes.split(|b| *b == b'\n').count() - 1;
+
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "61", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        cv.accepted("JobConfig").len(),
+        1,
+        "the file applies: {}",
+        site.log()
+    );
+    let log = site.log();
+    let conf = site.conf.display().to_string();
+    assert!(
+        log.contains(&format!(
+            "{conf}:{bad_line}: Partitions: not UTF-8 text (byte 0xE9 at column 15)"
+        )),
+        "{log}"
+    );
+    assert!(
+        !log.contains(&format!("{conf}:1:")),
+        "the comment is a comment: {log}"
+    );
+
+    for args in [&["status", "--offline"][..], &["flush", "--no-reconcile"]] {
+        let out = site.run(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    }
+    let out = site.run(&["check"]);
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "FAIL config: {conf}:{bad_line}: Partitions: not UTF-8"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("every other line loads"), "{text}");
+}
