@@ -144,11 +144,16 @@ pub struct ClientOptions {
 
 impl ClientOptions {
     /// Takes the server, CA and TLS settings from the configuration, and the given token.
+    /// Refuses (fails closed) while a TLS line of the configuration is bad
+    /// ([`Config::tls_refusal`]).
     pub fn from_config(
         cfg: &Config,
         token: Option<Token>,
         timeout: Duration,
     ) -> Result<Self, SendError> {
+        if let Some(why) = cfg.tls_refusal() {
+            return Err(SendError::NotConfigured(why));
+        }
         let server = cfg.api_server.clone().ok_or_else(|| {
             SendError::NotConfigured(
                 "no CloudVision server configured: set ApiServer in cloudvision.conf or CV_API_SERVER".into(),

@@ -66,6 +66,9 @@ pub struct Config {
     /// line and key. Every other line applies; `cvslurm check` fails on these, the other
     /// modes log them.
     pub problems: Vec<ConfigError>,
+    /// The bad lines of [`TLS_KEYS`] (also in `problems`): while there is one, the client
+    /// refuses to connect ([`Config::tls_refusal`]).
+    pub tls_problems: Vec<ConfigError>,
     /// A bad value in the environment (`CV_API_SERVER`): an error for every mode but the hook,
     /// which logs it.
     pub env_error: Option<ConfigError>,
@@ -134,6 +137,7 @@ impl Default for Config {
         Config {
             source: None,
             problems: Vec::new(),
+            tls_problems: Vec::new(),
             env_error: None,
             api_server: None,
             api_token_file: None,
@@ -489,38 +493,75 @@ impl Config {
         let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
         for (n, raw) in bytes.split(|b| *b == b'\n').enumerate() {
             let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-            let at = |msg: String| ConfigError(format!("{}:{}: {msg}", origin.display(), n + 1));
             let stripped = strip_comment(raw);
-            let line = match std::str::from_utf8(&stripped) {
-                Ok(l) => l.trim(),
+            // The key a bad line is about (if it names one), and what is wrong with it.
+            let (key, msg): (Option<&Key>, String) = match std::str::from_utf8(&stripped) {
                 Err(e) => {
-                    let key = String::from_utf8_lossy(&stripped);
-                    let key = key.split('=').next().unwrap_or("").trim();
-                    let key = find_key(key).map_or(String::new(), |k| format!("{}: ", k.name));
-                    cfg.problems.push(at(format!(
-                        "{key}not UTF-8 text (byte 0x{:02X} at column {}): write the value in \
-                         UTF-8 (iconv -f latin1 -t utf-8)",
-                        stripped[e.valid_up_to()],
-                        e.valid_up_to() + 1
-                    )));
-                    continue;
+                    let text = String::from_utf8_lossy(&stripped);
+                    (
+                        line_key(&text),
+                        format!(
+                            "not UTF-8 text (byte 0x{:02X} at column {}): write the value in \
+                             UTF-8 (iconv -f latin1 -t utf-8)",
+                            stripped[e.valid_up_to()],
+                            e.valid_up_to() + 1
+                        ),
+                    )
+                }
+                Ok(line) => {
+                    let line = line.trim();
+                    if line.is_empty() {
+                        continue;
+                    }
+                    let Some((key, value)) = line.split_once('=') else {
+                        cfg.push_problem(
+                            origin,
+                            n + 1,
+                            line_key(line).filter(|k| TLS_KEYS.contains(&k.name)),
+                            format!("expected Key=Value, found {line:?}"),
+                        );
+                        continue;
+                    };
+                    let (key, value) = (key.trim(), unquote(value.trim()));
+                    match cfg.set(key, value) {
+                        Ok(()) => continue,
+                        Err(msg) if find_key(key).is_none() => (None, format!("{key}: {msg}")),
+                        Err(msg) => (find_key(key), msg),
+                    }
                 }
             };
-            if line.is_empty() {
-                continue;
-            }
-            let Some((key, value)) = line.split_once('=') else {
-                cfg.problems
-                    .push(at(format!("expected Key=Value, found {line:?}")));
-                continue;
-            };
-            let (key, value) = (key.trim(), unquote(value.trim()));
-            if let Err(msg) = cfg.set(key, value) {
-                let e = at(format!("{}: {msg}", find_key(key).map_or(key, |k| k.name)));
-                cfg.problems.push(e);
-            }
+            cfg.push_problem(origin, n + 1, key, msg);
         }
         cfg
+    }
+
+    /// Lists a bad line: `file:line: Key: msg` (`file:line: msg` when `key` is `None`). A bad
+    /// line of a key in [`TLS_KEYS`] is also a reason to refuse to connect.
+    fn push_problem(&mut self, origin: &Path, line: usize, key: Option<&Key>, msg: String) {
+        let e = ConfigError(match key {
+            Some(k) => format!("{}:{line}: {}: {msg}", origin.display(), k.name),
+            None => format!("{}:{line}: {msg}", origin.display()),
+        });
+        if key.is_some_and(|k| TLS_KEYS.contains(&k.name)) {
+            self.tls_problems.push(e.clone());
+        }
+        self.problems.push(e);
+    }
+
+    /// Why the client must not connect: a bad line of a key that decides whom it trusts
+    /// ([`TLS_KEYS`]). Ignoring such a line would trust more than the admin meant (a
+    /// malformed pin would let any CA-signed server have the token), so no request is made
+    /// until it is fixed; events stay queued.
+    pub fn tls_refusal(&self) -> Option<String> {
+        let first = self.tls_problems.first()?;
+        let more = match self.tls_problems.len() {
+            1 => String::new(),
+            n => format!(" (and {} more)", n - 1),
+        };
+        Some(format!(
+            "refusing to connect to CloudVision: {first}{more}; a TLS setting that cannot be \
+             read is never ignored: fix that line (cvslurm check)"
+        ))
     }
 
     /// Sets one key from its text value (key case-insensitive).
@@ -627,6 +668,19 @@ fn env_nonempty(name: &str) -> Option<String> {
 fn find_key(key: &str) -> Option<&'static Key> {
     KEYS.iter().find(|k| k.name.eq_ignore_ascii_case(key))
 }
+
+/// The key a line starts with (the word before `=`, blank or `:`), if it is one.
+fn line_key(line: &str) -> Option<&'static Key> {
+    let word = line
+        .trim_start()
+        .split(|c: char| c == '=' || c == ':' || c.is_whitespace())
+        .next()?;
+    find_key(word)
+}
+
+/// The keys that decide whom the client trusts. A bad line of one of them makes the client
+/// refuse to connect ([`Config::tls_refusal`]) instead of being skipped.
+pub const TLS_KEYS: &[&str] = &["ApiServerPin", "CaFile", "Insecure"];
 
 /// Cuts a line at its first `#` that is not written `\#` (as in slurm.conf), and turns each
 /// `\#` into `#`. Works on bytes: what follows the `#` need not be text.
@@ -917,6 +971,49 @@ mod tests {
                 "/etc/cv.conf:3: Partitions: not UTF-8 text (byte 0xE9 at column 15): write the \
               value in UTF-8 (iconv -f latin1 -t utf-8)"
             ]
+        );
+    }
+
+    #[test]
+    fn a_bad_tls_line_refuses_to_connect() {
+        let pin = format!("sha256//{}", "A".repeat(43) + "=");
+        assert!(parse(&format!(
+            "ApiServerPin={pin}\nCaFile=/etc/ca.pem\nInsecure=no"
+        ))
+        .unwrap()
+        .tls_refusal()
+        .is_none());
+        let bad_pin = format!("ApiServerPin={pin}, sha256//typo!");
+        let bad_lines = [
+            bad_pin.as_str(),
+            "Insecure=maybe",
+            "CaFile=",
+            "apiserverpin sha256//x",
+            "ApiServerPin: sha256//x",
+        ];
+        for line in bad_lines {
+            let c = Config::parse_lenient(
+                &format!("LogLevel=loud\n{line}\n"),
+                Path::new("/etc/cv.conf"),
+            );
+            assert_eq!(c.problems.len(), 2, "{line}");
+            let why = c.tls_refusal().unwrap_or_default();
+            assert!(
+                why.starts_with("refusing to connect to CloudVision: /etc/cv.conf:2: "),
+                "{line}: {why}"
+            );
+            assert!(!why.contains('\n'), "{why}");
+        }
+        let c = Config::parse_lenient_bytes(b"ApiServerPin=sha256//\xe9\n", Path::new("/c"));
+        assert!(c
+            .tls_refusal()
+            .unwrap()
+            .contains("/c:1: ApiServerPin: not UTF-8"));
+        // Other bad lines are skipped, as before.
+        assert!(
+            Config::parse_lenient("LogLevel=loud\nBogus=1\njust words", Path::new("/c"))
+                .tls_refusal()
+                .is_none()
         );
     }
 
