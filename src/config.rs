@@ -419,13 +419,26 @@ pub const KEYS: &[Key] = &[
     },
 ];
 
-/// A path value: not empty.
+/// A path value: absolute. The hook runs in slurmctld's working directory, the service in
+/// `/`, the commands in the admin's: a relative path would name a different file for each.
 fn path(v: &str) -> Result<PathBuf, String> {
     if v.is_empty() {
-        Err("needs a path".into())
-    } else {
-        Ok(PathBuf::from(v))
+        return Err("needs a path".into());
     }
+    let p = PathBuf::from(v);
+    if !p.is_absolute() {
+        return Err(relative_path(v));
+    }
+    Ok(p)
+}
+
+/// Why a relative path is refused.
+fn relative_path(v: &str) -> String {
+    format!(
+        "{v:?} is a relative path: use an absolute path (such as /{}); the hook, the service \
+         and the commands each run in another working directory",
+        v.trim_start_matches("./")
+    )
 }
 
 /// A regex value; empty means none.
@@ -573,7 +586,8 @@ impl Config {
         (k.set)(self, value)
     }
 
-    /// Applies `CV_API_SERVER`, `CV_API_TOKEN` and `CV_LOG_FILE`.
+    /// Applies `CV_API_SERVER`, `CV_API_TOKEN` and `CV_LOG_FILE` (a bad server or a relative
+    /// log file is kept out, in [`Config::env_error`]).
     pub fn apply_env(&mut self) {
         if let Some(v) = env_nonempty("CV_API_SERVER") {
             if let Err(e) = self.set("ApiServer", &v) {
@@ -584,7 +598,11 @@ impl Config {
             self.api_token = Token::new(&v);
         }
         if let Some(v) = env_nonempty("CV_LOG_FILE") {
-            self.log_file = PathBuf::from(v);
+            if Path::new(&v).is_absolute() {
+                self.log_file = PathBuf::from(v);
+            } else {
+                self.env_error = Some(ConfigError(format!("CV_LOG_FILE: {}", relative_path(&v))));
+            }
         }
     }
 
@@ -874,6 +892,11 @@ mod tests {
                 "StateDir=",
                 "/etc/slurm/cloudvision.conf:1: StateDir: needs a path",
             ),
+            (
+                "StateDir=var/spool/cvslurm",
+                "/etc/slurm/cloudvision.conf:1: StateDir: \"var/spool/cvslurm\" is a relative path: \
+                 use an absolute path (such as /var/spool/cvslurm)",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();
@@ -1015,6 +1038,38 @@ mod tests {
                 .tls_refusal()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn every_path_key_needs_an_absolute_path() {
+        let path_keys = [
+            "ApiTokenFile",
+            "CaFile",
+            "LogFile",
+            "StateDir",
+            "SlurmBinDir",
+        ];
+        for k in path_keys {
+            assert!(parse(&format!("{k}=/abs/x")).is_ok(), "{k}");
+            for v in ["rel/x", "./x", "../x", "x"] {
+                let e = parse(&format!("{k}={v}")).unwrap_err().to_string();
+                assert!(
+                    e.contains(&format!(
+                        "{k}: {v:?} is a relative path: use an absolute path"
+                    )),
+                    "{e}"
+                );
+            }
+        }
+        // Every key whose default or meaning is a path is in the list above.
+        for k in KEYS {
+            let pathlike = k.default.starts_with('/') || k.name.ends_with("File");
+            assert!(
+                !pathlike || path_keys.contains(&k.name),
+                "{} takes a path: add it here",
+                k.name
+            );
+        }
     }
 
     #[test]

@@ -599,3 +599,71 @@ fn a_latin1_byte_spoils_at_most_its_own_line() {
     );
     assert!(text.contains("every other line loads"), "{text}");
 }
+
+/// Item 10 of issue 17: a relative path in the config would name another file for the hook
+/// (slurmctld's working directory), the service (`/`) and the admin's commands. It is a bad
+/// line naming the key: here the hook, run in the directory where `token` is, must not read
+/// it; it exits 0 and keeps the event, which `flush` sends once the line is fixed.
+#[test]
+fn relative_paths_in_the_config_are_errors_naming_the_key() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let good = fs::read_to_string(&site.conf).unwrap();
+    let abs = format!("ApiTokenFile={}", site.token_file.display());
+    assert!(good.contains(&abs));
+    fs::write(&site.conf, good.replace(&abs, "ApiTokenFile=token")).unwrap();
+    assert!(
+        site.dir.path().join("token").is_file(),
+        "the hook's working directory"
+    );
+
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "81", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(cv.accepted("JobConfig").len(), 0, "{}", site.log());
+    assert_eq!(site.outbox().len(), 1, "the event is kept: {}", site.log());
+    let log = site.log();
+    assert!(
+        log.contains(&format!(
+            "{}:3: ApiTokenFile: \"token\" is a relative path: use an absolute path",
+            site.conf.display()
+        )),
+        "{log}"
+    );
+
+    // `check` names every relative path key.
+    let text = fs::read_to_string(&site.conf).unwrap();
+    fs::write(
+        &site.conf,
+        format!("{text}StateDir=var/spool/cvslurm\nLogFile=./cvjob.log\nSlurmBinDir=bin\n"),
+    )
+    .unwrap();
+    let out = site.run(&["check"]);
+    let report = stdout(&out);
+    assert_eq!(out.status.code(), Some(1));
+    for key in ["ApiTokenFile", "StateDir", "LogFile", "SlurmBinDir"] {
+        assert!(
+            report.lines().any(|l| l.starts_with("FAIL config:")
+                && l.contains(&format!("{key}: "))
+                && l.contains("is a relative path: use an absolute path")),
+            "{key}: {report}"
+        );
+    }
+    // The environment's log file too (with the good config: nothing else is wrong).
+    fs::write(&site.conf, &good).unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["flush", "--no-reconcile"])
+        .env("CVSLURM_CONF", &site.conf)
+        .env("CV_LOG_FILE", "cvjob.log")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("CV_LOG_FILE: \"cvjob.log\" is a relative path"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = site.run(&["flush", "--no-reconcile"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(cv.accepted("JobConfig").len(), 1);
+}
