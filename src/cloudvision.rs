@@ -25,6 +25,8 @@ pub const JOB_CONFIG_PATH: &str = "/api/resources/computejob/v1/JobConfig";
 pub const NODE_CONFIG_PATH: &str = "/api/resources/computejob/v1/NodeConfig";
 /// The most of a response body that is read (CloudVision's error messages are short).
 pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024;
+/// The most characters of a server's error message that are kept (on one line).
+pub const MAX_MESSAGE_CHARS: usize = 300;
 
 /// Where system CA bundles live on Debian/Ubuntu, RHEL-family and SUSE.
 const SYSTEM_CA_BUNDLES: &[&str] = &[
@@ -142,11 +144,16 @@ pub struct ClientOptions {
 
 impl ClientOptions {
     /// Takes the server, CA and TLS settings from the configuration, and the given token.
+    /// Refuses (fails closed) while a TLS line of the configuration is bad
+    /// ([`Config::tls_refusal`]).
     pub fn from_config(
         cfg: &Config,
         token: Option<Token>,
         timeout: Duration,
     ) -> Result<Self, SendError> {
+        if let Some(why) = cfg.tls_refusal() {
+            return Err(SendError::NotConfigured(why));
+        }
         let server = cfg.api_server.clone().ok_or_else(|| {
             SendError::NotConfigured(
                 "no CloudVision server configured: set ApiServer in cloudvision.conf or CV_API_SERVER".into(),
@@ -541,16 +548,15 @@ impl Client {
 
 /// Picks CloudVision's `message` out of a JSON error body, else a short excerpt of the text.
 fn error_message(body: &str) -> String {
-    if let Ok(v) = serde_json::from_str::<serde_json::Value>(body) {
-        if let Some(m) = v.get("message").and_then(|m| m.as_str()) {
-            return m.to_string();
-        }
-        if let Some(m) = v.get("error").and_then(|m| m.as_str()) {
-            return m.to_string();
-        }
-    }
-    let one_line: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
-    one_line.chars().take(200).collect()
+    let json = serde_json::from_str::<serde_json::Value>(body).ok();
+    let message = json.as_ref().and_then(|v| {
+        v.get("message")
+            .or_else(|| v.get("error"))
+            .and_then(|m| m.as_str())
+    });
+    // The server's (or a proxy's) words are stored and shown: one line, capped, no escape
+    // sequences.
+    crate::text::one_line(message.unwrap_or(body), MAX_MESSAGE_CHARS)
 }
 
 /// What to trust: the certificates of the system bundle `system` plus `ca_file` as roots,
@@ -683,6 +689,15 @@ mod tests {
             error_message("<html>\n oops </html>"),
             "<html> oops </html>"
         );
+        // A hostile message: one line, escapes visible, capped.
+        let evil = format!(
+            r#"{{"message":"\u001b[2J\u001b[1A\rFAKE OK\n{}"}}"#,
+            "x".repeat(5000)
+        );
+        let m = error_message(&evil);
+        assert!(m.starts_with("\\x1b[2J\\x1b[1A FAKE OK x"), "{m}");
+        assert!(!m.chars().any(char::is_control), "{m}");
+        assert_eq!(m.chars().count(), MAX_MESSAGE_CHARS);
         let e = SendError::TokenRefused {
             status: 401,
             message: "bad token".into(),

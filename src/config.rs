@@ -1,5 +1,5 @@
 //! `cloudvision.conf`: slurm.conf-style `Key=Value` lines, `#` comments (`\#` for a literal
-//! `#`), case-insensitive keys.
+//! `#`), case-insensitive keys. UTF-8 text; a byte that is not spoils at most its own line.
 //!
 //! The file is found at `--config PATH`, else `$CVSLURM_CONF`, else
 //! `/etc/slurm/cloudvision.conf`. A missing default file means "all defaults" (the environment
@@ -102,6 +102,9 @@ pub struct Config {
     /// line and key. Every other line applies; `cvslurm check` fails on these, the other
     /// modes log them.
     pub problems: Vec<ConfigError>,
+    /// The bad lines of [`TLS_KEYS`] (also in `problems`): while there is one, the client
+    /// refuses to connect ([`Config::tls_refusal`]).
+    pub tls_problems: Vec<ConfigError>,
     /// A bad value in the environment (`CV_API_SERVER`): an error for every mode but the hook,
     /// which logs it.
     pub env_error: Option<ConfigError>,
@@ -170,6 +173,7 @@ impl Default for Config {
         Config {
             source: None,
             problems: Vec::new(),
+            tls_problems: Vec::new(),
             env_error: None,
             api_server: None,
             api_token_file: None,
@@ -451,13 +455,26 @@ pub const KEYS: &[Key] = &[
     },
 ];
 
-/// A path value: not empty.
+/// A path value: absolute. The hook runs in slurmctld's working directory, the service in
+/// `/`, the commands in the admin's: a relative path would name a different file for each.
 fn path(v: &str) -> Result<PathBuf, String> {
     if v.is_empty() {
-        Err("needs a path".into())
-    } else {
-        Ok(PathBuf::from(v))
+        return Err("needs a path".into());
     }
+    let p = PathBuf::from(v);
+    if !p.is_absolute() {
+        return Err(relative_path(v));
+    }
+    Ok(p)
+}
+
+/// Why a relative path is refused.
+fn relative_path(v: &str) -> String {
+    format!(
+        "{v:?} is a relative path: use an absolute path (such as /{}); the hook, the service \
+         and the commands each run in another working directory",
+        v.trim_start_matches("./")
+    )
 }
 
 /// A regex value; empty means none.
@@ -482,8 +499,10 @@ impl Config {
             (None, Some(p)) => (PathBuf::from(p), true),
             (None, None) => (PathBuf::from(DEFAULT_PATH), false),
         };
-        let mut cfg = match fs::read_to_string(&path) {
-            Ok(text) => Config::parse_lenient(&text, &path),
+        // Read as bytes: one byte that is not UTF-8 (a Latin-1 comment) spoils at most its own
+        // line, not the file.
+        let mut cfg = match fs::read(&path) {
+            Ok(bytes) => Config::parse_lenient_bytes(&bytes, &path),
             Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Config::default(),
             Err(e) => {
                 return Err(ConfigError(format!(
@@ -509,30 +528,89 @@ impl Config {
     /// Parses the text of a config file, applying every valid line and listing each bad one
     /// in [`Config::problems`]. A leading UTF-8 byte-order mark is ignored.
     pub fn parse_lenient(text: &str, origin: &Path) -> Config {
+        Config::parse_lenient_bytes(text.as_bytes(), origin)
+    }
+
+    /// [`Config::parse_lenient`] on the file's bytes. Bytes that are not UTF-8 spoil at most
+    /// their own line: in a comment they are part of the comment; elsewhere the line is a bad
+    /// line like any other.
+    pub fn parse_lenient_bytes(bytes: &[u8], origin: &Path) -> Config {
         let mut cfg = Config {
             source: Some(origin.to_path_buf()),
             ..Config::default()
         };
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        for (n, raw) in text.lines().enumerate() {
+        let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+        for (n, raw) in bytes.split(|b| *b == b'\n').enumerate() {
+            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
             let stripped = strip_comment(raw);
-            let line = stripped.trim();
-            if line.is_empty() {
-                continue;
-            }
-            let at = |msg: String| ConfigError(format!("{}:{}: {msg}", origin.display(), n + 1));
-            let Some((key, value)) = line.split_once('=') else {
-                cfg.problems
-                    .push(at(format!("expected Key=Value, found {line:?}")));
-                continue;
+            // The key a bad line is about (if it names one), and what is wrong with it.
+            let (key, msg): (Option<&Key>, String) = match std::str::from_utf8(&stripped) {
+                Err(e) => {
+                    let text = String::from_utf8_lossy(&stripped);
+                    (
+                        line_key(&text),
+                        format!(
+                            "not UTF-8 text (byte 0x{:02X} at column {}): write the value in \
+                             UTF-8 (iconv -f latin1 -t utf-8)",
+                            stripped[e.valid_up_to()],
+                            e.valid_up_to() + 1
+                        ),
+                    )
+                }
+                Ok(line) => {
+                    let line = line.trim();
+                    if line.is_empty() {
+                        continue;
+                    }
+                    let Some((key, value)) = line.split_once('=') else {
+                        cfg.push_problem(
+                            origin,
+                            n + 1,
+                            line_key(line).filter(|k| TLS_KEYS.contains(&k.name)),
+                            format!("expected Key=Value, found {line:?}"),
+                        );
+                        continue;
+                    };
+                    let (key, value) = (key.trim(), unquote(value.trim()));
+                    match cfg.set(key, value) {
+                        Ok(()) => continue,
+                        Err(msg) if find_key(key).is_none() => (None, format!("{key}: {msg}")),
+                        Err(msg) => (find_key(key), msg),
+                    }
+                }
             };
-            let (key, value) = (key.trim(), unquote(value.trim()));
-            if let Err(msg) = cfg.set(key, value) {
-                let e = at(format!("{}: {msg}", find_key(key).map_or(key, |k| k.name)));
-                cfg.problems.push(e);
-            }
+            cfg.push_problem(origin, n + 1, key, msg);
         }
         cfg
+    }
+
+    /// Lists a bad line: `file:line: Key: msg` (`file:line: msg` when `key` is `None`). A bad
+    /// line of a key in [`TLS_KEYS`] is also a reason to refuse to connect.
+    fn push_problem(&mut self, origin: &Path, line: usize, key: Option<&Key>, msg: String) {
+        let e = ConfigError(match key {
+            Some(k) => format!("{}:{line}: {}: {msg}", origin.display(), k.name),
+            None => format!("{}:{line}: {msg}", origin.display()),
+        });
+        if key.is_some_and(|k| TLS_KEYS.contains(&k.name)) {
+            self.tls_problems.push(e.clone());
+        }
+        self.problems.push(e);
+    }
+
+    /// Why the client must not connect: a bad line of a key that decides whom it trusts
+    /// ([`TLS_KEYS`]). Ignoring such a line would trust more than the admin meant (a
+    /// malformed pin would let any CA-signed server have the token), so no request is made
+    /// until it is fixed; events stay queued.
+    pub fn tls_refusal(&self) -> Option<String> {
+        let first = self.tls_problems.first()?;
+        let more = match self.tls_problems.len() {
+            1 => String::new(),
+            n => format!(" (and {} more)", n - 1),
+        };
+        Some(format!(
+            "refusing to connect to CloudVision: {first}{more}; a TLS setting that cannot be \
+             read is never ignored: fix that line (cvslurm check)"
+        ))
     }
 
     /// Sets one key from its text value (key case-insensitive).
@@ -544,7 +622,8 @@ impl Config {
         (k.set)(self, value)
     }
 
-    /// Applies `CV_API_SERVER`, `CV_API_TOKEN` and `CV_LOG_FILE`.
+    /// Applies `CV_API_SERVER`, `CV_API_TOKEN` and `CV_LOG_FILE` (a bad server or a relative
+    /// log file is kept out, in [`Config::env_error`]).
     pub fn apply_env(&mut self) {
         if let Some(v) = env_nonempty("CV_API_SERVER") {
             if let Err(e) = self.set("ApiServer", &v) {
@@ -555,7 +634,11 @@ impl Config {
             self.api_token = Token::new(&v);
         }
         if let Some(v) = env_nonempty("CV_LOG_FILE") {
-            self.log_file = PathBuf::from(v);
+            if Path::new(&v).is_absolute() {
+                self.log_file = PathBuf::from(v);
+            } else {
+                self.env_error = Some(ConfigError(format!("CV_LOG_FILE: {}", relative_path(&v))));
+            }
         }
     }
 
@@ -640,23 +723,36 @@ fn find_key(key: &str) -> Option<&'static Key> {
     KEYS.iter().find(|k| k.name.eq_ignore_ascii_case(key))
 }
 
+/// The key a line starts with (the word before `=`, blank or `:`), if it is one.
+fn line_key(line: &str) -> Option<&'static Key> {
+    let word = line
+        .trim_start()
+        .split(|c: char| c == '=' || c == ':' || c.is_whitespace())
+        .next()?;
+    find_key(word)
+}
+
+/// The keys that decide whom the client trusts. A bad line of one of them makes the client
+/// refuse to connect ([`Config::tls_refusal`]) instead of being skipped.
+pub const TLS_KEYS: &[&str] = &["ApiServerPin", "CaFile", "Insecure"];
+
 /// Cuts a line at its first `#` that is not written `\#` (as in slurm.conf), and turns each
-/// `\#` into `#`.
-fn strip_comment(line: &str) -> std::borrow::Cow<'_, str> {
-    let bytes = line.as_bytes();
-    let mut cut = line.len();
-    for (i, &b) in bytes.iter().enumerate() {
-        if b == b'#' && (i == 0 || bytes[i - 1] != b'\\') {
-            cut = i;
-            break;
+/// `\#` into `#`. Works on bytes: what follows the `#` need not be text.
+fn strip_comment(line: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let cut = (0..line.len())
+        .find(|&i| line[i] == b'#' && (i == 0 || line[i - 1] != b'\\'))
+        .unwrap_or(line.len());
+    let kept = &line[..cut];
+    if !kept.windows(2).any(|w| w == b"\\#") {
+        return std::borrow::Cow::Borrowed(kept);
+    }
+    let mut out = Vec::with_capacity(kept.len());
+    for (i, &b) in kept.iter().enumerate() {
+        if !(b == b'\\' && kept.get(i + 1) == Some(&b'#')) {
+            out.push(b);
         }
     }
-    let kept = &line[..cut];
-    if kept.contains("\\#") {
-        std::borrow::Cow::Owned(kept.replace("\\#", "#"))
-    } else {
-        std::borrow::Cow::Borrowed(kept)
-    }
+    std::borrow::Cow::Owned(out)
 }
 
 fn unquote(v: &str) -> &str {
@@ -832,6 +928,11 @@ mod tests {
                 "StateDir=",
                 "/etc/slurm/cloudvision.conf:1: StateDir: needs a path",
             ),
+            (
+                "StateDir=var/spool/cvslurm",
+                "/etc/slurm/cloudvision.conf:1: StateDir: \"var/spool/cvslurm\" is a relative path: \
+                 use an absolute path (such as /var/spool/cvslurm)",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();
@@ -912,6 +1013,99 @@ mod tests {
         );
         // The BOM is not part of the first key.
         assert!(parse("\u{feff}ApiServer=cv\n").is_ok());
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_spoil_at_most_their_line() {
+        let text = b"# G\xe9r\xe9 par Puppet\nStateDir=/var/spool/site # \xe9t\xe9\n\
+                     Partitions=caf\xe9\r\n  # \xff\xfe\nLogFile=/tmp/site.log\n";
+        let c = Config::parse_lenient_bytes(text, Path::new("/etc/cv.conf"));
+        assert_eq!(c.state_dir, Path::new("/var/spool/site"));
+        assert_eq!(c.log_file, Path::new("/tmp/site.log"));
+        assert!(c.partitions.is_empty());
+        let p: Vec<String> = c.problems.iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            p,
+            [
+                "/etc/cv.conf:3: Partitions: not UTF-8 text (byte 0xE9 at column 15): write the \
+              value in UTF-8 (iconv -f latin1 -t utf-8)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bad_tls_line_refuses_to_connect() {
+        let pin = format!("sha256//{}", "A".repeat(43) + "=");
+        assert!(parse(&format!(
+            "ApiServerPin={pin}\nCaFile=/etc/ca.pem\nInsecure=no"
+        ))
+        .unwrap()
+        .tls_refusal()
+        .is_none());
+        let bad_pin = format!("ApiServerPin={pin}, sha256//typo!");
+        let bad_lines = [
+            bad_pin.as_str(),
+            "Insecure=maybe",
+            "CaFile=",
+            "apiserverpin sha256//x",
+            "ApiServerPin: sha256//x",
+        ];
+        for line in bad_lines {
+            let c = Config::parse_lenient(
+                &format!("LogLevel=loud\n{line}\n"),
+                Path::new("/etc/cv.conf"),
+            );
+            assert_eq!(c.problems.len(), 2, "{line}");
+            let why = c.tls_refusal().unwrap_or_default();
+            assert!(
+                why.starts_with("refusing to connect to CloudVision: /etc/cv.conf:2: "),
+                "{line}: {why}"
+            );
+            assert!(!why.contains('\n'), "{why}");
+        }
+        let c = Config::parse_lenient_bytes(b"ApiServerPin=sha256//\xe9\n", Path::new("/c"));
+        assert!(c
+            .tls_refusal()
+            .unwrap()
+            .contains("/c:1: ApiServerPin: not UTF-8"));
+        // Other bad lines are skipped, as before.
+        assert!(
+            Config::parse_lenient("LogLevel=loud\nBogus=1\njust words", Path::new("/c"))
+                .tls_refusal()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn every_path_key_needs_an_absolute_path() {
+        let path_keys = [
+            "ApiTokenFile",
+            "CaFile",
+            "LogFile",
+            "StateDir",
+            "SlurmBinDir",
+        ];
+        for k in path_keys {
+            assert!(parse(&format!("{k}=/abs/x")).is_ok(), "{k}");
+            for v in ["rel/x", "./x", "../x", "x"] {
+                let e = parse(&format!("{k}={v}")).unwrap_err().to_string();
+                assert!(
+                    e.contains(&format!(
+                        "{k}: {v:?} is a relative path: use an absolute path"
+                    )),
+                    "{e}"
+                );
+            }
+        }
+        // Every key whose default or meaning is a path is in the list above.
+        for k in KEYS {
+            let pathlike = k.default.starts_with('/') || k.name.ends_with("File");
+            assert!(
+                !pathlike || path_keys.contains(&k.name),
+                "{} takes a path: add it here",
+                k.name
+            );
+        }
     }
 
     #[test]

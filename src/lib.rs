@@ -34,6 +34,7 @@ pub(crate) mod slurm_conf;
 pub(crate) mod slurm_facts;
 pub(crate) mod state;
 pub(crate) mod systemd;
+pub(crate) mod text;
 pub(crate) mod timefmt;
 pub(crate) mod tls;
 pub(crate) mod topology;

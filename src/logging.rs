@@ -7,35 +7,11 @@
 //! neither forge a log line (a newline followed by a timestamp, or journald's `<3>`) nor drive
 //! the terminal of whoever reads the log (ESC sequences).
 
-use std::borrow::Cow;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::Path;
 
-/// `s` with every control character escaped: LF, CR and TAB as `\n`, `\r`, `\t`, the other C0
-/// controls and DEL as `\x1b`-style escapes, C1 controls (U+0080-U+009F) and the Unicode line
-/// and paragraph separators as `\u{85}`-style escapes. Everything else, backslashes included,
-/// is kept as it is. Borrowed when there is nothing to escape.
-pub fn escape_control(s: &str) -> Cow<'_, str> {
-    let special = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
-    if !s.chars().any(special) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if special(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    Cow::Owned(out)
-}
+pub(crate) use crate::text::escape_control;
 
 /// Where log lines go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +138,7 @@ mod tests {
     fn control_characters_are_escaped() {
         assert!(matches!(
             escape_control("plain \\ text é"),
-            Cow::Borrowed(_)
+            std::borrow::Cow::Borrowed(_)
         ));
         assert_eq!(
             escape_control("a\n2026-01-01T00:00:00Z cvslurm[1] ERROR x\r\t\x1b[2J\x00\x7f"),

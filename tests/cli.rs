@@ -444,3 +444,69 @@ fn status_reports_outbox_and_cloudvision() {
         stdout(&out)
     );
 }
+
+/// Item 11 of issue 17: a StateDir `status` cannot read (a typo, a missing mount, another
+/// user's) is not an empty outbox: `status` says so and exits 3 ("cannot know"), so alerting
+/// on `--max-age` does not stay silent.
+#[test]
+fn status_cannot_know_when_state_dir_cannot_be_read() {
+    use std::fs;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    // A typo: StateDir names a directory that is not there.
+    let typo = site.dir.path().join("stat");
+    let conf = fs::read_to_string(&site.conf).unwrap().replace(
+        &format!("StateDir={}", site.state_dir.display()),
+        &format!("StateDir={}", typo.display()),
+    );
+    fs::write(&site.conf, conf).unwrap();
+    let out = site.run(&["status", "--offline"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(!text.contains("0 event(s) waiting"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "outbox:           UNKNOWN: cannot read StateDir {}: No such file or directory",
+            typo.display()
+        )),
+        "{text}"
+    );
+    let out = site.run(&["status", "--offline", "--json"]);
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outbox_depth"], serde_json::Value::Null);
+    assert!(v["state_dir_error"]
+        .as_str()
+        .unwrap()
+        .contains("cannot read StateDir"));
+
+    // Not a directory.
+    fs::write(&typo, "").unwrap();
+    let out = site.run(&["status", "--offline"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout(&out));
+
+    // Another user's outbox: root becomes StateDir's owner (nobody), who cannot read it.
+    if nix::unistd::geteuid().is_root() {
+        use std::os::unix::fs::PermissionsExt;
+        fs::remove_file(&typo).unwrap();
+        let outbox = typo.join(cvslurm::internals::state::layout::OUTBOX);
+        fs::create_dir_all(&outbox).unwrap();
+        fs::set_permissions(&outbox, fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&typo, Some(65534), Some(65534)).unwrap();
+        let out = site.run(&["status", "--offline"]);
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(3), "{text}{}", stderr(&out));
+        assert!(text.contains("Permission denied"), "{text}");
+    }
+
+    // Readable and empty: 0 events, exit 0.
+    fs::create_dir_all(&site.state_dir).unwrap();
+    let conf = fs::read_to_string(&site.conf).unwrap().replace(
+        &format!("StateDir={}", typo.display()),
+        &format!("StateDir={}", site.state_dir.display()),
+    );
+    fs::write(&site.conf, conf).unwrap();
+    let out = site.run(&["status", "--offline"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).contains("outbox:           0 event(s) waiting"));
+}

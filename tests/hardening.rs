@@ -784,3 +784,178 @@ fn a_topology_that_cannot_be_read_does_not_lose_the_node() {
     let kept = cvslurm::internals::node_record::DiscoverRecord::parse_line(&kept).unwrap();
     assert_eq!(kept.topology_error, Some(why));
 }
+
+/// Item 5 of issue 17: what CloudVision (or a proxy) answers and what SlurmUser writes in
+/// `service-status.json` reach root's terminal through `flush` and `status`: escape sequences
+/// there are printed as visible escapes, and the server's message is stored on one line,
+/// capped.
+#[test]
+fn server_and_state_dir_text_cannot_rewrite_the_terminal() {
+    use serde_json::json;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let evil = format!(
+        "\x1b[2J\x1b[H\rALL OK\nnothing waiting {}",
+        "x".repeat(5000)
+    );
+    cv.set_mode(json!({"mode": "status", "status": 503, "message": evil}));
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "51", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    let out = site.run(&["flush", "--no-reconcile"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    let raw = |t: &str| t.contains('\x1b') || t.contains('\r');
+    assert!(!raw(&text), "{text:?}");
+    assert_eq!(text.lines().count(), 1, "{text:?}");
+    assert!(
+        text.contains("\\x1b[2J\\x1b[H ALL OK nothing waiting"),
+        "{text}"
+    );
+    assert!(
+        text.len() < 2000,
+        "the message is capped: {} bytes",
+        text.len()
+    );
+
+    let status_file = site.state_dir.join(layout::SERVICE_STATUS);
+    let stored: serde_json::Value =
+        serde_json::from_slice(&fs::read(&status_file).unwrap()).unwrap();
+    let last = stored["last_error"].as_str().unwrap();
+    assert!(!raw(last) && !last.contains('\n'), "{last:?}");
+    assert!(last.chars().count() <= 1000, "{}", last.len());
+
+    // SlurmUser writes the file `status` reads.
+    fs::write(
+        &status_file,
+        json!({
+            "last_error": "\x1b[1A\x1b[2Koutbox: 0 event(s) waiting\r\nCloudVision: ok\u{9b}2J",
+            "last_error_at": 1,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let out = site.run(&["status", "--offline"]);
+    let text = stdout(&out);
+    assert!(!raw(&text) && !text.contains('\u{9b}'), "{text:?}");
+    assert!(
+        text.contains("last error:       \\x1b[1A\\x1b[2Koutbox: 0 event(s) waiting CloudVision: ok\\u{9b}2J at"),
+        "{text}"
+    );
+}
+
+/// Item 6 of issue 17: one Latin-1 byte in a comment (`# Géré par Puppet`, byte 0xE9) no
+/// longer discards the whole cloudvision.conf. A key line with such a byte is a bad line like
+/// any other: reported, the others apply.
+#[test]
+fn a_latin1_byte_spoils_at_most_its_own_line() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let mut bytes = b"# G\xe9r\xe9 par Puppet\n".to_vec();
+    bytes.extend(fs::read(&site.conf).unwrap());
+    bytes.extend(b"Partitions=caf\xe9 # d\xe9j\xe0\n");
+    fs::write(&site.conf, &bytes).unwrap();
+    let bad_line = bytes.split(|b| *b == b'\n').count() - 1;
+
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "61", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        cv.accepted("JobConfig").len(),
+        1,
+        "the file applies: {}",
+        site.log()
+    );
+    let log = site.log();
+    let conf = site.conf.display().to_string();
+    assert!(
+        log.contains(&format!(
+            "{conf}:{bad_line}: Partitions: not UTF-8 text (byte 0xE9 at column 15)"
+        )),
+        "{log}"
+    );
+    assert!(
+        !log.contains(&format!("{conf}:1:")),
+        "the comment is a comment: {log}"
+    );
+
+    for args in [&["status", "--offline"][..], &["flush", "--no-reconcile"]] {
+        let out = site.run(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    }
+    let out = site.run(&["check"]);
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "FAIL config: {conf}:{bad_line}: Partitions: not UTF-8"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("every other line loads"), "{text}");
+}
+
+/// Item 10 of issue 17: a relative path in the config would name another file for the hook
+/// (slurmctld's working directory), the service (`/`) and the admin's commands. It is a bad
+/// line naming the key: here the hook, run in the directory where `token` is, must not read
+/// it; it exits 0 and keeps the event, which `flush` sends once the line is fixed.
+#[test]
+fn relative_paths_in_the_config_are_errors_naming_the_key() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let good = fs::read_to_string(&site.conf).unwrap();
+    let abs = format!("ApiTokenFile={}", site.token_file.display());
+    assert!(good.contains(&abs));
+    fs::write(&site.conf, good.replace(&abs, "ApiTokenFile=token")).unwrap();
+    assert!(
+        site.dir.path().join("token").is_file(),
+        "the hook's working directory"
+    );
+
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "81", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(cv.accepted("JobConfig").len(), 0, "{}", site.log());
+    assert_eq!(site.outbox().len(), 1, "the event is kept: {}", site.log());
+    let log = site.log();
+    assert!(
+        log.contains(&format!(
+            "{}:3: ApiTokenFile: \"token\" is a relative path: use an absolute path",
+            site.conf.display()
+        )),
+        "{log}"
+    );
+
+    // `check` names every relative path key.
+    let text = fs::read_to_string(&site.conf).unwrap();
+    fs::write(
+        &site.conf,
+        format!("{text}StateDir=var/spool/cvslurm\nLogFile=./cvjob.log\nSlurmBinDir=bin\n"),
+    )
+    .unwrap();
+    let out = site.run(&["check"]);
+    let report = stdout(&out);
+    assert_eq!(out.status.code(), Some(1));
+    for key in ["ApiTokenFile", "StateDir", "LogFile", "SlurmBinDir"] {
+        assert!(
+            report.lines().any(|l| l.starts_with("FAIL config:")
+                && l.contains(&format!("{key}: "))
+                && l.contains("is a relative path: use an absolute path")),
+            "{key}: {report}"
+        );
+    }
+    // The environment's log file too (with the good config: nothing else is wrong).
+    fs::write(&site.conf, &good).unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["flush", "--no-reconcile"])
+        .env("CVSLURM_CONF", &site.conf)
+        .env("CV_LOG_FILE", "cvjob.log")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("CV_LOG_FILE: \"cvjob.log\" is a relative path"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = site.run(&["flush", "--no-reconcile"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(cv.accepted("JobConfig").len(), 1);
+}

@@ -237,15 +237,69 @@ fn api_server_pin_trusts_the_key_and_refuses_another() {
         )),
         "{text}"
     );
-    // A malformed pin is a bad line: reported with file:line:key and skipped (the CA or
-    // CaFile trust, still verified, applies), and `check` fails on it.
+    // A malformed pin is a bad line, reported with file:line:key, and it fails closed: no
+    // request at all (the CA trust would have let this server have the token), and `check`
+    // fails on the line and says why it does not connect.
     let site = Site::new(&cv.server(), &cert, "ApiServerPin=sha1//abc");
     let (code, text) = send(&site);
-    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(code, Some(1), "{text}");
     assert!(
         text.contains(":10: ApiServerPin: \"sha1//abc\" is not sha256//"),
         "{text}"
     );
+    assert!(
+        text.contains("refusing to connect to CloudVision"),
+        "{text}"
+    );
     let out = site.run(&["check"]);
     assert!(stdout(&out).contains("FAIL config:"), "{}", stdout(&out));
+    let line = check_line(&site);
+    assert!(
+        line.starts_with("FAIL") && line.contains("refusing to connect"),
+        "{line}"
+    );
+}
+
+/// Item 7 of issue 17: a typo in the second pin of a list must not drop the whole line and
+/// leave the client trusting any CA: the first pin refuses this server, so must the client.
+/// Every TLS key fails closed alike: the hook keeps its event queued, `status` says why.
+#[test]
+fn a_bad_tls_line_refuses_to_connect() {
+    let tmp = Scratch::new("tls-closed");
+    // The stand-in's own certificate, signed by the CA in CaFile: trusted without pins.
+    let cv = Standin::start();
+    let (other, _) = self_signed(tmp.path(), "other", SAN, FROM, UNTIL);
+    let typo = format!("ApiServerPin={}, sha256//not-base64!", openssl_pin(&other));
+    for extra in [
+        typo.as_str(),
+        "Insecure=maybe",
+        "CaFile=",
+        "ApiServerPin sha256//x",
+    ] {
+        let site = Site::new(&cv.server(), &cv.ca(), extra);
+        let (code, text) = send(&site);
+        assert_eq!(code, Some(1), "{extra}: {text}");
+        assert!(
+            text.contains("refusing to connect to CloudVision") && text.contains(":10: "),
+            "{extra}: {text}"
+        );
+        let (out, _) = site.hook(&job_env("prolog_slurmctld", "71", &[]));
+        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(site.outbox().len(), 1, "{extra}: the event stays queued");
+        assert!(site.log().contains("refusing to connect"), "{}", site.log());
+        let out = site.run(&["status"]);
+        assert_eq!(out.status.code(), Some(1), "{extra}");
+        let line = stdout(&out)
+            .lines()
+            .find(|l| l.starts_with("CloudVision:"))
+            .unwrap_or("")
+            .to_string();
+        assert!(line.contains("refusing to connect"), "{extra}: {line}");
+    }
+    assert_eq!(
+        cv.requests().len(),
+        0,
+        "the token never left: {:?}",
+        cv.requests()
+    );
 }

@@ -1,4 +1,5 @@
-//! `Config::parse`: never panics; every error names the file (and the line).
+//! `Config::parse` and `Config::parse_lenient_bytes` (the file as it is read, any bytes): never
+//! panic; every error names the file (and the line).
 #![no_main]
 
 use cvslurm::config::Config;
@@ -8,6 +9,14 @@ use std::path::Path;
 const ORIGIN: &str = "/etc/slurm/fuzz-cloudvision.conf";
 
 fuzz_target!(|data: &[u8]| {
+    let lenient = Config::parse_lenient_bytes(data, Path::new(ORIGIN));
+    for e in &lenient.problems {
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("{ORIGIN}:")),
+            "error without the path: {msg}"
+        );
+    }
     let Ok(s) = std::str::from_utf8(data) else {
         return;
     };

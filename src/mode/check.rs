@@ -9,6 +9,7 @@
 use super::startup::client_for;
 use crate::config::{Config, Token};
 use crate::slurm_conf::{hook_programs, SlurmConf};
+use crate::text::escape_control;
 use argh::FromArgs;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -189,17 +190,19 @@ struct Report {
     failed: usize,
 }
 
+/// Every line is one line on the terminal: what it quotes (a server's message, a config
+/// value, a path) has its control characters escaped.
 impl Report {
     fn ok(&mut self, what: &str) {
-        println!("ok   {what}");
+        println!("ok   {}", escape_control(what));
     }
     fn fail(&mut self, what: &str) {
         self.failed += 1;
-        println!("FAIL {what}");
+        println!("FAIL {}", escape_control(what));
     }
     /// Something that works but costs: printed, not counted as a failure.
     fn warn(&mut self, what: &str) {
-        println!("WARN {what}");
+        println!("WARN {}", escape_control(what));
     }
 }
 

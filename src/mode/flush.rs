@@ -8,6 +8,7 @@ use crate::runner::Slurm;
 use crate::service::engine;
 use crate::slurm;
 use crate::state::StateDir;
+use crate::text::escape_control;
 use argh::FromArgs;
 use std::path::PathBuf;
 
@@ -102,7 +103,7 @@ pub fn run(a: Args) -> i32 {
         r.rejected,
         r.last_error
             .as_deref()
-            .map(|e| format!(" (last error: {e})"))
+            .map(|e| format!(" (last error: {})", escape_control(e)))
             .unwrap_or_default()
     );
     i32::from(r.kept > 0 || r.rejected > 0)

@@ -97,7 +97,7 @@ impl StartError {
         match self {
             StartError::Usage(m) => usage(m),
             StartError::Failed(m) if log::max_level() == log::LevelFilter::Off => {
-                eprintln!("cvslurm: {m}");
+                eprintln!("cvslurm: {}", crate::text::escape_control(m));
                 1
             }
             StartError::Failed(m) => {
@@ -154,7 +154,8 @@ impl Startup {
         let Some(sink) = self.log else {
             for p in &cfg.problems {
                 eprintln!(
-                    "cvslurm: config: {p}; this line is ignored, the others apply (cvslurm check)"
+                    "cvslurm: config: {}; this line is ignored, the others apply (cvslurm check)",
+                    crate::text::escape_control(&p.to_string())
                 );
             }
             return Ok(started(cfg));

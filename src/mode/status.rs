@@ -2,10 +2,11 @@
 //! answers with the configured token.
 
 use super::startup::{ClientNeed, Options, Startup};
-use crate::state::StateDir;
+use crate::state::{layout, StateDir};
+use crate::text::{escape_control, one_line};
 use argh::FromArgs;
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The long flags of `cvslurm status` (`--help` aside), for `cvslurm --list-flags status`, the
 /// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
@@ -29,17 +30,26 @@ pub struct Args {
     offline: bool,
 }
 
+/// Exit status: everything is fine.
+pub const EXIT_OK: i32 = 0;
+/// Exit status: the oldest event is older than `--max-age`, or CloudVision does not answer.
+pub const EXIT_PROBLEM: i32 = 1;
+/// Exit status: `status` cannot know: StateDir (or the outbox in it) cannot be read.
+pub const EXIT_UNKNOWN: i32 = 3;
+
 /// What `status` reports.
 #[derive(Debug, Serialize)]
 pub struct Status {
     /// The state directory.
     pub state_dir: String,
-    /// Events waiting to be sent.
-    pub outbox_depth: usize,
+    /// Why StateDir cannot be read (then the outbox figures are `None`: unknown).
+    pub state_dir_error: Option<String>,
+    /// Events waiting to be sent (`None`: unknown).
+    pub outbox_depth: Option<usize>,
     /// Age in seconds of the oldest waiting event.
     pub oldest_event_age_s: Option<i64>,
-    /// Events CloudVision refused as malformed (in `rejected/`).
-    pub rejected: usize,
+    /// Events CloudVision refused as malformed (in `rejected/`; `None`: unknown).
+    pub rejected: Option<usize>,
     /// The CloudVision server.
     pub api_server: Option<String>,
     /// `ok`, `skipped`, or the error.
@@ -55,7 +65,8 @@ pub struct Status {
 }
 
 /// Prints the status; exit 1 when the oldest event is older than `max_age` seconds or
-/// CloudVision does not answer.
+/// CloudVision does not answer, 3 when StateDir cannot be read (the outbox is unknown), 2
+/// when the config file cannot be read.
 pub fn run(a: Args) -> i32 {
     let Args {
         config,
@@ -83,7 +94,15 @@ pub fn run(a: Args) -> i32 {
     };
     let cfg = &started.cfg;
     let outbox = StateDir::new(&cfg.state_dir);
-    let (depth, oldest) = outbox.queue.depth();
+    // An outbox that cannot be read is not an empty one: say so, and exit 3.
+    let unreadable = unreadable(&cfg.state_dir);
+    let (depth, oldest) = match unreadable {
+        None => {
+            let (d, o) = outbox.queue.depth();
+            (Some(d), o)
+        }
+        Some(_) => (None, None),
+    };
     let cv = if offline {
         "skipped".to_string()
     } else {
@@ -98,9 +117,10 @@ pub fn run(a: Args) -> i32 {
     };
     let st = Status {
         state_dir: cfg.state_dir.display().to_string(),
+        state_dir_error: unreadable,
         outbox_depth: depth,
         oldest_event_age_s: oldest,
-        rejected: outbox.queue.rejected_count(),
+        rejected: depth.map(|_| outbox.queue.rejected_count()),
         api_server: cfg.api_server.clone(),
         cloudvision: cv,
         last_delivery: None,
@@ -117,7 +137,9 @@ pub fn run(a: Args) -> i32 {
     if json {
         println!("{}", serde_json::to_string_pretty(&st).expect("serializes"));
     } else {
-        println!("state dir:        {}", st.state_dir);
+        // What is printed comes from outside (service-status.json is SlurmUser's, the
+        // CloudVision answer a server's or a proxy's): its control characters are escaped.
+        println!("state dir:        {}", escape_control(&st.state_dir));
         println!(
             "service:          {}",
             if st.service_running {
@@ -126,13 +148,22 @@ pub fn run(a: Args) -> i32 {
                 "not running (each hook sends its event itself)"
             }
         );
-        println!("outbox:           {} event(s) waiting", st.outbox_depth);
+        match st.outbox_depth {
+            Some(n) => println!("outbox:           {n} event(s) waiting"),
+            None => println!(
+                "outbox:           UNKNOWN: {}",
+                escape_control(st.state_dir_error.as_deref().unwrap_or("?"))
+            ),
+        }
         println!(
             "oldest event:     {}",
             st.oldest_event_age_s
                 .map_or("-".into(), |a| format!("{a} s old"))
         );
-        println!("rejected events:  {}", st.rejected);
+        println!(
+            "rejected events:  {}",
+            st.rejected.map_or("unknown".into(), |n| n.to_string())
+        );
         let ago = |t: Option<i64>| {
             t.map_or("never".to_string(), |t| {
                 format!(
@@ -144,16 +175,57 @@ pub fn run(a: Args) -> i32 {
         };
         println!("last delivery:    {}", ago(st.last_delivery));
         match &st.last_error {
-            Some(e) => println!("last error:       {} at {}", e, ago(st.last_error_at)),
+            Some(e) => println!(
+                "last error:       {} at {}",
+                one_line(e, 1000),
+                ago(st.last_error_at)
+            ),
             None => println!("last error:       none"),
         }
         println!(
             "CloudVision:      {} ({})",
-            st.api_server.as_deref().unwrap_or("not configured"),
-            st.cloudvision
+            escape_control(st.api_server.as_deref().unwrap_or("not configured")),
+            escape_control(&st.cloudvision)
         );
     }
     let stale = oldest.is_some_and(|a| a > max_age);
     let cv_bad = !(st.cloudvision == "ok" || st.cloudvision == "skipped");
-    i32::from(stale || cv_bad)
+    if st.state_dir_error.is_some() {
+        EXIT_UNKNOWN
+    } else if stale || cv_bad {
+        EXIT_PROBLEM
+    } else {
+        EXIT_OK
+    }
+}
+
+/// Why StateDir's outbox cannot be read, if it cannot: StateDir itself missing (a mount not
+/// there, a typo) or unreadable (another user's), or one of its event directories unreadable.
+/// An event directory that does not exist yet is empty.
+fn unreadable(root: &Path) -> Option<String> {
+    let what = |e: std::io::Error, p: &Path| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                "is it mounted? is StateDir in cloudvision.conf right? (the hooks create it)"
+            }
+            std::io::ErrorKind::PermissionDenied => "run cvslurm status as root or as its owner",
+            _ => "check StateDir in cloudvision.conf",
+        };
+        format!(
+            "cannot read StateDir {}: {e}; {hint}; the outbox may hold events",
+            p.display()
+        )
+    };
+    if let Err(e) = std::fs::read_dir(root) {
+        return Some(what(e, root));
+    }
+    for d in [layout::OUTBOX, layout::INFLIGHT, layout::REJECTED] {
+        let p = root.join(d);
+        match std::fs::read_dir(&p) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Some(what(e, &p)),
+        }
+    }
+    None
 }

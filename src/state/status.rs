@@ -23,8 +23,8 @@ impl ServiceStatus {
         }
     }
 
-    /// Records the outcome of a drain pass: the last delivery and the last error, with their
-    /// times.
+    /// Records the outcome of a drain pass: the last delivery and the last error (on one line,
+    /// capped), with their times.
     pub fn record_drain(&self, delivered: usize, last_error: Option<&str>) {
         let mut v = self.read().unwrap_or_else(|| serde_json::json!({}));
         let now = crate::timefmt::now_epoch();
@@ -32,7 +32,9 @@ impl ServiceStatus {
             v["last_delivery"] = now.into();
         }
         if let Some(e) = last_error {
-            v["last_error"] = e.into();
+            // One line, capped: `status` shows it (and escapes it again, as it must anything
+            // read from StateDir).
+            v["last_error"] = crate::text::one_line(e, 1000).into();
             v["last_error_at"] = now.into();
         }
         v["last_drain"] = now.into();
