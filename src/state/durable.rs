@@ -54,7 +54,8 @@ pub fn ensure_dirs(root: &Path, owner: Option<(u32, u32)>) -> Result<(), String>
     Ok(())
 }
 
-/// Locks (`flock`, exclusive) the file `path`, created 0600 for `owner` if missing; with a
+/// Locks (`flock`, exclusive) the file `path` (never through a link), created 0600 for `owner`
+/// if missing; with a
 /// deadline, gives up when it passes (the error then ends with "past the deadline").
 pub fn lock_file(
     path: &Path,
@@ -66,6 +67,7 @@ pub fn lock_file(
         .truncate(false)
         .write(true)
         .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .open(path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     if let Some((uid, gid)) = owner {
