@@ -11,12 +11,17 @@
 //!   directory above it must belong to root or to StateDir's owner and be writable by its
 //!   owner only (or sticky, like `/tmp`): nobody else can swap any part of the path;
 //! - a StateDir that belongs to root keeps root (nobody else can write there: its
-//!   subdirectories and files must be root's too); in one that belongs to another user the
-//!   process first reads what only root may read (the API token file), then becomes
-//!   StateDir's owner for good.
+//!   subdirectories and files must be root's too); one that belongs to another user must
+//!   belong to SlurmUser (slurm.conf), and the process first reads what only root may read
+//!   (the API token file), then becomes that user for good, with that user's own identity
+//!   from its passwd entry: its uid, its primary group and its supplementary groups
+//!   (`initgroups`), never StateDir's group (root's, after `install -d -o slurm`). From then on
+//!   it can do nothing SlurmUser could not do itself.
 
 use crate::config::Config;
+use crate::slurm_conf::{load_slurm_conf, slurm_conf_path};
 use nix::unistd::{Gid, Uid};
+use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -138,9 +143,35 @@ fn missing_path(dir: &Path) -> Result<PathBuf, String> {
     }
 }
 
+/// SlurmUser's uid from slurm.conf (`root` when slurm.conf does not set it, as Slurm does).
+fn slurm_user() -> Result<(String, u32), String> {
+    let path = slurm_conf_path();
+    let sc = load_slurm_conf(&path).map_err(|e| {
+        format!(
+            "cannot read slurm.conf ({}: {e}), so cannot tell whether StateDir's owner is \
+             SlurmUser; root does not become a user it cannot vouch for: set SLURM_CONF, or \
+             run cvslurm as StateDir's owner",
+            path.display()
+        )
+    })?;
+    let name = sc
+        .last("SlurmUser")
+        .map_or("root".to_string(), |s| s.value.clone());
+    let uid = match nix::unistd::User::from_name(&name) {
+        Ok(Some(u)) => u.uid.as_raw(),
+        _ => name.parse::<u32>().map_err(|_| {
+            format!(
+                "SlurmUser {name} (slurm.conf {}) is not a known user",
+                path.display()
+            )
+        })?,
+    };
+    Ok((name, uid))
+}
+
 /// When run as root: verifies StateDir ([`verify_state_dir`]) and points `cfg.state_dir` at
-/// its real path; when StateDir belongs to another user: reads the token into `cfg`, then
-/// becomes StateDir's owner and group.
+/// its real path; when StateDir belongs to another user, that user must be SlurmUser: reads
+/// the token into `cfg`, then becomes that user (its passwd entry's uid, gid and groups).
 /// Returns what was done, for the log (`None`: nothing to do). An error means the process
 /// must not go on.
 pub fn drop_to_state_dir_owner(cfg: &mut Config) -> Result<Option<String>, String> {
@@ -152,6 +183,27 @@ pub fn drop_to_state_dir_owner(cfg: &mut Config) -> Result<Option<String>, Strin
     if v.uid == 0 {
         return Ok(None);
     }
+    let uid = Uid::from_raw(v.uid);
+    let pw = nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            format!(
+                "StateDir {} belongs to uid {uid}, which has no passwd entry: chown it to SlurmUser",
+                v.path.display()
+            )
+        })?;
+    let user = format!("{} (uid {uid})", pw.name);
+    let (slurm_name, slurm_uid) = slurm_user().map_err(|e| format!("started as root: {e}"))?;
+    if slurm_uid != v.uid {
+        return Err(format!(
+            "StateDir {} belongs to {user}, not SlurmUser {slurm_name}: root becomes no other \
+             user than SlurmUser; run: chown {slurm_name} {} (or run cvslurm as {})",
+            v.path.display(),
+            v.path.display(),
+            pw.name
+        ));
+    }
     // The token file may be readable by root only: read it while still root. A failure is
     // left for the mode to report, as it would be without the drop.
     if cfg.api_token.is_none() {
@@ -159,14 +211,9 @@ pub fn drop_to_state_dir_owner(cfg: &mut Config) -> Result<Option<String>, Strin
             cfg.api_token = Some(t);
         }
     }
-    let meta =
-        std::fs::metadata(&v.path).map_err(|e| format!("StateDir {}: {e}", v.path.display()))?;
-    let (uid, gid) = (Uid::from_raw(meta.uid()), Gid::from_raw(meta.gid()));
-    let user = nix::unistd::User::from_uid(uid).ok().flatten().map_or_else(
-        || format!("uid {uid}"),
-        |u| format!("{} (uid {uid})", u.name),
-    );
-    nix::unistd::setgroups(&[gid])
+    let gid: Gid = pw.gid;
+    let name = CString::new(pw.name.as_bytes()).map_err(|e| e.to_string())?;
+    nix::unistd::initgroups(&name, gid)
         .and_then(|()| nix::unistd::setgid(gid))
         .and_then(|()| nix::unistd::setuid(uid))
         .map_err(|e| {
@@ -176,7 +223,8 @@ pub fn drop_to_state_dir_owner(cfg: &mut Config) -> Result<Option<String>, Strin
             )
         })?;
     Ok(Some(format!(
-        "started as root: now running as {user}, the owner of StateDir {}, so that root never acts in a directory another user controls",
+        "started as root: now running as {user} with its own groups (gid {gid}), the owner of \
+         StateDir {}, so that root never acts in a directory another user controls",
         v.path.display()
     )))
 }

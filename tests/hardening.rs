@@ -650,3 +650,63 @@ fn root_service_keeps_the_state_dir_it_checked() {
         "nothing written in evil/"
     );
 }
+
+/// Root drops to StateDir's owner's own identity (its passwd entry: primary group and
+/// supplementary groups), never to StateDir's group: with `install -d -o slurm` that group
+/// is root's (issue 17, item 2). The Slurm commands it runs say who they run as.
+#[test]
+fn root_drops_to_the_owners_own_groups_not_the_state_dirs() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let nobody = 65534;
+    let cv = Standin::start();
+    let site = Site::new("127.0.0.1:1", &cv.ca(), "");
+    let slurm_conf = slurm_conf_nobody(&site);
+    fs::create_dir(&site.state_dir).unwrap();
+    std::os::unix::fs::chown(&site.state_dir, Some(nobody), Some(0)).unwrap();
+    fs::set_permissions(&site.state_dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let seen = site.dir.path().join("seen");
+    fs::create_dir(&seen).unwrap();
+    fs::set_permissions(&seen, fs::Permissions::from_mode(0o777)).unwrap();
+    for cmd in ["squeue", "scontrol", "sacct", "sinfo"] {
+        let p = site.bin_dir.join(cmd);
+        fs::write(
+            &p,
+            format!(
+                "#!/bin/sh\necho \"$(id -u) $(id -g) $(id -G)\" > {}/{cmd}\nexit 1\n",
+                seen.display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = run_as_root(&site, &slurm_conf, &["flush"]);
+    let said = stderr(&out);
+    let ids: Vec<String> = fs::read_dir(&seen)
+        .unwrap()
+        .flatten()
+        .map(|e| fs::read_to_string(e.path()).unwrap().trim().to_string())
+        .collect();
+    assert!(!ids.is_empty(), "no Slurm command ran: {said}");
+    for id in ids {
+        assert_eq!(id, "65534 65534 65534", "uid, gid, groups: {said}");
+    }
+    // An owner that is not SlurmUser: refused.
+    let other = site.dir.path().join("slurm-root.conf");
+    fs::write(&other, "ClusterName=c\nSlurmUser=root\n").unwrap();
+    let out = run_as_root(&site, &other, &["flush", "--no-reconcile"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("not SlurmUser"), "{}", stderr(&out));
+    // No slurm.conf to tell who SlurmUser is: refused, and said so.
+    let missing = site.dir.path().join("no-such-slurm.conf");
+    let out = run_as_root(&site, &missing, &["flush", "--no-reconcile"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("cannot read slurm.conf"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -96,6 +96,22 @@ pub fn lock_file(
     }
 }
 
+/// Reads a whole state file, never through a link (`O_NOFOLLOW`), a regular file only
+/// (`O_NONBLOCK` so that a FIFO planted in its place cannot block the reader).
+pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// `fsync`s a directory (its entries: renames, new files), ignoring failures.
 pub fn sync_dir(dir: &Path) {
     if let Ok(d) = File::open(dir) {
@@ -218,7 +234,7 @@ pub fn records(dir: &Path) -> Vec<(String, Vec<u8>, Duration)> {
             if name.starts_with(TMP_PREFIX) {
                 return None;
             }
-            let bytes = fs::read(e.path()).ok()?;
+            let bytes = read_file(&e.path()).ok()?;
             let age = e
                 .metadata()
                 .ok()?
@@ -297,6 +313,11 @@ mod tests {
         fs::write(d.join(".tmp.1.2.c.json"), b"x").unwrap();
         assert_eq!(list_dir(&d), vec![a.clone()]);
         assert_eq!(records(&d).len(), 2);
+        // A link planted in StateDir is never read through, whatever it points to.
+        std::os::unix::fs::symlink(&a, d.join("link")).unwrap();
+        assert!(read_file(&d.join("link")).is_err());
+        assert_eq!(read_file(&a).unwrap(), b"1");
+        assert_eq!(records(&d).len(), 2, "the link is no record");
         fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -624,7 +624,11 @@ impl Queue {
                 let to = self.dir(INFLIGHT).join(&name);
                 fs::rename(&from, &to)
                     .map_err(|e| format!("cannot move {}: {e}", from.display()))?;
-                if let Ok(f) = File::open(&to) {
+                if let Ok(f) = OpenOptions::new()
+                    .read(true)
+                    .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                    .open(&to)
+                {
                     let _ = f.set_modified(SystemTime::now());
                 }
                 // No directory fsync: if a crash loses this move, the event is simply still
@@ -840,7 +844,7 @@ fn chains_after(old: &Event, ev: &Event) -> bool {
 
 /// The event in `path`; `None` when it cannot be read.
 fn read_event(path: &Path) -> Option<Result<Event, Undecodable>> {
-    let bytes = fs::read(path).ok()?;
+    let bytes = durable::read_file(path).ok()?;
     Some(decode_event(&bytes))
 }
 
