@@ -47,7 +47,7 @@ pub fn ensure_dirs(root: &Path, owner: Option<(u32, u32)>) -> Result<(), String>
         }
         if let Some((uid, gid)) = owner {
             // Also repairs directories an earlier root run left owned by root.
-            std::os::unix::fs::chown(&p, Some(uid), Some(gid))
+            std::os::unix::fs::lchown(&p, Some(uid), Some(gid))
                 .map_err(|e| format!("cannot chown {}: {e}", p.display()))?;
         }
     }
