@@ -74,6 +74,10 @@ pub mod internals {
     /// From `crate::state`.
     pub mod state {
         pub use crate::state::layout;
+        /// From `crate::state::durable`.
+        pub mod durable {
+            pub use crate::state::durable::lock_file;
+        }
     }
     /// From `crate::timefmt`.
     pub mod timefmt {

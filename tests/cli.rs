@@ -493,7 +493,16 @@ fn status_cannot_know_when_state_dir_cannot_be_read() {
         fs::create_dir_all(&outbox).unwrap();
         fs::set_permissions(&outbox, fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::chown(&typo, Some(65534), Some(65534)).unwrap();
-        let out = site.run(&["status", "--offline"]);
+        // SlurmUser is nobody: root may become StateDir's owner (crate::privilege).
+        let slurm_conf = site.dir.path().join("slurm.conf");
+        fs::write(&slurm_conf, "ClusterName=c\nSlurmUser=nobody\n").unwrap();
+        let out = std::process::Command::new(bin())
+            .args(["status", "--offline"])
+            .env_remove("CV_API_TOKEN")
+            .env("CVSLURM_CONF", &site.conf)
+            .env("SLURM_CONF", &slurm_conf)
+            .output()
+            .unwrap();
         let text = stdout(&out);
         assert_eq!(out.status.code(), Some(3), "{text}{}", stderr(&out));
         assert!(text.contains("Permission denied"), "{text}");

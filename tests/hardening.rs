@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use cvslurm::internals::state::layout;
 use std::fs;
+use std::time::Duration;
 
 #[test]
 fn a_bad_config_line_is_skipped_and_reported_the_rest_applies() {
@@ -958,4 +959,221 @@ fn relative_paths_in_the_config_are_errors_naming_the_key() {
     let out = site.run(&["flush", "--no-reconcile"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(cv.accepted("JobConfig").len(), 1);
+}
+
+/// A slurm.conf naming `nobody` as SlurmUser, in the site's directory; its path.
+fn slurm_conf_nobody(site: &Site) -> std::path::PathBuf {
+    let p = site.dir.path().join("slurm.conf");
+    fs::write(
+        &p,
+        "ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=nobody\n",
+    )
+    .unwrap();
+    p
+}
+
+/// Runs `cvslurm <args>` as root with this site's config and `slurm_conf`.
+fn run_as_root(site: &Site, slurm_conf: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin())
+        .args(args)
+        .env_remove("CV_API_TOKEN")
+        .env("CVSLURM_CONF", &site.conf)
+        .env("SLURM_CONF", slurm_conf)
+        .output()
+        .unwrap()
+}
+
+/// A `root:slurm 0770` StateDir (group-writable by SlurmUser, which `check` used to call
+/// fine): root must not stay root in it and follow SlurmUser's links (issue 17, item 1a).
+#[test]
+fn root_refuses_a_state_dir_others_can_write() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let nobody = 65534;
+    let cv = Standin::start();
+    let site = Site::new("127.0.0.1:1", &cv.ca(), "");
+    let slurm_conf = slurm_conf_nobody(&site);
+    let root_dir = site.dir.path();
+    fs::create_dir(&site.state_dir).unwrap();
+    std::os::unix::fs::chown(&site.state_dir, Some(0), Some(nobody)).unwrap();
+    fs::set_permissions(&site.state_dir, fs::Permissions::from_mode(0o770)).unwrap();
+    // What SlurmUser (group member) plants: a lock file that creates a file anywhere, an
+    // outbox that is root's private directory.
+    let created = root_dir.join("created-by-root");
+    symlink(&created, site.state_dir.join(layout::OUTBOX_LOCK)).unwrap();
+    let private = root_dir.join("private");
+    fs::create_dir(&private).unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(private.join("secret.json"), "not an event\n").unwrap();
+    symlink(&private, site.state_dir.join(layout::OUTBOX)).unwrap();
+    let out = run_as_root(&site, &slurm_conf, &["flush", "--no-reconcile"]);
+    let said = stderr(&out);
+    assert!(
+        !created.exists(),
+        "root created a file through a link: {said}"
+    );
+    assert!(
+        private.join("secret.json").exists(),
+        "root moved a file out of its private directory: {said}"
+    );
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("writable by"), "{said}");
+    // And `check` says so.
+    let check =
+        site.check_with_slurm_conf("ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=nobody\n");
+    assert!(
+        check
+            .lines()
+            .any(|l| l.contains("StateDir") && l.contains("writable by group")),
+        "{check}"
+    );
+}
+
+/// StateDir named through a link in a directory SlurmUser owns, swapped after the root
+/// service started: the service keeps working in the directory it checked at start, and
+/// never goes where the new link points (issue 17, item 1b).
+#[test]
+fn root_service_keeps_the_state_dir_it_checked() {
+    use std::os::unix::fs::symlink;
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let nobody = 65534;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let root_dir = site.dir.path();
+    // The real StateDir: root's own. The configured name: a link in SlurmUser's directory.
+    let real = root_dir.join("real-state");
+    fs::create_dir(&real).unwrap();
+    let parent = root_dir.join("slurm-owned");
+    fs::create_dir(&parent).unwrap();
+    std::os::unix::fs::chown(&parent, Some(nobody), Some(nobody)).unwrap();
+    let link = parent.join("state");
+    symlink(&real, &link).unwrap();
+    let conf = fs::read_to_string(&site.conf).unwrap().replace(
+        &format!("StateDir={}", site.state_dir.display()),
+        &format!("StateDir={}", link.display()),
+    );
+    fs::write(&site.conf, &conf).unwrap();
+    let evil = root_dir.join("evil");
+    fs::create_dir(&evil).unwrap();
+    let created = root_dir.join("created-by-root");
+    symlink(&created, evil.join(layout::OUTBOX_LOCK)).unwrap();
+    let service = std::process::Command::new(bin())
+        .args(["inventory", "--monitor"])
+        .env_remove("CV_API_TOKEN")
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("JOURNAL_STREAM")
+        .env("CVSLURM_CONF", &site.conf)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _service = Kill(service);
+    wait_for("the service's socket", Duration::from_secs(20), || {
+        real.join(layout::WAKE_SOCKET).exists()
+    });
+    // SlurmUser swaps the link.
+    fs::remove_file(&link).unwrap();
+    symlink(&evil, &link).unwrap();
+    // A hook that writes to the real StateDir.
+    let direct = site.dir.path().join("direct.conf");
+    fs::write(
+        &direct,
+        conf.replace(
+            &format!("StateDir={}", link.display()),
+            &format!("StateDir={}", real.display()),
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(site.link("cvslurm-hook"))
+        .env_clear()
+        .env("CVSLURM_CONF", &direct)
+        .envs(job_env("prolog_slurmctld", "31", &[]))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    wait_for(
+        "the service to deliver the event in the StateDir it checked",
+        Duration::from_secs(20),
+        || !cv.accepted("JobConfig").is_empty(),
+    );
+    assert!(!created.exists(), "the service followed the swapped link");
+    assert_eq!(
+        fs::read_dir(&evil).unwrap().count(),
+        1,
+        "nothing written in evil/"
+    );
+}
+
+/// Root drops to StateDir's owner's own identity (its passwd entry: primary group and
+/// supplementary groups), never to StateDir's group: with `install -d -o slurm` that group
+/// is root's (issue 17, item 2). The Slurm commands it runs say who they run as.
+#[test]
+fn root_drops_to_the_owners_own_groups_not_the_state_dirs() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let nobody = 65534;
+    let cv = Standin::start();
+    let site = Site::new("127.0.0.1:1", &cv.ca(), "");
+    let slurm_conf = slurm_conf_nobody(&site);
+    fs::create_dir(&site.state_dir).unwrap();
+    std::os::unix::fs::chown(&site.state_dir, Some(nobody), Some(0)).unwrap();
+    fs::set_permissions(&site.state_dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let seen = site.dir.path().join("seen");
+    fs::create_dir(&seen).unwrap();
+    fs::set_permissions(&seen, fs::Permissions::from_mode(0o777)).unwrap();
+    for cmd in ["squeue", "scontrol", "sacct", "sinfo"] {
+        let p = site.bin_dir.join(cmd);
+        fs::write(
+            &p,
+            format!(
+                "#!/bin/sh\necho \"$(id -u) $(id -g) $(id -G)\" > {}/{cmd}\nexit 1\n",
+                seen.display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = run_as_root(&site, &slurm_conf, &["flush"]);
+    let said = stderr(&out);
+    let ids: Vec<String> = fs::read_dir(&seen)
+        .unwrap()
+        .flatten()
+        .map(|e| fs::read_to_string(e.path()).unwrap().trim().to_string())
+        .collect();
+    assert!(!ids.is_empty(), "no Slurm command ran: {said}");
+    for id in ids {
+        assert_eq!(id, "65534 65534 65534", "uid, gid, groups: {said}");
+    }
+    // An owner that is not SlurmUser: refused.
+    let other = site.dir.path().join("slurm-root.conf");
+    fs::write(&other, "ClusterName=c\nSlurmUser=root\n").unwrap();
+    let out = run_as_root(&site, &other, &["flush", "--no-reconcile"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("not SlurmUser"), "{}", stderr(&out));
+    // No slurm.conf to tell who SlurmUser is: refused, and said so.
+    let missing = site.dir.path().join("no-such-slurm.conf");
+    let out = run_as_root(&site, &missing, &["flush", "--no-reconcile"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("cannot read slurm.conf"),
+        "{}",
+        stderr(&out)
+    );
 }

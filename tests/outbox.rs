@@ -255,3 +255,123 @@ fn an_event_of_a_newer_format_is_kept_and_not_sent() {
         "{said}"
     );
 }
+
+/// CPU-bound processes beside the hooks while every job's RUNNING is still waiting to be sent
+/// (CloudVision answers 503) and a drainer keeps retrying them: every epilog chains its end
+/// behind its RUNNING under `outbox.lock`. No end may be lost: none may wait for the disk
+/// under the lock the hooks take (issue 17, item 13). Asserts on what is queued and logged,
+/// never on timing.
+#[test]
+fn ends_behind_waiting_runnings_under_cpu_load_are_never_lost() {
+    use std::sync::atomic::AtomicBool;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=2");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    let jobs = 100;
+    let next = AtomicUsize::new(0);
+    let run_hooks = |ctx: &'static str| {
+        next.store(0, Ordering::Relaxed);
+        std::thread::scope(|s| {
+            for _ in 0..20 {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= jobs {
+                        break;
+                    }
+                    let id = (3000 + i).to_string();
+                    let (out, _) =
+                        site.hook(&job_env(ctx, &id, &[("SLURM_JOB_EXIT_CODE2", "0:0")]));
+                    assert_eq!(out.status.code(), Some(0));
+                });
+            }
+        });
+    };
+    run_hooks("prolog_slurmctld");
+    assert_eq!(
+        site.outbox().len(),
+        jobs,
+        "every RUNNING waits in the outbox"
+    );
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Four CPU burners, and a drainer sending (and failing) the RUNNINGs all along.
+        for _ in 0..4 {
+            s.spawn(|| {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..100_000 {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                }
+            });
+        }
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = site.run(&["flush"]);
+            }
+        });
+        run_hooks("epilog_slurmctld");
+        stop.store(true, Ordering::Relaxed);
+    });
+    let log = site.log();
+    let lost: Vec<&str> = log.lines().filter(|l| l.contains("LOST")).collect();
+    assert!(
+        lost.is_empty(),
+        "{} ends lost:\n{}",
+        lost.len(),
+        lost.join("\n")
+    );
+    // Every job's end is queued (chained after its RUNNING, or alone once that went out).
+    let mut ended = std::collections::HashSet::new();
+    for ev in site.outbox() {
+        let id = ev["job"]["key"]["id"].as_str().unwrap().to_string();
+        let end = if ev["job"]["state"] == "JOB_STATE_RUNNING" {
+            &ev["then"]["job"]["state"]
+        } else {
+            &ev["job"]["state"]
+        };
+        if *end == "JOB_STATE_COMPLETED" {
+            ended.insert(id);
+        }
+    }
+    for i in 0..jobs {
+        let key = format!("{}@hpc-cluster-west", 3000 + i);
+        assert!(ended.contains(&key), "the end of {key} is not queued");
+    }
+}
+
+/// An epilog that cannot take `outbox.lock` in time (and cannot send either) keeps the job's
+/// start record, so that reconciliation finds the job gone and sends its end.
+#[test]
+fn an_end_that_cannot_be_queued_keeps_its_start_record() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "4242", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    let record = site
+        .state_dir
+        .join(layout::JOBS)
+        .join("4242@hpc-cluster-west");
+    assert!(record.exists(), "the prolog records the start");
+    let lock = cvslurm::internals::state::durable::lock_file(
+        &site.state_dir.join(layout::OUTBOX_LOCK),
+        None,
+        None,
+    )
+    .unwrap();
+    let (out, _) = site.hook(&job_env(
+        "epilog_slurmctld",
+        "4242",
+        &[("SLURM_JOB_EXIT_CODE2", "0:0")],
+    ));
+    drop(lock);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(site.log().contains("LOST"), "{}", site.log());
+    assert!(
+        record.exists(),
+        "the start record of a job whose end was lost is kept for reconciliation"
+    );
+}

@@ -571,3 +571,45 @@ fn flush_and_the_service_send_the_same_bytes_for_the_same_outbox() {
         );
     }
 }
+
+/// An end handed to the service while its job's RUNNING waits in the outbox (CloudVision asks
+/// to retry later) is chained after it; the service syncs that file too, and only then is
+/// the job's start record forgotten (before: the chained file kept the RUNNING's `seq`, so
+/// the service took it for synced and never synced the end).
+#[test]
+fn an_end_chained_behind_a_waiting_running_is_synced_and_its_start_record_dropped() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    cv.set_mode(json!({"mode": "status", "status": 503, "retry_after": 600}));
+    let _service = Service::start(&site);
+    let conf = hook_conf_without_server(&site);
+    let out = run_hook(&site, &conf, &job_env("prolog_slurmctld", "61", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    let key = "61@hpc-cluster-west";
+    wait_for(
+        "the RUNNING to be tried once",
+        Duration::from_secs(20),
+        || cv.requests().iter().any(|r| r["status"] == 503),
+    );
+    let out = run_hook(
+        &site,
+        &conf,
+        &job_env("epilog_slurmctld", "61", &[("SLURM_JOB_EXIT_CODE2", "0:0")]),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        site.log().contains("queued after its RUNNING"),
+        "{}",
+        site.log()
+    );
+    let record = site.state_dir.join(layout::JOBS).join(key);
+    wait_for(
+        "the start record to go once the end is on disk",
+        Duration::from_secs(20),
+        || !record.exists(),
+    );
+    let pending = site.outbox();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["then"]["job"]["state"], "JOB_STATE_COMPLETED");
+    assert!(cv.accepted("JobConfig").is_empty(), "nothing delivered yet");
+}

@@ -532,6 +532,31 @@ fn cloudvision(ctx: &mut Context, r: &mut Report) {
 fn state_dir(ctx: &mut Context, r: &mut Report) {
     if let (Some(cfg), Some(u)) = (&ctx.cfg, &ctx.user) {
         check_dir(r, "StateDir", &cfg.state_dir, u);
+        if cfg.state_dir.is_dir() {
+            check_state_dir_private(r, &cfg.state_dir, u);
+        }
+    }
+}
+
+/// StateDir must be SlurmUser's alone: owned by it, writable by nobody else, under directories
+/// nobody else controls (what a root-started cvslurm requires: `crate::privilege`).
+fn check_state_dir_private(r: &mut Report, dir: &Path, u: &SlurmUser) {
+    match crate::privilege::verify_state_dir(dir) {
+        Ok(v) if v.uid == u.uid => r.ok(&format!(
+            "StateDir {} is SlurmUser {}'s alone",
+            v.path.display(),
+            u.name
+        )),
+        Ok(v) => r.fail(&format!(
+            "StateDir {} belongs to uid {}, not SlurmUser {}: run: chown {} {} && chmod 0700 {}",
+            v.path.display(),
+            v.uid,
+            u.name,
+            u.name,
+            v.path.display(),
+            v.path.display()
+        )),
+        Err(e) => r.fail(&e),
     }
 }
 

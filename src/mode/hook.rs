@@ -242,9 +242,8 @@ fn handle(
     if let Some(sock) = &service {
         if matches!(queued, Queue::Queued | Queue::Behind) && sender::wake(sock) {
             PROGRESS.store(QUEUED, Ordering::SeqCst);
-            if env.phase == Phase::Epilog {
-                outbox.starts.forget(&key);
-            }
+            // The start record stays until the service has the end on disk (it forgets it
+            // then: `Queue::sync_files`): until then reconciliation can repair the end.
             log::info!(
                 "job {key}: {} queued for the service ({} ms)",
                 event_state(&event),
@@ -276,7 +275,12 @@ fn handle(
     };
     let state = job.state;
     if env.phase == Phase::Epilog {
-        outbox.starts.forget(&key);
+        // Queued here means synced: the start record is no longer needed to repair the end.
+        // An end that could not be queued keeps it until it is sent (below), so that
+        // reconciliation sends the end if this hook cannot.
+        if queued {
+            outbox.starts.forget(&key);
+        }
         // An end slurmctld did not name (22.05 says COMPLETING; or no answer in time) is
         // checked against Slurm's final record: a cancel can reach the epilog as a success
         // (ExitCode 0:0) or as its shell's exit 143 (128 + SIGTERM).
@@ -321,6 +325,9 @@ fn handle(
         client_for(cfg, token, cfg.hook_timeout).and_then(|c| c.post_job(job, Some(send_deadline)));
     match result {
         Ok(a) => {
+            if env.phase == Phase::Epilog && !queued {
+                outbox.starts.forget(&key);
+            }
             if queued {
                 if let Err(e) = outbox.queue.remove_if_same(&event) {
                     log::warn!("job {key}: sent, but cannot remove it from the outbox: {e}");

@@ -88,6 +88,10 @@ pub enum StartError {
     Usage(String),
     /// Started, but cannot work: no token, no server, bad CA file (exit 1).
     Failed(String),
+    /// Run as root, StateDir cannot be used safely or at all (missing, not a directory,
+    /// writable by others, owned by another user than SlurmUser: [`crate::privilege`]);
+    /// exit 2 like a usage error, and `status` reports it as "cannot know".
+    StateDir(String),
 }
 
 impl StartError {
@@ -95,7 +99,7 @@ impl StartError {
     /// no logger runs) and returns the exit code: 2 or 1.
     pub fn report(&self) -> i32 {
         match self {
-            StartError::Usage(m) => usage(m),
+            StartError::Usage(m) | StartError::StateDir(m) => usage(m),
             StartError::Failed(m) if log::max_level() == log::LevelFilter::Off => {
                 eprintln!("cvslurm: {}", crate::text::escape_control(m));
                 1
@@ -111,7 +115,9 @@ impl StartError {
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StartError::Usage(m) | StartError::Failed(m) => f.write_str(m),
+            StartError::Usage(m) | StartError::Failed(m) | StartError::StateDir(m) => {
+                f.write_str(m)
+            }
         }
     }
 }
@@ -142,7 +148,7 @@ impl Startup {
         }
         // Before anything touches StateDir or LogFile (see crate::privilege).
         let dropped = if self.drop_privileges {
-            crate::privilege::drop_to_state_dir_owner(&mut cfg).map_err(usage)?
+            crate::privilege::drop_to_state_dir_owner(&mut cfg).map_err(StartError::StateDir)?
         } else {
             None
         };

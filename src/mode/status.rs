@@ -1,7 +1,7 @@
 //! `cvslurm status`: outbox depth, oldest event age, rejected events, and whether CloudVision
 //! answers with the configured token.
 
-use super::startup::{ClientNeed, Options, Startup};
+use super::startup::{ClientNeed, Options, StartError, Startup};
 use crate::state::{layout, StateDir};
 use crate::text::{escape_control, one_line};
 use argh::FromArgs;
@@ -90,6 +90,17 @@ pub fn run(a: Args) -> i32 {
     };
     let started = match startup.start() {
         Ok(s) => s,
+        // Root cannot use StateDir (missing, not a directory, another user's): the outbox is
+        // unknown, which is not the same as empty.
+        Err(StartError::StateDir(why)) => {
+            if json {
+                let v = serde_json::json!({"state_dir_error": why, "outbox_depth": null});
+                println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+            } else {
+                println!("outbox:           UNKNOWN: {}", escape_control(&why));
+            }
+            return EXIT_UNKNOWN;
+        }
         Err(e) => return e.report(),
     };
     let cfg = &started.cfg;

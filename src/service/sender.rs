@@ -83,7 +83,7 @@ pub fn wake(sock: &UnixDatagram) -> bool {
 /// The dispatcher's own state between scans.
 struct Dispatch {
     /// The pending files (name, seq) already handed to the sync thread.
-    synced: HashSet<(String, u128)>,
+    synced: HashSet<Synced>,
     /// The sync thread's queue.
     syncer: Sender_<Vec<String>>,
     /// The settler thread's queue: provisional ends to ask slurmctld about.
@@ -340,6 +340,15 @@ fn dispatcher(sh: &Arc<Shared>, outbox: &StateDir, sock: &UnixDatagram, max_even
     }
 }
 
+/// What tells one written outbox file from another: its name, its event's `seq`, and the
+/// `seq` of the end chained after it (an end chained after a waiting RUNNING rewrites the
+/// file and keeps the RUNNING's `seq`: that file must be synced again).
+type Synced = (String, u128, Option<u128>);
+
+fn synced(e: &Event) -> Synced {
+    (e.item.file_name(), e.seq, e.then.as_ref().map(|t| t.seq))
+}
+
 /// One look at the outbox: the new files go to the sync thread, the ends that need
 /// slurmctld's word to the settler, and (`dispatch`) the rest to the workers.
 fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &mut Dispatch) {
@@ -350,7 +359,7 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     // event CloudVision has is safe; what matters is how soon a queued one is on disk).
     let new: Vec<String> = pending
         .iter()
-        .filter(|e| !ds.synced.contains(&(e.item.file_name(), e.seq)))
+        .filter(|e| !ds.synced.contains(&synced(e)))
         .map(|e| e.item.file_name())
         .collect();
     if !new.is_empty() {
@@ -358,10 +367,7 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
             outbox.queue.sync_files(&unsent.0); // no sync thread: here, then
         }
     }
-    ds.synced = pending
-        .iter()
-        .map(|e| (e.item.file_name(), e.seq))
-        .collect();
+    ds.synced = pending.iter().map(synced).collect();
     let (busy, settling) = {
         let st = lock(sh);
         (st.busy.clone(), st.settling.clone())

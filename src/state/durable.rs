@@ -47,14 +47,15 @@ pub fn ensure_dirs(root: &Path, owner: Option<(u32, u32)>) -> Result<(), String>
         }
         if let Some((uid, gid)) = owner {
             // Also repairs directories an earlier root run left owned by root.
-            std::os::unix::fs::chown(&p, Some(uid), Some(gid))
+            std::os::unix::fs::lchown(&p, Some(uid), Some(gid))
                 .map_err(|e| format!("cannot chown {}: {e}", p.display()))?;
         }
     }
     Ok(())
 }
 
-/// Locks (`flock`, exclusive) the file `path`, created 0600 for `owner` if missing; with a
+/// Locks (`flock`, exclusive) the file `path` (never through a link), created 0600 for `owner`
+/// if missing; with a
 /// deadline, gives up when it passes (the error then ends with "past the deadline").
 pub fn lock_file(
     path: &Path,
@@ -66,6 +67,7 @@ pub fn lock_file(
         .truncate(false)
         .write(true)
         .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .open(path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     if let Some((uid, gid)) = owner {
@@ -92,6 +94,22 @@ pub fn lock_file(
             Err((_, e)) => return Err(format!("cannot lock {}: {e}", path.display())),
         }
     }
+}
+
+/// Reads a whole state file, never through a link (`O_NOFOLLOW`), a regular file only
+/// (`O_NONBLOCK` so that a FIFO planted in its place cannot block the reader).
+pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// `fsync`s a directory (its entries: renames, new files), ignoring failures.
@@ -216,7 +234,7 @@ pub fn records(dir: &Path) -> Vec<(String, Vec<u8>, Duration)> {
             if name.starts_with(TMP_PREFIX) {
                 return None;
             }
-            let bytes = fs::read(e.path()).ok()?;
+            let bytes = read_file(&e.path()).ok()?;
             let age = e
                 .metadata()
                 .ok()?
@@ -295,6 +313,11 @@ mod tests {
         fs::write(d.join(".tmp.1.2.c.json"), b"x").unwrap();
         assert_eq!(list_dir(&d), vec![a.clone()]);
         assert_eq!(records(&d).len(), 2);
+        // A link planted in StateDir is never read through, whatever it points to.
+        std::os::unix::fs::symlink(&a, d.join("link")).unwrap();
+        assert!(read_file(&d.join("link")).is_err());
+        assert_eq!(read_file(&a).unwrap(), b"1");
+        assert_eq!(records(&d).len(), 2, "the link is no record");
         fs::remove_dir_all(&d).unwrap();
     }
 }

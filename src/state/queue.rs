@@ -20,7 +20,7 @@
 //! ([`super::durable`]); a hook that hands its event to the running service skips the `fsync`
 //! and the service syncs it ([`Queue::sync_files`]).
 
-use super::durable::{self, list_dir, safe_name, sync_dir, unsafe_name, write_durably, write_tmp};
+use super::durable::{self, list_dir, safe_name, sync_dir, unsafe_name, write_tmp};
 use super::layout::{DRAINER_LOCK, INFLIGHT, OUTBOX, OUTBOX_LOCK, REJECTED};
 use super::starts::Starts;
 use crate::payload::{JobConfig, NodeConfig};
@@ -357,48 +357,100 @@ impl Queue {
         let path = self.dir(OUTBOX).join(&name);
         let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
         let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
-        let res = (|| {
-            let _lock = self.lock_file(OUTBOX_LOCK, deadline)?;
-            if let Some(Err(newer @ Undecodable::Newer(_))) = read_event(&path) {
-                return Err(format!("{}: {newer}", path.display()));
-            }
+        // An end that goes after its pending RUNNING replaces that file by both: that file is
+        // written (and synced) before the lock too, from the pending event read without the
+        // lock, and renamed under the lock only if the pending event is still that one.
+        let mut chained: Option<(Event, PathBuf)> = None;
+        let mut res;
+        loop {
             if let Some(Ok(old)) = read_event(&path) {
-                let newest = old.then.as_ref().map_or(old.rank, |t| t.rank);
-                if newest > ev.rank {
-                    return Ok(Enqueued::Superseded);
-                }
-                if chains_after(&old, ev) {
-                    let mut both = old;
+                if chains_after(&old, ev) && chained.as_ref().is_none_or(|(o, _)| *o != old) {
+                    if let Some((_, t)) = chained.take() {
+                        let _ = fs::remove_file(t);
+                    }
+                    let mut both = old.clone();
                     both.then = Some(Box::new(ev.clone()));
-                    let bytes = serde_json::to_vec(&both).map_err(|e| e.to_string())?;
-                    let chained = write_tmp(&path, &bytes, self.owner, sync)?;
-                    fs::rename(&chained, &path)
-                        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-                    return Ok(Enqueued::Chained);
+                    let b = serde_json::to_vec(&both).map_err(|e| e.to_string());
+                    match b.and_then(|b| write_tmp(&path, &b, self.owner, sync)) {
+                        Ok(t) => chained = Some((old, t)),
+                        Err(e) => {
+                            let _ = fs::remove_file(&tmp);
+                            return Err(e);
+                        }
+                    }
                 }
             }
-            let inflight = self.dir(INFLIGHT).join(&name);
-            let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
-                Ok(t) => t
-                    .elapsed()
-                    .map(|age| age < self.inflight_stale)
-                    .unwrap_or(true),
-                Err(_) => false,
-            };
-            fs::rename(&tmp, &path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            Ok(Enqueued::Queued { busy })
-        })();
+            res = self.place(ev, &path, &tmp, chained.as_ref(), deadline);
+            if res != Err(Replaced) {
+                break;
+            }
+        }
+        if let Some((_, t)) = &chained {
+            if res != Ok(Enqueued::Chained) {
+                let _ = fs::remove_file(t);
+            }
+        }
         if !matches!(res, Ok(Enqueued::Queued { .. })) {
             let _ = fs::remove_file(&tmp);
         }
         if sync && matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
             sync_dir(&self.dir(OUTBOX));
         }
-        res
+        res.map_err(|e| match e {
+            Replaced => unreachable!("retried above"),
+            Failed(e) => e,
+        })
+    }
+
+    /// The part of [`enqueue_by`](Self::enqueue_by) under the lock: renames only (the files
+    /// are written and synced before). `Err(Replaced)`: the pending event is not the one
+    /// `chained` was made from (or one to chain after appeared): make it again.
+    fn place(
+        &self,
+        ev: &Event,
+        path: &Path,
+        tmp: &Path,
+        chained: Option<&(Event, PathBuf)>,
+        deadline: Option<Instant>,
+    ) -> Result<Enqueued, PlaceError> {
+        let _lock = self.lock_file(OUTBOX_LOCK, deadline).map_err(Failed)?;
+        let cur = read_event(path);
+        if let Some(Err(newer @ Undecodable::Newer(_))) = &cur {
+            return Err(Failed(format!("{}: {newer}", path.display())));
+        }
+        if let Some(Ok(old)) = cur {
+            let newest = old.then.as_ref().map_or(old.rank, |t| t.rank);
+            if newest > ev.rank {
+                return Ok(Enqueued::Superseded);
+            }
+            if chains_after(&old, ev) {
+                return match chained {
+                    Some((made_from, both)) if *made_from == old => fs::rename(both, path)
+                        .map(|()| Enqueued::Chained)
+                        .map_err(|e| Failed(format!("cannot write {}: {e}", path.display()))),
+                    _ => Err(Replaced),
+                };
+            }
+        }
+        let name = ev.item.file_name();
+        let inflight = self.dir(INFLIGHT).join(&name);
+        let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
+            Ok(t) => t
+                .elapsed()
+                .map(|age| age < self.inflight_stale)
+                .unwrap_or(true),
+            Err(_) => false,
+        };
+        fs::rename(tmp, path)
+            .map_err(|e| Failed(format!("cannot write {}: {e}", path.display())))?;
+        Ok(Enqueued::Queued { busy })
     }
 
     /// Makes pending files that hooks wrote without syncing durable (`fdatasync` each, then
-    /// the directory). A file already sent and gone is skipped.
+    /// the directory). A file already sent and gone is skipped. Then, for each job whose end
+    /// is now durably queued (pending or in flight), forgets its start record: a hook that
+    /// handed its end to the service leaves that to here, so that until the end is on disk,
+    /// reconciliation can still repair it.
     pub fn sync_files(&self, names: &[String]) {
         if names.is_empty() {
             return;
@@ -414,6 +466,21 @@ impl Queue {
             }
         }
         sync_dir(&self.dir(OUTBOX));
+        for name in names {
+            let queued = [OUTBOX, INFLIGHT]
+                .iter()
+                .find_map(|d| read_event(&self.dir(d).join(name)).and_then(Result::ok));
+            if let Some(Event {
+                item: Item::Job { job },
+                then,
+                ..
+            }) = queued
+            {
+                if then.is_some() || job.state.is_terminal() {
+                    self.starts.forget(&job.key.id);
+                }
+            }
+        }
     }
 
     /// Replaces the pending event `old` by `new` (same key) if `old` is still the pending one;
@@ -557,7 +624,11 @@ impl Queue {
                 let to = self.dir(INFLIGHT).join(&name);
                 fs::rename(&from, &to)
                     .map_err(|e| format!("cannot move {}: {e}", from.display()))?;
-                if let Ok(f) = File::open(&to) {
+                if let Ok(f) = OpenOptions::new()
+                    .read(true)
+                    .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                    .open(&to)
+                {
                     let _ = f.set_modified(SystemTime::now());
                 }
                 // No directory fsync: if a crash loses this move, the event is simply still
@@ -606,50 +677,67 @@ impl Queue {
                 }
             }
         }
-        let _lock = self.lock()?;
-        match outcome {
-            Finish::Delivered => {
-                if let Item::Job { job } = &ev.item {
-                    if job.state.is_terminal() {
-                        self.delivered_ends
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(job.key.id.clone(), Instant::now());
-                    }
-                }
-                // No fsync: if a crash loses this unlink, recover() puts the event back and it
-                // is sent again, which is harmless (a POST replaces the record of its key).
-                let _ = fs::remove_file(&inflight);
-                return Ok(());
-            }
+        // What goes back to the outbox, or to rejected/, is written and synced before the
+        // lock, renamed under it, and its directory synced after it.
+        let (dir, bytes) = match &outcome {
+            Finish::Delivered => (None, Vec::new()),
             Finish::Retry => {
-                let pending = self.dir(OUTBOX).join(&name);
-                if pending.exists() {
-                    let _ = fs::remove_file(&inflight);
-                } else {
-                    let mut back = ev.clone();
-                    back.attempts += 1;
-                    write_durably(
-                        &pending,
-                        &serde_json::to_vec(&back).map_err(|e| e.to_string())?,
-                        self.owner,
-                    )?;
-                    let _ = fs::remove_file(&inflight);
-                }
+                let mut back = ev.clone();
+                back.attempts += 1;
+                let b = serde_json::to_vec(&back).map_err(|e| e.to_string())?;
+                (Some(OUTBOX), b)
             }
             Finish::Reject(answer) => {
-                let to = self.dir(REJECTED).join(&name);
                 let mut head = ev.clone();
                 head.then = None;
                 let mut v = serde_json::to_value(&head).map_err(|e| e.to_string())?;
-                v["rejected_because"] = serde_json::Value::String(answer);
-                write_durably(
-                    &to,
-                    &serde_json::to_vec_pretty(&v).map_err(|e| e.to_string())?,
-                    self.owner,
-                )?;
-                let _ = fs::remove_file(&inflight);
+                v["rejected_because"] = serde_json::Value::String(answer.clone());
+                let b = serde_json::to_vec_pretty(&v).map_err(|e| e.to_string())?;
+                (Some(REJECTED), b)
             }
+        };
+        let Some(dir) = dir else {
+            let _lock = self.lock()?;
+            if let Item::Job { job } = &ev.item {
+                if job.state.is_terminal() {
+                    self.delivered_ends
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(job.key.id.clone(), Instant::now());
+                    // Delivered: the start record is no longer needed to repair the end
+                    // (unless the job's next run is already pending).
+                    let next_run = matches!(
+                        read_event(&self.dir(OUTBOX).join(&name)),
+                        Some(Ok(cur)) if cur.rank > ev.rank
+                    );
+                    if !next_run {
+                        self.starts.forget(&job.key.id);
+                    }
+                }
+            }
+            // No fsync: if a crash loses this unlink, recover() puts the event back and it
+            // is sent again, which is harmless (a POST replaces the record of its key).
+            let _ = fs::remove_file(&inflight);
+            return Ok(());
+        };
+        let to = self.dir(dir).join(&name);
+        let tmp = write_tmp(&to, &bytes, self.owner, true)?;
+        let placed = (|| -> Result<bool, String> {
+            let _lock = self.lock()?;
+            // A retry never overwrites a newer pending event of the key.
+            if dir == OUTBOX && to.exists() {
+                let _ = fs::remove_file(&inflight);
+                return Ok(false);
+            }
+            fs::rename(&tmp, &to).map_err(|e| format!("cannot write {}: {e}", to.display()))?;
+            let _ = fs::remove_file(&inflight);
+            Ok(true)
+        })();
+        if placed != Ok(true) {
+            let _ = fs::remove_file(&tmp);
+        }
+        if placed? {
+            sync_dir(&self.dir(dir));
         }
         sync_dir(&self.dir(INFLIGHT));
         Ok(())
@@ -659,7 +747,7 @@ impl Queue {
     /// removes temp files that writers killed mid-write left behind.
     pub fn recover(&self) -> Result<usize, String> {
         self.ensure_dirs()?;
-        let _lock = self.lock()?;
+        let lock = self.lock()?;
         durable::remove_stale_tmp(&self.root);
         let mut n = 0;
         for p in list_dir(&self.dir(INFLIGHT)) {
@@ -675,6 +763,7 @@ impl Queue {
                 n += 1;
             }
         }
+        drop(lock);
         sync_dir(&self.dir(OUTBOX));
         Ok(n)
     }
@@ -724,6 +813,16 @@ impl Queue {
     }
 }
 
+/// Why [`Queue::place`] did not place an event.
+#[derive(Debug, PartialEq, Eq)]
+enum PlaceError {
+    /// The pending event changed since the chained file was made: make it again.
+    Replaced,
+    /// Nothing written: the lock was not had in time, or the outbox failed.
+    Failed(String),
+}
+use PlaceError::{Failed, Replaced};
+
 /// How an in-flight event ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finish {
@@ -745,7 +844,7 @@ fn chains_after(old: &Event, ev: &Event) -> bool {
 
 /// The event in `path`; `None` when it cannot be read.
 fn read_event(path: &Path) -> Option<Result<Event, Undecodable>> {
-    let bytes = fs::read(path).ok()?;
+    let bytes = durable::read_file(path).ok()?;
     Some(decode_event(&bytes))
 }
 
@@ -827,7 +926,10 @@ mod tests {
         let end = ob.pending().remove(0);
         let taken = ob.take(&end).unwrap().unwrap();
         ob.finish(&taken, Finish::Delivered).unwrap();
-        assert!(sd.starts.started_jobs().iter().any(|(k, _, _)| k == "7@c"));
+        // Delivering an end forgets the start record; one a prolog wrote again meanwhile
+        // (or an epilog still on its way) does not let a RUNNING follow the end either.
+        assert!(sd.starts.started_jobs().is_empty());
+        sd.starts.save("7@c", 100).unwrap();
         assert_eq!(ob.enqueue_resend(&run()), Ok(false));
         assert!(ob.pending().is_empty());
         // Only RUNNING is resent.

@@ -40,9 +40,9 @@ impl Starts {
 
     /// The start time the prolog recorded for a job.
     pub fn load(&self, key: &str) -> Option<i64> {
-        fs::read_to_string(self.path(key))
+        durable::read_file(&self.path(key))
             .ok()
-            .and_then(|s| s.trim().parse().ok())
+            .and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok())
     }
 
     /// True when a prolog's start record of the job is there.

@@ -4,7 +4,6 @@
 
 use super::durable;
 use super::layout::SERVICE_STATUS;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The service status file of one state directory.
@@ -45,7 +44,7 @@ impl ServiceStatus {
 
     /// What the last drain passes recorded ([`record_drain`](Self::record_drain)), if anything.
     pub fn read(&self) -> Option<serde_json::Value> {
-        fs::read(&self.path)
+        durable::read_file(&self.path)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
     }
