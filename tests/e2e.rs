@@ -9,6 +9,13 @@
 //! 24.11 and 26.05 run chrooted in a Debian root filesystem). Every Slurm command, the tests'
 //! and cvslurm's own (`SlurmBinDir`), is the version's: the cluster's `bin` directory.
 //! Tests that disturb nodes or CloudVision take the cluster exclusively.
+//!
+//! A faster loop while developing: `CVSLURM_E2E_REUSE=1` keeps the cluster up at the end and,
+//! on the next run, uses a running cluster of the same version and shape as it is
+//! (`cluster.sh up --reuse`: its jobs cancelled, each slurmd restarted) instead of building it
+//! again; the stand-in, the hook's files and the service are always new. Without it (CI), every
+//! run brings a fresh cluster up. Done for the day: `tests/cluster/cluster.sh down`, then kill
+//! the stand-in and service whose pids are in /var/tmp/cvslurm-e2e/*.pid.
 
 #[path = "common/cluster.rs"]
 mod cluster;
@@ -303,11 +310,17 @@ fn array_tasks_are_separate_jobs() {
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn srun_and_salloc_jobs() {
     let (f, _g) = shared();
-    let out = slurm("srun", &["-J", "e2e-srun", "-N2", "-x", "n4", "hostname"]);
+    // Found in accounting by name: names of this run only (a reused cluster's accounting
+    // has the jobs of earlier runs).
+    let (srun_name, salloc_name) = (
+        format!("e2e-srun-{}", std::process::id()),
+        format!("e2e-salloc-{}", std::process::id()),
+    );
+    let out = slurm("srun", &["-J", &srun_name, "-N2", "-x", "n4", "hostname"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let mut hosts: Vec<String> = stdout(&out).lines().map(String::from).collect();
     hosts.sort();
-    let out = slurm("salloc", &["-J", "e2e-salloc", "-N1", "-x", "n4", "true"]);
+    let out = slurm("salloc", &["-J", &salloc_name, "-N1", "-x", "n4", "true"]);
     assert!(out.status.success(), "{}", stderr(&out));
     // Accounting records reach slurmdbd asynchronously: wait for them.
     let ids = |name: &str| -> String {
@@ -324,7 +337,7 @@ fn srun_and_salloc_jobs() {
     };
     let v = wait_job(
         f,
-        &ids("e2e-srun"),
+        &ids(&srun_name),
         "JOB_STATE_COMPLETED",
         Duration::from_secs(60),
     );
@@ -335,7 +348,7 @@ fn srun_and_salloc_jobs() {
     );
     wait_job(
         f,
-        &ids("e2e-salloc"),
+        &ids(&salloc_name),
         "JOB_STATE_COMPLETED",
         Duration::from_secs(60),
     );

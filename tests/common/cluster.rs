@@ -1,7 +1,7 @@
 //! The real Slurm cluster of the end-to-end tests (`tests/cluster/cluster.sh`), shared by
 //! `tests/e2e.rs` and `tests/e2e_gpu.rs` (each includes it as `mod cluster` beside
-//! `mod common`): bringing it up, the version's Slurm commands, submitting and watching jobs,
-//! and what CloudVision got of them.
+//! `mod common`): bringing it up or reusing a running one (`CVSLURM_E2E_REUSE=1`), the
+//! version's Slurm commands, submitting and watching jobs, and what CloudVision got of them.
 #![allow(dead_code)]
 
 use crate::common::{stderr, stdout, Standin};
@@ -36,11 +36,21 @@ pub fn cluster_sh(args: &[&str], envs: &[(&str, &str)]) -> Output {
     out
 }
 
+/// `CVSLURM_E2E_REUSE=1`: a developer's loop. A running cluster brought up with the same
+/// version and settings is used as it is (`cluster.sh up --reuse`) and left up at the end.
+pub fn reuse() -> bool {
+    std::env::var_os("CVSLURM_E2E_REUSE").is_some_and(|v| v == "1")
+}
+
 /// Brings the cluster `CLUSTER` up with `nodes` static nodes and `envs` (cluster.sh's
-/// variables).
+/// variables); with `CVSLURM_E2E_REUSE=1`, keeps a running one of that shape instead.
 pub fn up(nodes: usize, envs: &[(&str, &str)]) {
     let n = nodes.to_string();
-    let args = ["up", &n];
+    let mut args = vec!["up"];
+    if reuse() {
+        args.push("--reuse");
+    }
+    args.push(&n);
     let mut envs = envs.to_vec();
     envs.push(("CLUSTER_NAME", CLUSTER));
     let t = Instant::now();
@@ -57,14 +67,17 @@ pub fn up(nodes: usize, envs: &[(&str, &str)]) {
     );
 }
 
-/// Takes the cluster down when dropped (the test passed or not).
+/// Takes the cluster down when dropped (the test passed or not), unless
+/// `CVSLURM_E2E_REUSE=1`: then it stays up for the next run.
 pub struct Down;
 
 impl Drop for Down {
     fn drop(&mut self) {
-        let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
-            .arg("down")
-            .output();
+        if !reuse() {
+            let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+                .arg("down")
+                .output();
+        }
     }
 }
 
