@@ -729,7 +729,7 @@ reuse_obstacle() { # nnodes
 # `up --reuse`: the running cluster made as a fresh one would be: no jobs, every slurmd
 # restarted (a new mount namespace), every node idle. Returns 1 when it cannot.
 reuse_cluster() { # nnodes
-    local n="$1" i ids t0=$SECONDS
+    local n="$1" i ids t0=$SECONDS cancelled=""
     local -a nodes=() specs=()
     mapfile -t nodes < <(static_nodes)
     ids="$(inroot squeue -h -o %i 2>/dev/null | tr '\n' ' ')"
@@ -744,7 +744,7 @@ reuse_cluster() { # nnodes
             warn "jobs still listed 60 s after scancel: $(inroot squeue -h -o '%i %T' | tr '\n' ' ')"
             return 1
         fi
-        log "cancelled jobs $ids"
+        cancelled="jobs ${ids% } cancelled, "
     fi
     for i in "${nodes[@]}"; do specs+=("$W/run/slurmd-$i.pid.ours:slurmd"); done
     stop_pidfiles "${specs[@]}"
@@ -753,7 +753,7 @@ reuse_cluster() { # nnodes
         warn "nodes not idle after their slurmd restarted: $(inroot sinfo -h -N -o '%N %T' | tr '\n' ' ')"
         return 1
     fi
-    log "up: reused the running Slurm $SLURM_VER cluster ($n nodes, slurmd restarted, idle in $((SECONDS - t0)) s)"
+    log "up: reused the running Slurm $SLURM_VER cluster (${cancelled}$n nodes, slurmd restarted, idle in $((SECONDS - t0)) s)"
 }
 
 # ---------- commands ----------

@@ -55,15 +55,18 @@ pub fn up(nodes: usize, envs: &[(&str, &str)]) {
     envs.push(("CLUSTER_NAME", CLUSTER));
     let t = Instant::now();
     let out = cluster_sh(&args, &envs);
+    // What it did: why a running cluster was not reused, and its last line.
     let said = stdout(&out);
-    let last = said
+    let lines: Vec<&str> = said
         .lines()
-        .last()
-        .unwrap_or("")
-        .trim_start_matches("[cluster] ");
+        .filter(|l| l.starts_with("[cluster] --reuse"))
+        .chain(said.lines().last())
+        .map(|l| l.trim_start_matches("[cluster] "))
+        .collect();
     eprintln!(
-        "[e2e] cluster {args:?} in {:.1} s: {last}",
-        t.elapsed().as_secs_f64()
+        "[e2e] cluster {args:?} in {:.1} s: {}",
+        t.elapsed().as_secs_f64(),
+        lines.join("; ")
     );
 }
 
