@@ -9,8 +9,18 @@
 //! 24.11 and 26.05 run chrooted in a Debian root filesystem). Every Slurm command, the tests'
 //! and cvslurm's own (`SlurmBinDir`), is the version's: the cluster's `bin` directory.
 //! Tests that disturb nodes or CloudVision take the cluster exclusively.
+//!
+//! A faster loop while developing: `CVSLURM_E2E_REUSE=1` keeps the cluster up at the end and,
+//! on the next run, uses a running cluster of the same version and shape as it is
+//! (`cluster.sh up --reuse`: its jobs cancelled, each slurmd restarted) instead of building it
+//! again; the stand-in, the hook's files and the service are always new. Without it (CI), every
+//! run brings a fresh cluster up. Done for the day: `tests/cluster/cluster.sh down`, then kill
+//! the stand-in and service whose pids are in /var/tmp/cvslurm-e2e/*.pid.
 
+#[path = "common/cluster.rs"]
+mod cluster;
 mod common;
+use cluster::*;
 use common::*;
 use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
@@ -21,10 +31,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-const CLUSTER: &str = "cvtest";
 const WORK: &str = "/var/tmp/cvslurm-e2e";
-/// tests/cluster/cluster.sh's work dir (its default, as in cluster.sh).
-const CLUSTER_DIR: &str = "/var/tmp/cvslurm-cluster";
 const NODES: usize = 4;
 
 struct Fixture {
@@ -36,58 +43,17 @@ struct Fixture {
     _service: Mutex<Child>,
 }
 
-static FIXTURE: OnceLock<Fixture> = OnceLock::new();
-static CLUSTER_LOCK: RwLock<()> = RwLock::new(());
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn cluster_sh(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let out = Command::new(repo().join("tests/cluster/cluster.sh"))
-        .args(args)
-        .envs(envs.iter().copied())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cluster.sh {args:?} failed:\n{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    out
-}
-
-fn chown_slurm(p: &Path) {
-    let st = Command::new("chown")
-        .args(["-R", "slurm:slurm"])
-        .arg(p)
-        .status()
-        .unwrap();
-    assert!(st.success());
-}
-
-/// Marks every descriptor this process inherited (beyond stdio) close-on-exec. Run inside
-/// `flock LOCK cargo test ...`, the lock's descriptor would otherwise pass to the stand-in, the
-/// service and the cluster's daemons, which outlive the test process and would hold the lock
-/// for good.
-fn keep_inherited_fds_to_ourselves() {
-    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-    use std::os::fd::BorrowedFd;
-    let fds: Vec<i32> = fs::read_dir("/proc/self/fd")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .filter(|&fd| fd > 2)
-                .collect()
-        })
-        .unwrap_or_default();
-    for fd in fds {
-        // SAFETY: only the descriptor's flags change; one that closed meanwhile just fails.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+impl Watch for Fixture {
+    fn cv(&self) -> &Standin {
+        &self.cv
+    }
+    fn log_file(&self) -> &Path {
+        &self.log_file
     }
 }
+
+static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+static CLUSTER_LOCK: RwLock<()> = RwLock::new(());
 
 /// Brings the cluster, the stand-in, the hook and the service up once for all tests.
 fn fixture() -> &'static Fixture {
@@ -138,7 +104,7 @@ fn fixture() -> &'static Fixture {
         )
         .unwrap();
         let hook = work.join("cvslurm-hook");
-        cluster_sh(&["up", &NODES.to_string()], &[("CVSLURM_HOOK", hook.to_str().unwrap()), ("WITH_DBD", "1"), ("CLUSTER_NAME", CLUSTER)]);
+        up(NODES, &[("CVSLURM_HOOK", hook.to_str().unwrap()), ("WITH_DBD", "1")]);
         // The service, as systemd would run it.
         let service = Command::new(&bin)
             .args(["inventory", "--monitor"])
@@ -179,81 +145,6 @@ fn exclusive() -> (&'static Fixture, RwLockWriteGuard<'static, ()>) {
     };
     wait_until("every node responding", Duration::from_secs(90), whole);
     (f, g)
-}
-
-/// The cluster's Slurm commands (the version under test), from the host and from inside the
-/// cluster's root filesystem alike.
-fn slurm_bin_dir() -> PathBuf {
-    let dir = std::env::var_os("CVSLURM_CLUSTER_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(CLUSTER_DIR));
-    dir.join("bin")
-}
-
-fn slurm(cmd: &str, args: &[&str]) -> Output {
-    Command::new(slurm_bin_dir().join(cmd))
-        .args(args)
-        .env("SLURM_TIME_FORMAT", "%s")
-        .output()
-        .unwrap()
-}
-
-/// Submits a batch job (kept off n4, which exclusive tests disturb) and returns its id.
-fn sbatch(args: &[&str]) -> String {
-    let mut a = vec!["--parsable", "-o", "/dev/null", "-e", "/dev/null"];
-    if !args
-        .iter()
-        .any(|x| x.starts_with("-w") || x.starts_with("--nodelist") || x.starts_with("-x"))
-    {
-        a.extend(["-x", "n4"]);
-    }
-    a.extend(args);
-    let out = slurm("sbatch", &a);
-    assert!(out.status.success(), "sbatch {a:?}: {}", stderr(&out));
-    stdout(&out).trim().split(';').next().unwrap().to_string()
-}
-
-/// Runs a cluster.sh command when dropped: puts a node back even when a test fails midway.
-struct Restore(&'static [&'static str]);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
-            .args(self.0)
-            .output();
-    }
-}
-
-fn key(id: &str) -> String {
-    format!("{id}@{CLUSTER}")
-}
-
-/// Every JobConfig CloudVision accepted for this job, in order.
-fn job_events(f: &Fixture, id: &str) -> Vec<Value> {
-    f.cv.accepted("JobConfig")
-        .into_iter()
-        .filter(|j| j["key"]["id"] == key(id))
-        .collect()
-}
-
-/// Waits until CloudVision holds the job in `state` (its current record), then returns it.
-fn wait_job(f: &Fixture, id: &str, state: &str, within: Duration) -> Value {
-    let until = Instant::now() + within;
-    loop {
-        let cur = f.cv.state()["jobs"][key(id)].clone();
-        if cur["state"] == state {
-            return cur;
-        }
-        if Instant::now() > until {
-            let log = fs::read_to_string(&f.log_file).unwrap_or_default();
-            let mine: Vec<&str> = log.lines().filter(|l| l.contains(&key(id))).collect();
-            panic!(
-                "job {id}: CloudVision has {cur} after {within:?}, wanted {state}\nlog:\n{}",
-                mine.join("\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn nodes_of(v: &Value) -> Vec<String> {
@@ -420,11 +311,17 @@ fn array_tasks_are_separate_jobs() {
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn srun_and_salloc_jobs() {
     let (f, _g) = shared();
-    let out = slurm("srun", &["-J", "e2e-srun", "-N2", "-x", "n4", "hostname"]);
+    // Found in accounting by name: names of this run only (a reused cluster's accounting
+    // has the jobs of earlier runs).
+    let (srun_name, salloc_name) = (
+        format!("e2e-srun-{}", std::process::id()),
+        format!("e2e-salloc-{}", std::process::id()),
+    );
+    let out = slurm("srun", &["-J", &srun_name, "-N2", "-x", "n4", "hostname"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let mut hosts: Vec<String> = stdout(&out).lines().map(String::from).collect();
     hosts.sort();
-    let out = slurm("salloc", &["-J", "e2e-salloc", "-N1", "-x", "n4", "true"]);
+    let out = slurm("salloc", &["-J", &salloc_name, "-N1", "-x", "n4", "true"]);
     assert!(out.status.success(), "{}", stderr(&out));
     // Accounting records reach slurmdbd asynchronously: wait for them.
     let ids = |name: &str| -> String {
@@ -441,7 +338,7 @@ fn srun_and_salloc_jobs() {
     };
     let v = wait_job(
         f,
-        &ids("e2e-srun"),
+        &ids(&srun_name),
         "JOB_STATE_COMPLETED",
         Duration::from_secs(60),
     );
@@ -452,7 +349,7 @@ fn srun_and_salloc_jobs() {
     );
     wait_job(
         f,
-        &ids("e2e-salloc"),
+        &ids(&salloc_name),
         "JOB_STATE_COMPLETED",
         Duration::from_secs(60),
     );
@@ -530,26 +427,6 @@ fn expected_interfaces(i: usize) -> Value {
         {"name": "eth0", "mac_address": format!("02:99:00:00:{i:02x}:01"),
          "ip_addresses": {"values": [format!("10.99.0.{}", 10 + i)]}},
     ])
-}
-
-fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
-    let until = Instant::now() + within;
-    while !ok() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
-/// A node's state from the full listing: `sinfo -n NODE` can report a stale state (seen on
-/// 24.11: `allocated` for a node that the full listing, and the inventory, saw `mixed`).
-fn node_state(name: &str) -> String {
-    stdout(&slurm("sinfo", &["--all", "-h", "-N", "-o", "%N %T"]))
-        .lines()
-        .find_map(|l| {
-            let (n, st) = l.split_once(' ')?;
-            (n == name).then(|| st.trim().to_string())
-        })
-        .unwrap_or_default()
 }
 
 #[test]
@@ -1181,48 +1058,6 @@ fn discovery_reaches_fully_allocated_nodes() {
             "{n}"
         );
     }
-}
-
-/// The Slurm release the cluster runs, as (major, minor), from `scontrol --version`.
-fn slurm_version() -> (u32, u32) {
-    let text = stdout(&slurm("scontrol", &["--version"]));
-    let v = text.split_whitespace().last().unwrap_or("").to_string();
-    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (it.next().unwrap_or(0), it.next().unwrap_or(0))
-}
-
-/// Slurm's own Start and End of an ended job (sacct, epoch seconds), once accounting has the
-/// final state.
-fn sacct_times(id: &str) -> (String, String) {
-    let mut row = String::new();
-    wait_until(
-        &format!("sacct to record job {id}'s end"),
-        Duration::from_secs(60),
-        || {
-            // Only fields no user controls, `|`-separated.
-            let out = slurm(
-                "sacct",
-                &[
-                    "-j",
-                    id,
-                    "-X",
-                    "-n",
-                    "-P",
-                    "--format=JobIDRaw,State,Start,End",
-                ],
-            );
-            row = stdout(&out)
-                .lines()
-                .find(|l| l.starts_with(&format!("{id}|")))
-                .unwrap_or("")
-                .to_string();
-            let f: Vec<&str> = row.split('|').collect();
-            f.len() == 4 && !matches!(f[1], "RUNNING" | "PENDING" | "REQUEUED") && f[3] != "Unknown"
-        },
-    );
-    let f: Vec<&str> = row.split('|').collect();
-    let iso = |s: &str| cvslurm::internals::timefmt::format_epoch(s.parse().unwrap()).unwrap();
-    (iso(f[2]), iso(f[3]))
 }
 
 /// Job names, comments and script lines that a text reader of scontrol/squeue/sacct takes for

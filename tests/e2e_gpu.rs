@@ -7,55 +7,24 @@
 //!
 //! Needs root and the cluster to itself; run by `tests/run-all.sh`, or by hand:
 //! `SLURM=24.11 PATH=/var/tmp/cvslurm-cluster/bin:$PATH cargo test --release --test e2e_gpu -- --ignored`.
+//! With `CVSLURM_E2E_REUSE=1` (as in tests/e2e.rs) a running two-node GPU cluster of the same
+//! version is used as it is (jobs cancelled, each slurmd restarted: the DGX trees mounted in
+//! its namespace are gone) and left up at the end instead of taken down.
 
+#[path = "common/cluster.rs"]
+mod cluster;
 mod common;
+use cluster::*;
 use common::*;
 use cvslurm::internals::state::layout;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const CLUSTER: &str = "cvtest";
-const CLUSTER_DIR: &str = "/var/tmp/cvslurm-cluster";
 const WORK: &str = "/var/tmp/cvslurm-e2e-gpu";
-
-/// A Slurm command of the version under test (`cluster.sh`'s wrappers, `SLURM=…`).
-fn slurm_cmd(name: &str) -> Command {
-    Command::new(format!("{CLUSTER_DIR}/bin/{name}"))
-}
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn cluster_sh(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let out = Command::new(repo().join("tests/cluster/cluster.sh"))
-        .args(args)
-        .envs(envs.iter().copied())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cluster.sh {args:?} failed:\n{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    out
-}
-
-/// Takes the cluster down when the test ends, passed or not.
-struct Down;
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
-            .arg("down")
-            .output();
-    }
-}
 
 /// Makes `node` a DGX A100 for the processes its slurmd starts: a generated tree (NIC MACs
 /// starting with `mac_prefix`) bind-mounted over `/sys` (keeping the real `/sys/fs`, where
@@ -86,18 +55,6 @@ fn mount_topology(node: &str, mac_prefix: &str) {
         .output()
         .unwrap();
     assert!(out.status.success(), "nsenter mount: {}", stderr(&out));
-}
-
-fn sbatch(args: &[&str]) -> String {
-    let mut a = vec!["--parsable", "-o", "/dev/null", "-e", "/dev/null"];
-    a.extend(args);
-    let out = slurm_cmd("sbatch")
-        .args(&a)
-        .current_dir("/tmp")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "sbatch {a:?}: {}", stderr(&out));
-    stdout(&out).trim().split(';').next().unwrap().to_string()
 }
 
 fn wait_running(ids: &[&str]) {
@@ -156,10 +113,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     let _ = fs::remove_dir_all(WORK);
     fs::create_dir_all(WORK).unwrap();
     let _down = Down;
-    cluster_sh(
-        &["up", "2"],
-        &[("WITH_GPUS", "1"), ("CLUSTER_NAME", CLUSTER)],
-    );
+    up(2, &[("WITH_GPUS", "1")]);
     let version = slurm_cmd("scontrol").arg("--version").output().unwrap();
     eprintln!("[e2e_gpu] {}", stdout(&version).trim());
     mount_topology("n1", "02:dd:00:01");
@@ -269,19 +223,16 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
         "{text}"
     );
     let jobs = cv.state()["jobs"].clone();
-    let got_a = strings(&jobs[format!("{a}@{CLUSTER}")]["interfaces"]["values"]);
-    let got_b = strings(&jobs[format!("{b}@{CLUSTER}")]["interfaces"]["values"]);
+    let got_a = strings(&jobs[key(&a)]["interfaces"]["values"]);
+    let got_b = strings(&jobs[key(&b)]["interfaces"]["values"]);
     assert_eq!(got_a, want_a);
     assert_eq!(got_b, want_b);
     assert!(
         got_a.iter().all(|m| !got_b.contains(m)),
         "{got_a:?} {got_b:?}"
     );
-    assert!(jobs[format!("{a}@{CLUSTER}")].get("nodes").is_none());
-    assert_eq!(
-        strings(&jobs[format!("{c}@{CLUSTER}")]["nodes"]["values"]),
-        ["n2"]
-    );
+    assert!(jobs[key(&a)].get("nodes").is_none());
+    assert_eq!(strings(&jobs[key(&c)]["nodes"]["values"]), ["n2"]);
 
     // JobInterfaces=nodes: the same job by node name, no rule line.
     let nodes_site = Site::new(
@@ -324,10 +275,10 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
         ("SLURM_JOB_NODELIST", "n1"),
     ]);
     assert_eq!(out.status.code(), Some(0));
-    let key = format!("{b}@{CLUSTER}");
+    let b_key = key(&b);
     let until = Instant::now() + Duration::from_secs(30);
     let job = loop {
-        let j = cv.state()["jobs"][&key].clone();
+        let j = cv.state()["jobs"][&b_key].clone();
         if j.is_object() {
             break j;
         }
@@ -340,7 +291,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     };
     assert!(
         site.log()
-            .contains(&format!("job {key}: RUNNING queued for the service")),
+            .contains(&format!("job {b_key}: RUNNING queued for the service")),
         "{}",
         site.log()
     );
@@ -372,7 +323,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     loop {
         let jobs = cv.state()["jobs"].clone();
         let got = |id: &str| {
-            let macs = &jobs[format!("{id}@{CLUSTER}")]["interfaces"]["values"];
+            let macs = &jobs[key(id)]["interfaces"]["values"];
             macs.is_array().then(|| strings(macs))
         };
         if got(&a).as_ref() == Some(&new_a) && got(&b).as_ref() == Some(&new_b) {
@@ -398,7 +349,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
         !log.contains(&format!("job {c}@{CLUSTER}: the inventory")),
         "{log}"
     );
-    let whole = cv.state()["jobs"][format!("{c}@{CLUSTER}")].clone();
+    let whole = cv.state()["jobs"][key(&c)].clone();
     assert_eq!(strings(&whole["nodes"]["values"]), ["n2"], "{whole}");
     drop(svc);
 

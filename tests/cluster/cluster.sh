@@ -2,11 +2,16 @@
 # Real multi-node Slurm test cluster on one machine (one network namespace per node).
 #
 # Usage: tests/cluster/cluster.sh <command> [args]
-#   up [N]               full `down`, then start munged, (MariaDB + slurmdbd), slurmctld and
-#                        N static nodes n1..nN (default 4), wait until they are idle
+#   up [--reuse] [N]     full `down`, then start munged, (MariaDB + slurmdbd), slurmctld and
+#                        N static nodes n1..nN (default 4), wait until they are idle.
+#                        --reuse: keep the running cluster instead when it was brought up with
+#                        the same settings (N, SLURM and the variables below) and is still as
+#                        `up` left it (every daemon alive, same slurm.conf, partitions and
+#                        nodes): its jobs are cancelled and every slurmd restarted (what a
+#                        test mounted in a slurmd's namespace is gone); else a full `up`
 #   down                 stop everything this script started (by PID), delete namespaces,
 #                        bridge and managed /etc/slurm files; idempotent
-#   status               print what is running
+#   status               print what is running (and the settings `up` was given)
 #   add-node NAME        start a dynamic node (slurmd -Z) in a new namespace, wait for sinfo
 #   del-node NAME        stop a dynamic node's slurmd, scontrol delete it, remove namespace
 #   stop-slurmd NAME     stop one node's slurmd (node becomes idle*/down* after SlurmdTimeout)
@@ -669,6 +674,88 @@ EOF
     fi
 }
 
+# ---------- reuse (up --reuse) ----------
+# The settings `up N` is given, one per line: `up --reuse` keeps a running cluster only when
+# it came up with these ($W/run/up.env).
+up_description() { # nnodes
+    printf 'SLURM=%s\nNODES=%s\nCLUSTER_NAME=%s\nWITH_DBD=%s\nWITH_GPUS=%s\nCVSLURM_HOOK=%s\n' \
+        "$SLURM_VER" "$1" "$CLUSTER_NAME" "${WITH_DBD:-0}" "${WITH_GPUS:-0}" "${CVSLURM_HOOK:-}"
+    printf 'CVSLURM_HOOKS=%s\nMIN_JOB_AGE=%s\nSLURMD_TIMEOUT=%s\nSLURMCTLD_DEBUG=%s\n' \
+        "${CVSLURM_HOOKS:-both}" "${MIN_JOB_AGE:-5}" "${SLURMD_TIMEOUT:-5}" "${SLURMCTLD_DEBUG:-info}"
+    printf 'CVSLURM_SHARE=%s\nREPO=%s\n' "${CVSLURM_SHARE:-}" "$REPO"
+}
+
+# The cluster as `up` left it ($W/run/up.snapshot): the managed files in /etc/slurm, the nodes
+# and slurmctld's partitions. A test that changed one and could not put it back (killed midway)
+# leaves a cluster that `up --reuse` does not take.
+cluster_snapshot() {
+    local f
+    for f in $(managed_files); do
+        if [[ -f "$ETC/$f" ]]; then printf '%s %s\n' "$f" "$(sha256sum <"$ETC/$f" | cut -d' ' -f1)"; fi
+    done
+    printf 'nodes: %s\n' "$(all_nodes | tr '\n' ' ')"
+    inroot scontrol show partition -o 2>&1 || true
+}
+
+# Why the running cluster cannot serve `up --reuse N` (prints nothing when it can).
+reuse_obstacle() { # nnodes
+    local f pid
+    if [[ ! -s "$W/run/up.env" || ! -s "$W/run/up.snapshot" ]]; then
+        echo "no cluster is up (or one from an older cluster.sh)"
+        return 0
+    fi
+    if [[ "$(up_description "$1")" != "$(cat "$W/run/up.env")" ]]; then
+        echo "it came up with other settings ($(grep -vxF -f "$W/run/up.env" <(up_description "$1") | tr '\n' ' ' || true)wanted)"
+        return 0
+    fi
+    for f in "$W"/run/*.pid.ours; do
+        [[ -f "$f" ]] || continue
+        pid="$(cat "$f" 2>/dev/null || true)"
+        if ! pid_alive "$pid"; then
+            echo "${f##*/} (pid $pid) is not running"
+            return 0
+        fi
+    done
+    if ! ctld_up; then
+        echo "slurmctld does not answer"
+        return 0
+    fi
+    if [[ "$(cluster_snapshot)" != "$(cat "$W/run/up.snapshot")" ]]; then
+        echo "its configuration, partitions or nodes changed since it came up"
+    fi
+    return 0
+}
+
+# `up --reuse`: the running cluster made as a fresh one would be: no jobs, every slurmd
+# restarted (a new mount namespace), every node idle. Returns 1 when it cannot.
+reuse_cluster() { # nnodes
+    local n="$1" i ids t0=$SECONDS cancelled=""
+    local -a nodes=() specs=()
+    mapfile -t nodes < <(static_nodes)
+    ids="$(inroot squeue -h -o %i 2>/dev/null | tr '\n' ' ')"
+    if [[ -n "${ids// /}" ]]; then
+        # shellcheck disable=SC2086
+        inroot scancel $ids 2>/dev/null || true
+        for ((i = 0; i < 300; i++)); do
+            [[ -z "$(inroot squeue -h -o %i 2>/dev/null)" ]] && break
+            sleep 0.2
+        done
+        if [[ -n "$(inroot squeue -h -o %i 2>/dev/null)" ]]; then
+            warn "jobs still listed 60 s after scancel: $(inroot squeue -h -o '%i %T' | tr '\n' ' ')"
+            return 1
+        fi
+        cancelled="jobs ${ids% } cancelled, "
+    fi
+    for i in "${nodes[@]}"; do specs+=("$W/run/slurmd-$i.pid.ours:slurmd"); done
+    stop_pidfiles "${specs[@]}"
+    for i in "${nodes[@]}"; do start_slurmd "$i"; done
+    if ! wait_nodes_idle 60 "${nodes[@]}"; then
+        warn "nodes not idle after their slurmd restarted: $(inroot sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+        return 1
+    fi
+    log "up: reused the running Slurm $SLURM_VER cluster (${cancelled}$n nodes, slurmd restarted, idle in $((SECONDS - t0)) s)"
+}
+
 # ---------- commands ----------
 do_down() {
     local n ns
@@ -707,12 +794,28 @@ cmd_down() {
 }
 
 cmd_up() {
+    local reuse=0 why
+    if [[ "${1:-}" == --reuse ]]; then
+        reuse=1
+        shift
+    fi
     local n="${1:-4}" i t0=$SECONDS nodes=()
     if ! [[ "$n" =~ ^[0-9]+$ ]] || ((n < 1 || n > 32)); then fail "node count must be 1..32"; fi
     need_root
     take_lock
     [[ -z "${CVSLURM_HOOK:-}" || "${CVSLURM_HOOK}" == /* ]] || fail "CVSLURM_HOOK must be an absolute path"
     case "$SLURM_VER" in 22.05 | 24.11 | 26.05) ;; *) fail "SLURM=$SLURM_VER: want 22.05 (the host's), 24.11 or 26.05" ;; esac
+    if [[ $reuse == 1 ]]; then
+        # the running cluster's root filesystem (the settings compared include the version)
+        R="$(cat "$W/run/rootfs" 2>/dev/null || true)"
+        why="$(reuse_obstacle "$n")"
+        if [[ -z "$why" ]]; then
+            if reuse_cluster "$n"; then return 0; fi
+            why="it could not be emptied (above)"
+        fi
+        log "--reuse: not reusing the running cluster: $why; bringing it up afresh"
+        R=""
+    fi
     log "down (cleaning up previous run)"
     do_down
     mkdir -p "$W"
@@ -751,6 +854,8 @@ cmd_up() {
     for i in "${nodes[@]}"; do start_slurmd "$i"; done
     log "slurmd started on ${nodes[*]}; waiting for idle"
     wait_nodes_idle 60 "${nodes[@]}" || die "nodes did not become idle: $(inroot sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+    up_description "$n" >"$W/run/up.env"
+    cluster_snapshot >"$W/run/up.snapshot"
     log "up: Slurm $SLURM_VER ($(inroot sinfo --version)), $n nodes idle in $((SECONDS - t0)) s; description in $W/nodes.env and $W/nodes.json"
 }
 
@@ -768,6 +873,7 @@ cmd_status() {
     done
     printf 'namespaces: %s\n' "$(ip netns list | awk '{print $1}' | grep "^$NS_PREFIX" | tr '\n' ' ' || true)"
     printf 'Slurm %s%s, commands in %s/bin\n' "$SLURM_VER" "${R:+ (root filesystem $R)}" "$W"
+    [[ ! -s "$W/run/up.env" ]] || printf 'brought up with: %s\n' "$(tr '\n' ' ' <"$W/run/up.env")"
     inroot sinfo -N -o '%N %P %T' 2>&1 || true
     inroot squeue 2>&1 || true
 }

@@ -1,0 +1,271 @@
+//! The real Slurm cluster of the end-to-end tests (`tests/cluster/cluster.sh`), shared by
+//! `tests/e2e.rs` and `tests/e2e_gpu.rs` (each includes it as `mod cluster` beside
+//! `mod common`): bringing it up or reusing a running one (`CVSLURM_E2E_REUSE=1`), the
+//! version's Slurm commands, submitting and watching jobs, and what CloudVision got of them.
+#![allow(dead_code)]
+
+use crate::common::{stderr, stdout, Standin};
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// The cluster's name (`CLUSTER_NAME`, and the `location` cvslurm reports).
+pub const CLUSTER: &str = "cvtest";
+/// tests/cluster/cluster.sh's work dir (its default, as in cluster.sh).
+pub const CLUSTER_DIR: &str = "/var/tmp/cvslurm-cluster";
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs `tests/cluster/cluster.sh ARGS` with `envs` added; panics with its output when it fails.
+pub fn cluster_sh(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let out = Command::new(repo().join("tests/cluster/cluster.sh"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster.sh {args:?} failed:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    out
+}
+
+/// `CVSLURM_E2E_REUSE=1`: a developer's loop. A running cluster brought up with the same
+/// version and settings is used as it is (`cluster.sh up --reuse`) and left up at the end.
+pub fn reuse() -> bool {
+    std::env::var_os("CVSLURM_E2E_REUSE").is_some_and(|v| v == "1")
+}
+
+/// Brings the cluster `CLUSTER` up with `nodes` static nodes and `envs` (cluster.sh's
+/// variables); with `CVSLURM_E2E_REUSE=1`, keeps a running one of that shape instead.
+pub fn up(nodes: usize, envs: &[(&str, &str)]) {
+    let n = nodes.to_string();
+    let mut args = vec!["up"];
+    if reuse() {
+        args.push("--reuse");
+    }
+    args.push(&n);
+    let mut envs = envs.to_vec();
+    envs.push(("CLUSTER_NAME", CLUSTER));
+    let t = Instant::now();
+    let out = cluster_sh(&args, &envs);
+    // What it did: why a running cluster was not reused, and its last line.
+    let said = stdout(&out);
+    let lines: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with("[cluster] --reuse"))
+        .chain(said.lines().last())
+        .map(|l| l.trim_start_matches("[cluster] "))
+        .collect();
+    eprintln!(
+        "[e2e] cluster {args:?} in {:.1} s: {}",
+        t.elapsed().as_secs_f64(),
+        lines.join("; ")
+    );
+}
+
+/// Takes the cluster down when dropped (the test passed or not), unless
+/// `CVSLURM_E2E_REUSE=1`: then it stays up for the next run.
+pub struct Down;
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        if !reuse() {
+            let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+                .arg("down")
+                .output();
+        }
+    }
+}
+
+/// Runs a cluster.sh command when dropped: puts a node back even when a test fails midway.
+pub struct Restore(pub &'static [&'static str]);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+            .args(self.0)
+            .output();
+    }
+}
+
+pub fn chown_slurm(p: &Path) {
+    let st = Command::new("chown")
+        .args(["-R", "slurm:slurm"])
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// Marks every descriptor this process inherited (beyond stdio) close-on-exec. Run inside
+/// `flock LOCK cargo test ...`, the lock's descriptor would otherwise pass to the stand-in, the
+/// service and the cluster's daemons, which outlive the test process and would hold the lock
+/// for good.
+pub fn keep_inherited_fds_to_ourselves() {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    use std::os::fd::BorrowedFd;
+    let fds: Vec<i32> = fs::read_dir("/proc/self/fd")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|&fd| fd > 2)
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        // SAFETY: only the descriptor's flags change; one that closed meanwhile just fails.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    }
+}
+
+/// The cluster's Slurm commands (the version under test), from the host and from inside the
+/// cluster's root filesystem alike.
+pub fn slurm_bin_dir() -> PathBuf {
+    let dir = std::env::var_os("CVSLURM_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(CLUSTER_DIR));
+    dir.join("bin")
+}
+
+/// A Slurm command of the version under test, printing times as epoch seconds.
+pub fn slurm_cmd(name: &str) -> Command {
+    let mut c = Command::new(slurm_bin_dir().join(name));
+    c.env("SLURM_TIME_FORMAT", "%s");
+    c
+}
+
+pub fn slurm(cmd: &str, args: &[&str]) -> Output {
+    slurm_cmd(cmd).args(args).output().unwrap()
+}
+
+/// Submits a batch job (from /tmp, output discarded) and returns its id. Unless `args` choose
+/// nodes (`-w`, `--nodelist`, `-x`), the job is kept off n4, which the e2e tests that take the
+/// cluster exclusively stop and start.
+pub fn sbatch(args: &[&str]) -> String {
+    let mut a = vec!["--parsable", "-o", "/dev/null", "-e", "/dev/null"];
+    if !args
+        .iter()
+        .any(|x| x.starts_with("-w") || x.starts_with("--nodelist") || x.starts_with("-x"))
+    {
+        a.extend(["-x", "n4"]);
+    }
+    a.extend(args);
+    let out = slurm_cmd("sbatch")
+        .args(&a)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "sbatch {a:?}: {}", stderr(&out));
+    stdout(&out).trim().split(';').next().unwrap().to_string()
+}
+
+/// Waits (at most `within`, polling every 250 ms) until `ok` holds; panics naming `what`.
+pub fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+    let until = Instant::now() + within;
+    while !ok() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A node's state from the full listing: `sinfo -n NODE` can report a stale state (seen on
+/// 24.11: `allocated` for a node that the full listing, and the inventory, saw `mixed`).
+pub fn node_state(name: &str) -> String {
+    stdout(&slurm("sinfo", &["--all", "-h", "-N", "-o", "%N %T"]))
+        .lines()
+        .find_map(|l| {
+            let (n, st) = l.split_once(' ')?;
+            (n == name).then(|| st.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// The Slurm release the cluster runs, as (major, minor), from `scontrol --version`.
+pub fn slurm_version() -> (u32, u32) {
+    let text = stdout(&slurm("scontrol", &["--version"]));
+    let v = text.split_whitespace().last().unwrap_or("").to_string();
+    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+/// Slurm's own Start and End of an ended job (sacct, epoch seconds), once accounting has the
+/// final state.
+pub fn sacct_times(id: &str) -> (String, String) {
+    let mut row = String::new();
+    wait_until(
+        &format!("sacct to record job {id}'s end"),
+        Duration::from_secs(60),
+        || {
+            // Only fields no user controls, `|`-separated.
+            let out = slurm(
+                "sacct",
+                &[
+                    "-j",
+                    id,
+                    "-X",
+                    "-n",
+                    "-P",
+                    "--format=JobIDRaw,State,Start,End",
+                ],
+            );
+            row = stdout(&out)
+                .lines()
+                .find(|l| l.starts_with(&format!("{id}|")))
+                .unwrap_or("")
+                .to_string();
+            let f: Vec<&str> = row.split('|').collect();
+            f.len() == 4 && !matches!(f[1], "RUNNING" | "PENDING" | "REQUEUED") && f[3] != "Unknown"
+        },
+    );
+    let f: Vec<&str> = row.split('|').collect();
+    let iso = |s: &str| cvslurm::internals::timefmt::format_epoch(s.parse().unwrap()).unwrap();
+    (iso(f[2]), iso(f[3]))
+}
+
+/// A job's key in CloudVision (`ID@CLUSTER`).
+pub fn key(id: &str) -> String {
+    format!("{id}@{CLUSTER}")
+}
+
+/// What a test watches: the stand-in CloudVision and cvslurm's log file.
+pub trait Watch {
+    fn cv(&self) -> &Standin;
+    fn log_file(&self) -> &Path;
+}
+
+/// Every JobConfig CloudVision accepted for this job, in order.
+pub fn job_events(w: &impl Watch, id: &str) -> Vec<Value> {
+    w.cv()
+        .accepted("JobConfig")
+        .into_iter()
+        .filter(|j| j["key"]["id"] == key(id))
+        .collect()
+}
+
+/// Waits until CloudVision holds the job in `state` (its current record), then returns it.
+pub fn wait_job(w: &impl Watch, id: &str, state: &str, within: Duration) -> Value {
+    let until = Instant::now() + within;
+    loop {
+        let cur = w.cv().state()["jobs"][key(id)].clone();
+        if cur["state"] == state {
+            return cur;
+        }
+        if Instant::now() > until {
+            let log = fs::read_to_string(w.log_file()).unwrap_or_default();
+            let mine: Vec<&str> = log.lines().filter(|l| l.contains(&key(id))).collect();
+            panic!(
+                "job {id}: CloudVision has {cur} after {within:?}, wanted {state}\nlog:\n{}",
+                mine.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
