@@ -1104,6 +1104,105 @@ fn lying_worker_cannot_speak_for_another_node() {
     );
 }
 
+/// `count` more NICs with IPv4 (`ens3f1`… with MAC `02:96:00:00:<i>:<k>` and address
+/// `10.96.<i>.<k>`) in node `n<i>`'s network namespace, which its slurmd and so discover see:
+/// macvlans on eth0, as cluster.sh makes ens1f0 (the test kernel has no dummy links).
+/// Removed on drop.
+struct ExtraNics {
+    ns: String,
+    names: Vec<String>,
+}
+
+impl ExtraNics {
+    fn add(i: usize, count: usize) -> ExtraNics {
+        let ns = format!("cvslurm-n{i}");
+        let mut extra = ExtraNics {
+            ns: ns.clone(),
+            names: Vec::new(),
+        };
+        for k in 1..=count {
+            let name = format!("ens3f{k}");
+            let mac = format!("02:96:00:00:{i:02x}:{k:02x}");
+            let ip = format!("10.96.{i}.{k}/32");
+            extra.names.push(name.clone());
+            for args in [
+                &[
+                    "link", "add", &name, "link", "eth0", "address", &mac, "type", "macvlan",
+                    "mode", "bridge",
+                ][..],
+                &["addr", "add", &ip, "dev", &name],
+                &["link", "set", &name, "up"],
+            ] {
+                let out = Command::new("ip")
+                    .args(["-n", &ns])
+                    .args(args)
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "ip {args:?}: {}", stderr(&out));
+            }
+        }
+        extra
+    }
+}
+
+impl Drop for ExtraNics {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("ip")
+                .args(["-n", &self.ns, "link", "del", name])
+                .output();
+        }
+    }
+}
+
+/// A node with 18 NICs (issue 17, item 0): its plain record (no topology, JobInterfaces=nodes)
+/// is over 1 KiB, which slurmstepd forwards in 1024-byte pieces that `srun --label` ends with a
+/// newline each; discover sends it as parts and the inventory puts it back together.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn node_with_many_nics_is_discovered() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let nics = ExtraNics::add(1, 16);
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", f.conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{text}\n{err}");
+    assert!(
+        text.contains(&format!("{NODES} sent, 0 failed, 0 unavailable")),
+        "{text}\n{err}"
+    );
+    let n1 = f.cv.state()["nodes"]["n1"].clone();
+    let got = n1["data_interfaces"]["values"].as_array().unwrap().clone();
+    assert_eq!(got.len(), 18, "{n1}");
+    for k in 1..=16 {
+        let name = format!("ens3f{k}");
+        let nic = got.iter().find(|v| v["name"] == name.as_str());
+        assert_eq!(
+            nic,
+            Some(
+                &json!({"name": name, "mac_address": format!("02:96:00:00:01:{k:02x}"),
+                         "ip_addresses": {"values": [format!("10.96.1.{k}")]}})
+            ),
+            "{n1}"
+        );
+    }
+    assert!(serde_json::to_string(&n1).unwrap().len() > 1024);
+    // Put n1's NodeConfig (and its record in StateDir) back as the other tests expect it.
+    drop(nics);
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", f.conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        f.cv.state()["nodes"]["n1"]["data_interfaces"]["values"],
+        expected_interfaces(1)
+    );
+}
+
 /// Every CPU of every node allocated (one exclusive job on all nodes): discovery does not
 /// wait for resources (a new srun would pend until DiscoveryTimeout); it runs as an
 /// overlapping step inside the job that holds the nodes. Slurm 22.05 lets root create that

@@ -66,6 +66,32 @@ fn split_label(line: &str) -> (Option<usize>, &str) {
     (None, line)
 }
 
+/// Reads srun's `--label`led output: each line goes to its task's [`RecordReader`], so a
+/// worker's record parts never mix with another task's. Each task's unfinished record is
+/// bounded (4 MiB), and there is one reader per task label that appears.
+#[derive(Debug, Default)]
+pub struct LabelledReader {
+    readers: std::collections::HashMap<Option<usize>, RecordReader>,
+}
+
+impl LabelledReader {
+    /// Takes one line of srun's output (without its newline); returns the task that printed
+    /// it (`None`: no label) and a record, or why the line or record is bad, when one is
+    /// complete.
+    pub fn push(&mut self, line: &str) -> Option<(Option<usize>, Result<DiscoverRecord, String>)> {
+        let (task, text) = split_label(line);
+        // discover starts its record on a fresh line: blank lines are not garbage.
+        if text.trim().is_empty() {
+            return None;
+        }
+        let r = self
+            .readers
+            .entry(task)
+            .or_insert_with(|| RecordReader::new(MAX_RECORD_BYTES, 4 * MAX_RECORD_BYTES));
+        r.push(text).map(|r| (task, r))
+    }
+}
+
 impl Inventory<'_> {
     /// Runs discovery on `nodes` (grouped by partition, one srun per group).
     pub fn discover(&self, nodes: &[&SinfoNode]) -> Discovered {
@@ -207,21 +233,10 @@ impl Inventory<'_> {
         let (tx, rx) = mpsc::channel::<(Option<usize>, Result<DiscoverRecord, String>)>();
         let stdout = child.stdout.take().expect("piped");
         let reader = std::thread::spawn(move || {
-            // Each task's unfinished record is bounded (4 MiB), and there is one reader per
-            // task label that appears.
-            let mut readers: std::collections::HashMap<Option<usize>, RecordReader> =
-                std::collections::HashMap::new();
+            let mut records = LabelledReader::default();
             read_lines_capped(stdout, MAX_RECORD_BYTES, |line| {
-                let (task, text) = split_label(line);
-                // discover starts its record on a fresh line: blank lines are not garbage.
-                if !text.trim().is_empty() {
-                    // One reader per task: a worker's parts never mix with another task's.
-                    let r = readers.entry(task).or_insert_with(|| {
-                        RecordReader::new(MAX_RECORD_BYTES, 4 * MAX_RECORD_BYTES)
-                    });
-                    if let Some(r) = r.push(text) {
-                        let _ = tx.send((task, r));
-                    }
+                if let Some(r) = records.push(line) {
+                    let _ = tx.send(r);
                 }
             });
         });

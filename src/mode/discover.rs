@@ -1,11 +1,12 @@
 //! `cvslurm discover`: run on a worker (through srun), print its network interfaces as one
-//! JSON line (the record is [`crate::node_record::DiscoverRecord`]).
+//! record (one JSON line, or `cvslurm-part` lines when longer: [`crate::node_record::frame`];
+//! the record is [`crate::node_record::DiscoverRecord`]).
 
 use super::common::usage;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
 pub use crate::node_record::{
-    is_mac, to_parts, DiscoverRecord, Interface, RecordReader, PART_PREFIX,
+    frame, is_mac, to_parts, DiscoverRecord, Interface, RecordReader, PART_PREFIX,
 };
 use crate::topology::{self, Roots};
 use argh::FromArgs;
@@ -28,7 +29,7 @@ pub const FLAGS: &[&str] = &[
     "--expect-sha256",
 ];
 
-/// Print this node's network interfaces as one JSON line (run on workers through srun).
+/// Print this node's network interfaces as one JSON record (run on workers through srun).
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "discover", help_triggers("-h", "--help", "help"))]
 pub struct Args {
@@ -134,13 +135,9 @@ pub fn run(a: Args) -> i32 {
             // One write, starting on a fresh line: srun passes each task's output through as
             // it comes, so another node's unterminated output (a worker printing garbage
             // without a newline) would otherwise swallow this record.
+            // A record too long to reach srun in one piece goes as parts (see [`frame`]).
             let json = serde_json::to_string(&rec).expect("serializes");
-            let line = if rec.topology.is_some() {
-                // Only inventories that asked for --topology read parts.
-                format!("\n{}", to_parts(&rec.node_name, &json))
-            } else {
-                format!("\n{json}\n")
-            };
+            let line = frame(&rec.node_name, &json);
             let mut out = std::io::stdout().lock();
             if out
                 .write_all(line.as_bytes())
