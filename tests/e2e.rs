@@ -1070,14 +1070,15 @@ fn misbehaving_workers_fail_alone() {
 
 /// A worker whose discover lies about its node name (here n2 claiming to be n3, with made-up
 /// interfaces) cannot set another node's NodeConfig: the record is bound to the node srun
-/// ran the task on, the lie is dropped and only n2 fails.
+/// ran the task on, the lie is dropped and only n2 fails. Nor can a worker claim another
+/// node's MAC under its own name: that record is held.
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn lying_worker_cannot_speak_for_another_node() {
     let (f, _g) = exclusive();
     f.cv.set_mode(json!({"mode": "ok"}));
     let lie = r#"{"node_name":"n3","hostname":"n3","location":"cvtest","interfaces":[{"name":"eth0","mac_address":"de:ad:be:ef:00:03","ip_addresses":["6.6.6.6"]}]}"#;
-    let _liar = BrokenWorker::new(f, "n2", &format!("echo '{lie}'; echo '{lie}'"));
+    let liar = BrokenWorker::new(f, "n2", &format!("echo '{lie}'; echo '{lie}'"));
     let out = Command::new(&f.bin)
         .args(["inventory", "--config", f.conf.to_str().unwrap()])
         .output()
@@ -1101,6 +1102,54 @@ fn lying_worker_cannot_speak_for_another_node() {
     assert!(
         !bodies.iter().any(|b| b.to_string().contains("de:ad:be:ef")),
         "the lie reached CloudVision"
+    );
+    // Under its own name, n1 reports n2's NIC beside its own (issue 17, item 9). n2 reported
+    // that MAC first (the plain inventory below keeps every node's record in StateDir), so
+    // n1's record is held: a MAC belongs to one node, and n1's jobs never go to n2's port.
+    drop(liar);
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", f.conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains(&format!("{NODES} sent, 0 failed")),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let thief = json!({"node_name": "n1", "hostname": "n1", "location": CLUSTER, "interfaces": [
+        {"name": "eth0", "mac_address": "02:99:00:00:01:01", "ip_addresses": ["10.99.0.11"]},
+        {"name": "eth1", "mac_address": "02:99:00:00:02:01", "ip_addresses": ["10.99.0.12"]}]});
+    let _thief = BrokenWorker::new(f, "n1", &format!("echo '{thief}'"));
+    let before = f.cv.accepted("NodeConfig").len();
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", f.conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(
+        text.contains("3 sent, 1 failed (n1), 0 unavailable"),
+        "{text}\n{err}"
+    );
+    assert!(
+        err.contains(
+            "node n1: discovery failed: record held: it claims MAC 02:99:00:00:02:01 (eth1), \
+             which node n2 reported too"
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        f.cv.state()["nodes"]["n1"]["data_interfaces"]["values"],
+        expected_interfaces(1)
+    );
+    let n1_bodies: Vec<String> = f.cv.accepted("NodeConfig")[before..]
+        .iter()
+        .filter(|b| b["key"]["id"] == "n1")
+        .map(|b| b.to_string())
+        .collect();
+    assert!(
+        !n1_bodies.iter().any(|b| b.contains("02:99:00:00:02:01")),
+        "n2's MAC reached CloudVision in n1's NodeConfig: {n1_bodies:?}"
     );
 }
 

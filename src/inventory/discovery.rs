@@ -161,6 +161,9 @@ impl Inventory<'_> {
                     Err(_) => out.extend(fail_all(names, "discovery failed (internal error)")),
                 }
             }
+            // A MAC belongs to one node: a record that claims another node's is held.
+            let stored = crate::state::StateDir::new(&self.cfg.state_dir).nodes.all();
+            super::mac_claims::hold_claimed_macs(&mut out, &stored);
             out
         })
     }
