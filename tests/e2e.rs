@@ -1254,9 +1254,8 @@ fn node_with_many_nics_is_discovered() {
 
 /// Every CPU of every node allocated (one exclusive job on all nodes): discovery does not
 /// wait for resources (a new srun would pend until DiscoveryTimeout); it runs as an
-/// overlapping step inside the job that holds the nodes. Slurm 22.05 lets root create that
-/// step in another user's job (SlurmUser `slurm` got "Access/permission denied"), so this run
-/// keeps root: its StateDir is its own.
+/// overlapping step inside the job that holds the nodes, a job of the inventory's own user
+/// (root here: its StateDir is its own). A node held by another user's job is not discovered.
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn discovery_reaches_fully_allocated_nodes() {
@@ -1329,6 +1328,98 @@ fn discovery_reaches_fully_allocated_nodes() {
             "{n}"
         );
     }
+    // n4 held by another user's job (issue 17, item 14): a step there would run as that user,
+    // who could write into its output and forge n4's record, and Slurm refuses root's step in
+    // it anyway. n4 fails at once, naming the job, without an srun; the others are sent.
+    drop(_cancel);
+    wait_until(
+        "the whole-cluster job to end",
+        Duration::from_secs(60),
+        || {
+            stdout(&slurm("squeue", &["-h", "-j", &job]))
+                .trim()
+                .is_empty()
+        },
+    );
+    let out = as_nobody(
+        Path::new("sbatch"),
+        &[
+            "--parsable",
+            "-o",
+            "/dev/null",
+            "-e",
+            "/dev/null",
+            "--exclusive",
+            "-w",
+            "n4",
+            "--wrap",
+            "sleep 300",
+        ],
+    );
+    assert!(out.status.success(), "sbatch as nobody: {}", stderr(&out));
+    let theirs = stdout(&out).trim().split(';').next().unwrap().to_string();
+    let _cancel = Cancel(theirs.clone());
+    wait_until("nobody's job on n4 to run", Duration::from_secs(60), || {
+        stdout(&slurm("squeue", &["-h", "-j", &theirs, "-o", "%T"])).trim() == "RUNNING"
+    });
+    wait_until("n4 allocated", Duration::from_secs(30), || {
+        node_state("n4") == "allocated"
+    });
+    let t = Instant::now();
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(
+        text.contains(&format!("{} sent, 1 failed (n4), 0 unavailable", NODES - 1)),
+        "{text}\n{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "node n4: discovery failed: fully allocated by job {theirs} of another user (uid \
+             65534): discovery runs no step in another user's job"
+        )),
+        "{err}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+/// Runs `prog args` as `nobody`, a user who is no operator, with the PATH of this test (the
+/// cluster's Slurm first), in `/`. Where the cluster's Slurm runs in a root filesystem (its
+/// commands are chroot wrappers), the user is switched inside it.
+fn as_nobody(prog: &Path, args: &[&str]) -> Output {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let sinfo = std::env::split_paths(&path)
+        .map(|d| d.join("sinfo"))
+        .find(|p| p.is_file());
+    let rootfs = sinfo
+        .and_then(|p| fs::read(p).ok())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .and_then(|t| {
+            // The wrapper's comment names its root: "# Slurm 24.11: sinfo from /var/cache/…".
+            let rest = t.lines().nth(1)?.split(": sinfo from ").nth(1)?;
+            rest.split_whitespace().next().map(String::from)
+        });
+    let mut c = match &rootfs {
+        Some(r) => {
+            let mut c = Command::new("chroot");
+            c.arg(r).arg("runuser");
+            c
+        }
+        None => Command::new("runuser"),
+    };
+    c.args(["-u", "nobody", "--", "env"])
+        .arg(format!("PATH={path}:/usr/bin:/bin"))
+        .arg(prog)
+        .args(args)
+        .current_dir("/")
+        .output()
+        .unwrap()
 }
 
 /// The Slurm release the cluster runs, as (major, minor), from `scontrol --version`.
@@ -1520,38 +1611,6 @@ fn hidden_partition_nodes_are_inventoried() {
         "scontrol",
         &["update", "partitionname=gpu", "hidden=yes"],
     ));
-    // As a user who is no operator, with the PATH of this test (the cluster's Slurm first).
-    // Where the cluster's Slurm runs in a root filesystem (its commands are chroot wrappers),
-    // the user is switched inside it.
-    let path = std::env::var("PATH").unwrap_or_default();
-    let sinfo = std::env::split_paths(&path)
-        .map(|d| d.join("sinfo"))
-        .find(|p| p.is_file());
-    let rootfs = sinfo
-        .and_then(|p| fs::read(p).ok())
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .and_then(|t| {
-            // The wrapper's comment names its root: "# Slurm 24.11: sinfo from /var/cache/…".
-            let rest = t.lines().nth(1)?.split(": sinfo from ").nth(1)?;
-            rest.split_whitespace().next().map(String::from)
-        });
-    let as_nobody = |prog: &Path, args: &[&str]| {
-        let mut c = match &rootfs {
-            Some(r) => {
-                let mut c = Command::new("chroot");
-                c.arg(r).arg("runuser");
-                c
-            }
-            None => Command::new("runuser"),
-        };
-        c.args(["-u", "nobody", "--", "env"])
-            .arg(format!("PATH={path}:/usr/bin:/bin"))
-            .arg(prog)
-            .args(args)
-            .current_dir("/")
-            .output()
-            .unwrap()
-    };
     let plain = as_nobody(Path::new("sinfo"), &["-h", "-N", "-o", "%N"]);
     assert!(
         plain.status.success() && !stdout(&plain).contains("n3"),
