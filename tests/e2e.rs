@@ -634,7 +634,13 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
         text.contains("3 sent, 0 failed, 1 unavailable (n4 (down*))"),
         "{text}"
     );
-    // Discovery through srun --bcast: nothing needs to be installed on the workers.
+    // Discovery through srun --bcast: nothing needs to be installed on the workers but the
+    // directory the copy goes to, writable only by SlurmUser (root's inventory runs as
+    // StateDir's owner).
+    let bdir = PathBuf::from(WORK).join("bcast");
+    fs::create_dir_all(&bdir).unwrap();
+    fs::set_permissions(&bdir, fs::Permissions::from_mode(0o700)).unwrap();
+    chown_slurm(&bdir);
     cluster_sh(&["start-slurmd", "n4"], &[]);
     wait_until("n4 to come back", Duration::from_secs(60), || {
         node_state("n4") == "idle"
@@ -642,7 +648,14 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
     let conf = fs::read_to_string(&f.conf).unwrap();
     let bcast = Scratch::new("bcast");
     let bconf = bcast.path().join("cv.conf");
-    fs::write(&bconf, format!("{conf}DiscoveryBcast=yes\n")).unwrap();
+    fs::write(
+        &bconf,
+        format!(
+            "{conf}DiscoveryBcast=yes\nDiscoveryBcastDir={}\n",
+            bdir.display()
+        ),
+    )
+    .unwrap();
     let out = Command::new(&f.bin)
         .args([
             "inventory",
@@ -658,6 +671,8 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
         stdout(&out),
         stderr(&out)
     );
+    let copies = fs::read_dir(&bdir).unwrap().count();
+    assert!(copies >= 1, "no copy in {}", bdir.display());
 }
 
 #[test]

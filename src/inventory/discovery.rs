@@ -208,18 +208,25 @@ impl Inventory<'_> {
             }
         }
         let mut copy_checks: Vec<String> = Vec::new();
-        if cfg.discovery_bcast {
-            // An unpredictable name in the workers' /tmp: no other user there can create it
-            // first (and /tmp's sticky bit keeps them from replacing SlurmUser's copy). The
-            // copy checks that it is byte for byte what was sent. It is not removed by the
-            // copy itself: where /tmp is shared, one task would remove another's binary.
+        if let (true, Some(dir)) = (cfg.discovery_bcast, &cfg.discovery_bcast_dir) {
+            // Into DiscoveryBcastDir, which only root and this user may write on the workers:
+            // srun's command line (the copy's name included) is every user's to see, so a
+            // shared directory such as /tmp would let another user create the file first
+            // (config.rs refuses DiscoveryBcast without it). The random name keeps concurrent
+            // discoveries apart. The copy checks its own directory and that it is byte for
+            // byte what was sent (against a mistaken directory and a bad transfer; a planted
+            // copy would run its own code). It is not removed by the copy itself: where the
+            // directory is shared, one task would remove another's binary.
             let (r, sum) = match (random_hex(), crate::mode::discover::own_sha256()) {
                 (Ok(r), Ok(s)) => (r, s),
                 (Err(e), _) | (_, Err(e)) => {
                     return fail_all(names, &format!("cannot prepare --bcast: {e}"))
                 }
             };
-            cmd.arg(format!("--bcast=/tmp/cvslurm-discover.{r}"));
+            cmd.arg(format!(
+                "--bcast={}",
+                dir.join(format!("cvslurm-discover.{r}")).display()
+            ));
             copy_checks = vec!["--expect-sha256".into(), sum];
         }
         cmd.arg(&exe).arg("discover").args(&copy_checks);
