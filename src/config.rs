@@ -143,8 +143,12 @@ pub struct Config {
     pub discovery_job_name: String,
     /// `DiscoveryTimeout`: how long one discovery srun may take.
     pub discovery_timeout: Duration,
-    /// `DiscoveryBcast`: let srun copy the binary to the workers (`srun --bcast`).
+    /// `DiscoveryBcast`: let srun copy the binary to the workers (`srun --bcast`). Refused
+    /// (a problem, and left off) without [`Config::discovery_bcast_dir`].
     pub discovery_bcast: bool,
+    /// `DiscoveryBcastDir`: the directory on every worker the copy goes to; only root and the
+    /// user running the inventory may write there.
+    pub discovery_bcast_dir: Option<PathBuf>,
     /// `HookTimeout`: the hook's whole time budget, CloudVision included.
     pub hook_timeout: Duration,
     /// `RequestTimeout`: one CloudVision request's budget outside the hook.
@@ -193,6 +197,7 @@ impl Default for Config {
             discovery_job_name: "cv-interface-discovery".into(),
             discovery_timeout: Duration::from_secs(120),
             discovery_bcast: false,
+            discovery_bcast_dir: None,
             hook_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
             state_dir: PathBuf::from("/var/spool/cvslurm"),
@@ -374,6 +379,14 @@ pub const KEYS: &[Key] = &[
         },
     },
     Key {
+        name: "DiscoveryBcastDir",
+        default: "",
+        set: |c, v| {
+            c.discovery_bcast_dir = bcast_dir(v)?;
+            Ok(())
+        },
+    },
+    Key {
         name: "HookTimeout",
         default: "2",
         set: |c, v| {
@@ -454,6 +467,33 @@ pub const KEYS: &[Key] = &[
         },
     },
 ];
+
+/// What `DiscoveryBcast=yes` without a `DiscoveryBcastDir` is told.
+pub const BCAST_NEEDS_DIR: &str = "DiscoveryBcast=yes needs DiscoveryBcastDir, a directory on \
+     every worker that only root and the user running the inventory (SlurmUser for the service) \
+     can write, where srun --bcast puts the copy; a shared directory such as /tmp is not safe: \
+     srun's command line names the copy, every user sees it, and another user could create \
+     that file first and have it run; DiscoveryBcast is off until then";
+
+/// A `DiscoveryBcastDir` value: empty (none), or an absolute path without `..` that is not one
+/// of the directories every user can write (`/tmp`, `/var/tmp`, `/dev/shm`).
+fn bcast_dir(v: &str) -> Result<Option<PathBuf>, String> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let p = Path::new(v);
+    if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+        return Err(format!("{v:?}: needs an absolute path without .."));
+    }
+    let trimmed = v.trim_end_matches('/');
+    if ["", "/tmp", "/var/tmp", "/dev/shm"].contains(&trimmed) {
+        return Err(format!(
+            "{v:?}: every user can write there; use a directory only root and the user running \
+             the inventory can write (e.g. /var/lib/cvslurm/bcast, mode 0700)"
+        ));
+    }
+    Ok(Some(p.to_path_buf()))
+}
 
 /// A path value: absolute. The hook runs in slurmctld's working directory, the service in
 /// `/`, the commands in the admin's: a relative path would name a different file for each.
@@ -540,6 +580,7 @@ impl Config {
             ..Config::default()
         };
         let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+        let mut bcast_line = 0;
         for (n, raw) in bytes.split(|b| *b == b'\n').enumerate() {
             let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
             let stripped = strip_comment(raw);
@@ -573,13 +614,25 @@ impl Config {
                     };
                     let (key, value) = (key.trim(), unquote(value.trim()));
                     match cfg.set(key, value) {
-                        Ok(()) => continue,
+                        Ok(()) => {
+                            if key.eq_ignore_ascii_case("DiscoveryBcast") {
+                                bcast_line = n + 1;
+                            }
+                            continue;
+                        }
                         Err(msg) if find_key(key).is_none() => (None, format!("{key}: {msg}")),
                         Err(msg) => (find_key(key), msg),
                     }
                 }
             };
             cfg.push_problem(origin, n + 1, key, msg);
+        }
+        if cfg.discovery_bcast && cfg.discovery_bcast_dir.is_none() {
+            cfg.discovery_bcast = false;
+            cfg.problems.push(ConfigError(format!(
+                "{}:{bcast_line}: DiscoveryBcast: {BCAST_NEEDS_DIR}",
+                origin.display()
+            )));
         }
         cfg
     }
@@ -845,6 +898,45 @@ mod tests {
         assert_eq!(c.state_dir, Path::new("/var/spool/cvslurm"));
     }
 
+    /// DiscoveryBcast copies only into a directory other users cannot write (issue 17, item
+    /// 12): without DiscoveryBcastDir it is refused and left off; /tmp and the like, relative
+    /// paths and `..` are refused as DiscoveryBcastDir.
+    #[test]
+    fn discovery_bcast_needs_a_private_directory() {
+        let origin = Path::new("/etc/slurm/cloudvision.conf");
+        let c = Config::parse_lenient("LogLevel=info\nDiscoveryBcast=yes\n", origin);
+        assert!(!c.discovery_bcast);
+        assert_eq!(c.problems.len(), 1);
+        assert_eq!(
+            c.problems[0].0,
+            format!("/etc/slurm/cloudvision.conf:2: DiscoveryBcast: {BCAST_NEEDS_DIR}")
+        );
+        for bad in [
+            "/tmp",
+            "/tmp/",
+            "/var/tmp",
+            "/dev/shm//",
+            "/",
+            "bcast",
+            "/srv/../tmp",
+        ] {
+            let c = Config::parse_lenient(
+                &format!("DiscoveryBcastDir={bad}\nDiscoveryBcast=yes\n"),
+                origin,
+            );
+            assert!(!c.discovery_bcast, "{bad}");
+            assert!(
+                c.problems[0].0.contains(":1: DiscoveryBcastDir: "),
+                "{bad}: {:?}",
+                c.problems
+            );
+        }
+        let c = parse("DiscoveryBcast=yes\nDiscoveryBcastDir=/var/lib/cvslurm/bcast\n").unwrap();
+        assert!(c.discovery_bcast);
+        let c = parse("DiscoveryBcast=no\n").unwrap();
+        assert!(!c.discovery_bcast && c.discovery_bcast_dir.is_none());
+    }
+
     #[test]
     fn parses_every_key() {
         let c = parse(
@@ -852,7 +944,7 @@ mod tests {
              CaFile=/etc/ssl/onprem.pem\nInsecure=yes # lab only\nLogFile=/tmp/x.log\nLogLevel=debug\n\
              JobNameInclude=^train\nJobNameExclude=\nPartitions=gpu, cpu\nPollInterval=30\n\
              InterfaceRegex=^(eth|ib)\nInterfacePhysicalOnly=no\nInterfaceRequireIp=false\n\
-             DiscoveryJobName=\"cv-disc\"\nDiscoveryTimeout=45s\nDiscoveryBcast=yes\nHookTimeout=1.5\n\
+             DiscoveryJobName=\"cv-disc\"\nDiscoveryTimeout=45s\nDiscoveryBcast=yes\nDiscoveryBcastDir=/var/lib/cvslurm/bcast\nHookTimeout=1.5\n\
              RequestTimeout=500ms\nStateDir=/var/spool/x\nSlurmBinDir=/opt/slurm/bin\nMaxConcurrentRequests=32\n\
              ReconcileInterval=0\nNodeReassertInterval=12h\nOutboxMaxEvents=500\n",
         )
@@ -873,6 +965,10 @@ mod tests {
         assert_eq!(c.discovery_job_name, "cv-disc");
         assert_eq!(c.discovery_timeout, Duration::from_secs(45));
         assert!(c.discovery_bcast);
+        assert_eq!(
+            c.discovery_bcast_dir.as_deref(),
+            Some(Path::new("/var/lib/cvslurm/bcast"))
+        );
         assert_eq!(c.hook_timeout, Duration::from_millis(1500));
         assert_eq!(c.request_timeout, Duration::from_millis(500));
         assert_eq!(

@@ -55,6 +55,10 @@ pub mod internals {
     /// From `crate::inventory`.
     pub mod inventory {
         pub use crate::inventory::read_lines_capped;
+        /// From `crate::inventory::discovery`.
+        pub mod discovery {
+            pub use crate::inventory::discovery::LabelledReader;
+        }
     }
     /// From `crate::node_record`.
     pub mod node_record {

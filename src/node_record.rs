@@ -182,6 +182,20 @@ const PART_LINE_MAX: usize = 1000;
 /// The most parts one record may have.
 const MAX_PARTS: usize = 4096;
 
+/// How `discover` writes a record: on a fresh line (so no unterminated output before it can
+/// swallow it), as one JSON line when that line reaches srun whole, else as [`to_parts`].
+/// slurmstepd forwards a task's output in messages of at most 1024 bytes and `srun --label`
+/// ends each message's partial line with a newline, so a longer line would arrive as several
+/// labelled lines that no longer parse. Short records keep the old form, which every
+/// inventory reads; [`RecordReader`] reads both.
+pub fn frame(node: &str, json: &str) -> String {
+    if json.len() < PART_LINE_MAX {
+        format!("\n{json}\n")
+    } else {
+        format!("\n{}", to_parts(node, json))
+    }
+}
+
 /// Splits a record's JSON into lines `cvslurm-part <node> <i> <n> <chunk>` of at most
 /// [`PART_LINE_MAX`] bytes each, newline included (chunks are cut on character boundaries).
 pub fn to_parts(node: &str, json: &str) -> String {
@@ -358,6 +372,41 @@ mod tests {
             e.contains("\\n2026-01-01T00:00:00Z cvslurm[1] ERROR forged\\x1b[2J"),
             "{e:?}"
         );
+    }
+
+    /// Any record reaches srun whole: short ones as one JSON line (the form older inventories
+    /// read), longer ones, with or without topology, as parts under 1000 bytes a line.
+    #[test]
+    fn frame_keeps_every_line_short() {
+        let nic = |i: usize| Interface {
+            name: format!("ens3f{i}"),
+            mac_address: format!("02:aa:00:00:01:{i:02x}"),
+            ip_addresses: vec![format!("10.96.1.{i}")],
+        };
+        let rec = |n: usize| DiscoverRecord {
+            node_name: "n1".into(),
+            hostname: "n1".into(),
+            location: Some("c".into()),
+            interfaces: (0..n).map(nic).collect(),
+            topology: None,
+            topology_error: None,
+        };
+        let short = serde_json::to_string(&rec(2)).unwrap();
+        assert_eq!(frame("n1", &short), format!("\n{short}\n"));
+        for n in [12, 16, 200] {
+            let json = serde_json::to_string(&rec(n)).unwrap();
+            assert!(json.len() > 1000, "{n}: {}", json.len());
+            let framed = frame("n1", &json);
+            assert!(framed.starts_with('\n'));
+            assert!(framed.lines().all(|l| l.len() < PART_LINE_MAX), "{framed}");
+            let mut r = RecordReader::new(1 << 20, 1 << 22);
+            let got: Vec<_> = framed
+                .lines()
+                .filter(|l| !l.is_empty())
+                .filter_map(|l| r.push(l))
+                .collect();
+            assert_eq!(got, [Ok(rec(n))]);
+        }
     }
 
     /// A DGX record (about 2.6 kB) goes out in lines under 1000 bytes and is put together

@@ -488,32 +488,49 @@ pub fn cluster_name(slurm: &Slurm, timeout: Duration) -> Result<String, String> 
     })
 }
 
-/// The running jobs on some of `nodes`: (job id, its nodes), from
-/// `squeue --all -h -t RUNNING -w <nodes> -o '%A %N'` (a job id and a hostlist: no field a user
-/// can write).
+/// A running job: its id, its owner's uid and its nodes ([`running_jobs_on`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningJob {
+    /// The job id.
+    pub id: String,
+    /// The uid of the job's owner.
+    pub uid: u32,
+    /// The job's nodes.
+    pub nodes: Vec<String>,
+}
+
+/// The running jobs on some of `nodes`, from
+/// `squeue --all -h -t RUNNING -w <nodes> -o '%A %U %N'` (a job id, a numeric uid and a
+/// hostlist: no field a user can write).
 pub fn running_jobs_on(
     slurm: &Slurm,
     nodes: &[String],
     timeout: Duration,
-) -> Result<Vec<(String, Vec<String>)>, String> {
+) -> Result<Vec<RunningJob>, String> {
     let list = crate::hostlist::compress(nodes);
     let out = slurm.run(
         "squeue",
-        &["--all", "-h", "-t", "RUNNING", "-w", &list, "-o", "%A %N"],
+        &[
+            "--all", "-h", "-t", "RUNNING", "-w", &list, "-o", "%A %U %N",
+        ],
         timeout,
     )?;
     Ok(parse_running_jobs(&out))
 }
 
-fn parse_running_jobs(out: &str) -> Vec<(String, Vec<String>)> {
+fn parse_running_jobs(out: &str) -> Vec<RunningJob> {
     out.lines()
         .filter_map(|l| {
-            let (id, nodes) = l.trim().split_once(' ')?;
-            if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            let mut f = l.split_whitespace();
+            let (id, uid, nodes) = (f.next()?, f.next()?, f.next()?);
+            if f.next().is_some() || id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
                 return None;
             }
-            let nodes = crate::hostlist::expand(nodes.trim()).ok()?;
-            Some((id.to_string(), nodes))
+            Some(RunningJob {
+                id: id.to_string(),
+                uid: uid.parse().ok()?,
+                nodes: crate::hostlist::expand(nodes).ok()?,
+            })
         })
         .collect()
 }
@@ -1060,16 +1077,18 @@ mod tests {
 
     #[test]
     fn running_jobs_on_nodes() {
-        // squeue -h -t RUNNING -o '%A %N' on the e2e cluster with every node allocated.
-        let got = parse_running_jobs("14 n[1-4]\n15 n2\nbad line\n");
+        // squeue -h -t RUNNING -o '%A %U %N' on the e2e cluster with every node allocated.
+        let got = parse_running_jobs("14 0 n[1-4]\n15 1000 n2\nbad line\n16 x n1\n17 0 n1 n2\n");
+        let job = |id: &str, uid, nodes: &[&str]| RunningJob {
+            id: id.into(),
+            uid,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        };
         assert_eq!(
             got,
-            vec![
-                (
-                    "14".to_string(),
-                    vec!["n1".into(), "n2".into(), "n3".into(), "n4".into()]
-                ),
-                ("15".to_string(), vec!["n2".to_string()]),
+            [
+                job("14", 0, &["n1", "n2", "n3", "n4"]),
+                job("15", 1000, &["n2"])
             ]
         );
     }

@@ -134,6 +134,77 @@ fn discover_prints_one_json_line() {
     assert!(stderr(&out).contains("--physical-only: \"perhaps\" is not yes or no"));
 }
 
+/// What srun prints for task `task`'s output `out` with `--label`: slurmstepd forwards the
+/// output in messages of at most 1024 bytes, each cut after its last newline (a line longer
+/// than that is cut where the message is full), and srun prefixes every line of a message
+/// with the label, ending a message's partial line with a newline.
+fn srun_labelled(task: usize, out: &[u8]) -> Vec<String> {
+    const MAX_MSG: usize = 1024;
+    let mut lines = Vec::new();
+    let mut rest = out;
+    while !rest.is_empty() {
+        let window = &rest[..rest.len().min(MAX_MSG)];
+        let cut = match window.iter().rposition(|&b| b == b'\n') {
+            Some(i) => i + 1,
+            None => window.len(),
+        };
+        let msg = String::from_utf8_lossy(&rest[..cut]);
+        for l in msg.split_terminator('\n') {
+            lines.push(format!("{task:>2}: {l}"));
+        }
+        rest = &rest[cut..];
+    }
+    lines
+}
+
+/// A node with many NICs: a plain record (no topology) well over 1 KiB still reaches the
+/// inventory through srun's labelled, 1024-byte-message output (issue 17, item 0: before, the
+/// record went as one long line, arrived cut into labelled pieces and failed to parse).
+#[test]
+fn discover_record_of_many_nics_survives_srun_labels() {
+    let s = Scratch::new("many-nics");
+    let net = s.path().join("net");
+    for i in 0..20 {
+        let d = net.join(format!("ens3f{i}"));
+        std::fs::create_dir_all(d.join("device")).unwrap();
+        std::fs::write(d.join("address"), format!("02:aa:00:00:01:{i:02x}\n")).unwrap();
+    }
+    let out = Command::new(bin())
+        .args(["discover", "--node-name", "n1", "--require-ip", "no"])
+        .arg("--sys-class-net")
+        .arg(&net)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json_len: usize = serde_json::to_string(&record_of(&stdout(&out)))
+        .unwrap()
+        .len();
+    assert!(json_len > 1100, "the record is only {json_len} bytes");
+    // Interleaved line by line with another task's output, as srun prints two nodes at once.
+    let mine = srun_labelled(0, &out.stdout);
+    let other = srun_labelled(1, b"\nnoise from another node\n");
+    let mut reader = cvslurm::internals::inventory::discovery::LabelledReader::default();
+    let mut got = Vec::new();
+    for i in 0..mine.len().max(other.len()) {
+        for l in [mine.get(i), other.get(i)].into_iter().flatten() {
+            got.extend(reader.push(l));
+        }
+    }
+    let records: Vec<_> = got
+        .iter()
+        .filter(|(t, r)| *t == Some(0) && r.is_ok())
+        .collect();
+    assert_eq!(records.len(), 1, "{got:?}\n{mine:#?}");
+    let rec = records[0].1.as_ref().unwrap();
+    assert_eq!(rec.node_name, "n1");
+    assert_eq!(rec.interfaces.len(), 20);
+    assert_eq!(rec.interfaces[19].name, "ens3f9");
+    assert!(
+        got.iter().all(|(t, r)| *t == Some(1) || r.is_ok()),
+        "{got:?}"
+    );
+}
+
 /// The one record in discover's output, put together from its parts when it was split.
 fn record_of(text: &str) -> serde_json::Value {
     let mut r = cvslurm::internals::node_record::RecordReader::new(1 << 20, 1 << 20);

@@ -511,7 +511,13 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
         text.contains("3 sent, 0 failed, 1 unavailable (n4 (down*))"),
         "{text}"
     );
-    // Discovery through srun --bcast: nothing needs to be installed on the workers.
+    // Discovery through srun --bcast: nothing needs to be installed on the workers but the
+    // directory the copy goes to, writable only by SlurmUser (root's inventory runs as
+    // StateDir's owner).
+    let bdir = PathBuf::from(WORK).join("bcast");
+    fs::create_dir_all(&bdir).unwrap();
+    fs::set_permissions(&bdir, fs::Permissions::from_mode(0o700)).unwrap();
+    chown_slurm(&bdir);
     cluster_sh(&["start-slurmd", "n4"], &[]);
     wait_until("n4 to come back", Duration::from_secs(60), || {
         node_state("n4") == "idle"
@@ -519,7 +525,14 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
     let conf = fs::read_to_string(&f.conf).unwrap();
     let bcast = Scratch::new("bcast");
     let bconf = bcast.path().join("cv.conf");
-    fs::write(&bconf, format!("{conf}DiscoveryBcast=yes\n")).unwrap();
+    fs::write(
+        &bconf,
+        format!(
+            "{conf}DiscoveryBcast=yes\nDiscoveryBcastDir={}\n",
+            bdir.display()
+        ),
+    )
+    .unwrap();
     let out = Command::new(&f.bin)
         .args([
             "inventory",
@@ -535,6 +548,8 @@ fn inventory_sends_each_nodes_own_interfaces_and_skips_dead_nodes() {
         stdout(&out),
         stderr(&out)
     );
+    let copies = fs::read_dir(&bdir).unwrap().count();
+    assert!(copies >= 1, "no copy in {}", bdir.display());
 }
 
 #[test]
@@ -947,14 +962,15 @@ fn misbehaving_workers_fail_alone() {
 
 /// A worker whose discover lies about its node name (here n2 claiming to be n3, with made-up
 /// interfaces) cannot set another node's NodeConfig: the record is bound to the node srun
-/// ran the task on, the lie is dropped and only n2 fails.
+/// ran the task on, the lie is dropped and only n2 fails. Nor can a worker claim another
+/// node's MAC under its own name: that record is held.
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn lying_worker_cannot_speak_for_another_node() {
     let (f, _g) = exclusive();
     f.cv.set_mode(json!({"mode": "ok"}));
     let lie = r#"{"node_name":"n3","hostname":"n3","location":"cvtest","interfaces":[{"name":"eth0","mac_address":"de:ad:be:ef:00:03","ip_addresses":["6.6.6.6"]}]}"#;
-    let _liar = BrokenWorker::new(f, "n2", &format!("echo '{lie}'; echo '{lie}'"));
+    let liar = BrokenWorker::new(f, "n2", &format!("echo '{lie}'; echo '{lie}'"));
     let out = Command::new(&f.bin)
         .args(["inventory", "--config", f.conf.to_str().unwrap()])
         .output()
@@ -979,13 +995,159 @@ fn lying_worker_cannot_speak_for_another_node() {
         !bodies.iter().any(|b| b.to_string().contains("de:ad:be:ef")),
         "the lie reached CloudVision"
     );
+    // Under its own name, n1 reports n2's NIC beside its own (issue 17, item 9). n2 reported
+    // that MAC first (the plain inventory below keeps every node's record in StateDir), so
+    // n1's record is held: a MAC belongs to one node, and n1's jobs never go to n2's port.
+    drop(liar);
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", f.conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains(&format!("{NODES} sent, 0 failed")),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let thief = json!({"node_name": "n1", "hostname": "n1", "location": CLUSTER, "interfaces": [
+        {"name": "eth0", "mac_address": "02:99:00:00:01:01", "ip_addresses": ["10.99.0.11"]},
+        {"name": "eth1", "mac_address": "02:99:00:00:02:01", "ip_addresses": ["10.99.0.12"]}]});
+    let _thief = BrokenWorker::new(f, "n1", &format!("echo '{thief}'"));
+    let before = f.cv.accepted("NodeConfig").len();
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", f.conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(
+        text.contains("3 sent, 1 failed (n1), 0 unavailable"),
+        "{text}\n{err}"
+    );
+    assert!(
+        err.contains(
+            "node n1: discovery failed: record held: it claims MAC 02:99:00:00:02:01 (eth1), \
+             which node n2 reported too"
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        f.cv.state()["nodes"]["n1"]["data_interfaces"]["values"],
+        expected_interfaces(1)
+    );
+    let n1_bodies: Vec<String> = f.cv.accepted("NodeConfig")[before..]
+        .iter()
+        .filter(|b| b["key"]["id"] == "n1")
+        .map(|b| b.to_string())
+        .collect();
+    assert!(
+        !n1_bodies.iter().any(|b| b.contains("02:99:00:00:02:01")),
+        "n2's MAC reached CloudVision in n1's NodeConfig: {n1_bodies:?}"
+    );
+}
+
+/// `count` more NICs with IPv4 (`ens3f1`… with MAC `02:96:00:00:<i>:<k>` and address
+/// `10.96.<i>.<k>`) in node `n<i>`'s network namespace, which its slurmd and so discover see:
+/// macvlans on eth0, as cluster.sh makes ens1f0 (the test kernel has no dummy links).
+/// Removed on drop.
+struct ExtraNics {
+    ns: String,
+    names: Vec<String>,
+}
+
+impl ExtraNics {
+    fn add(i: usize, count: usize) -> ExtraNics {
+        let ns = format!("cvslurm-n{i}");
+        let mut extra = ExtraNics {
+            ns: ns.clone(),
+            names: Vec::new(),
+        };
+        for k in 1..=count {
+            let name = format!("ens3f{k}");
+            let mac = format!("02:96:00:00:{i:02x}:{k:02x}");
+            let ip = format!("10.96.{i}.{k}/32");
+            extra.names.push(name.clone());
+            for args in [
+                &[
+                    "link", "add", &name, "link", "eth0", "address", &mac, "type", "macvlan",
+                    "mode", "bridge",
+                ][..],
+                &["addr", "add", &ip, "dev", &name],
+                &["link", "set", &name, "up"],
+            ] {
+                let out = Command::new("ip")
+                    .args(["-n", &ns])
+                    .args(args)
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "ip {args:?}: {}", stderr(&out));
+            }
+        }
+        extra
+    }
+}
+
+impl Drop for ExtraNics {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("ip")
+                .args(["-n", &self.ns, "link", "del", name])
+                .output();
+        }
+    }
+}
+
+/// A node with 18 NICs (issue 17, item 0): its plain record (no topology, JobInterfaces=nodes)
+/// is over 1 KiB, which slurmstepd forwards in 1024-byte pieces that `srun --label` ends with a
+/// newline each; discover sends it as parts and the inventory puts it back together.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn node_with_many_nics_is_discovered() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let nics = ExtraNics::add(1, 16);
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", f.conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{text}\n{err}");
+    assert!(
+        text.contains(&format!("{NODES} sent, 0 failed, 0 unavailable")),
+        "{text}\n{err}"
+    );
+    let n1 = f.cv.state()["nodes"]["n1"].clone();
+    let got = n1["data_interfaces"]["values"].as_array().unwrap().clone();
+    assert_eq!(got.len(), 18, "{n1}");
+    for k in 1..=16 {
+        let name = format!("ens3f{k}");
+        let nic = got.iter().find(|v| v["name"] == name.as_str());
+        assert_eq!(
+            nic,
+            Some(
+                &json!({"name": name, "mac_address": format!("02:96:00:00:01:{k:02x}"),
+                         "ip_addresses": {"values": [format!("10.96.1.{k}")]}})
+            ),
+            "{n1}"
+        );
+    }
+    assert!(serde_json::to_string(&n1).unwrap().len() > 1024);
+    // Put n1's NodeConfig (and its record in StateDir) back as the other tests expect it.
+    drop(nics);
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", f.conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        f.cv.state()["nodes"]["n1"]["data_interfaces"]["values"],
+        expected_interfaces(1)
+    );
 }
 
 /// Every CPU of every node allocated (one exclusive job on all nodes): discovery does not
 /// wait for resources (a new srun would pend until DiscoveryTimeout); it runs as an
-/// overlapping step inside the job that holds the nodes. Slurm 22.05 lets root create that
-/// step in another user's job (SlurmUser `slurm` got "Access/permission denied"), so this run
-/// keeps root: its StateDir is its own.
+/// overlapping step inside the job that holds the nodes, a job of the inventory's own user
+/// (root here: its StateDir is its own). A node held by another user's job is not discovered.
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn discovery_reaches_fully_allocated_nodes() {
@@ -1058,6 +1220,98 @@ fn discovery_reaches_fully_allocated_nodes() {
             "{n}"
         );
     }
+    // n4 held by another user's job (issue 17, item 14): a step there would run as that user,
+    // who could write into its output and forge n4's record, and Slurm refuses root's step in
+    // it anyway. n4 fails at once, naming the job, without an srun; the others are sent.
+    drop(_cancel);
+    wait_until(
+        "the whole-cluster job to end",
+        Duration::from_secs(60),
+        || {
+            stdout(&slurm("squeue", &["-h", "-j", &job]))
+                .trim()
+                .is_empty()
+        },
+    );
+    let out = as_nobody(
+        Path::new("sbatch"),
+        &[
+            "--parsable",
+            "-o",
+            "/dev/null",
+            "-e",
+            "/dev/null",
+            "--exclusive",
+            "-w",
+            "n4",
+            "--wrap",
+            "sleep 300",
+        ],
+    );
+    assert!(out.status.success(), "sbatch as nobody: {}", stderr(&out));
+    let theirs = stdout(&out).trim().split(';').next().unwrap().to_string();
+    let _cancel = Cancel(theirs.clone());
+    wait_until("nobody's job on n4 to run", Duration::from_secs(60), || {
+        stdout(&slurm("squeue", &["-h", "-j", &theirs, "-o", "%T"])).trim() == "RUNNING"
+    });
+    wait_until("n4 allocated", Duration::from_secs(30), || {
+        node_state("n4") == "allocated"
+    });
+    let t = Instant::now();
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(
+        text.contains(&format!("{} sent, 1 failed (n4), 0 unavailable", NODES - 1)),
+        "{text}\n{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "node n4: discovery failed: fully allocated by job {theirs} of another user (uid \
+             65534): discovery runs no step in another user's job"
+        )),
+        "{err}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+/// Runs `prog args` as `nobody`, a user who is no operator, with the PATH of this test (the
+/// cluster's Slurm first), in `/`. Where the cluster's Slurm runs in a root filesystem (its
+/// commands are chroot wrappers), the user is switched inside it.
+fn as_nobody(prog: &Path, args: &[&str]) -> Output {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let sinfo = std::env::split_paths(&path)
+        .map(|d| d.join("sinfo"))
+        .find(|p| p.is_file());
+    let rootfs = sinfo
+        .and_then(|p| fs::read(p).ok())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .and_then(|t| {
+            // The wrapper's comment names its root: "# Slurm 24.11: sinfo from /var/cache/…".
+            let rest = t.lines().nth(1)?.split(": sinfo from ").nth(1)?;
+            rest.split_whitespace().next().map(String::from)
+        });
+    let mut c = match &rootfs {
+        Some(r) => {
+            let mut c = Command::new("chroot");
+            c.arg(r).arg("runuser");
+            c
+        }
+        None => Command::new("runuser"),
+    };
+    c.args(["-u", "nobody", "--", "env"])
+        .arg(format!("PATH={path}:/usr/bin:/bin"))
+        .arg(prog)
+        .args(args)
+        .current_dir("/")
+        .output()
+        .unwrap()
 }
 
 /// Job names, comments and script lines that a text reader of scontrol/squeue/sacct takes for
@@ -1207,38 +1461,6 @@ fn hidden_partition_nodes_are_inventoried() {
         "scontrol",
         &["update", "partitionname=gpu", "hidden=yes"],
     ));
-    // As a user who is no operator, with the PATH of this test (the cluster's Slurm first).
-    // Where the cluster's Slurm runs in a root filesystem (its commands are chroot wrappers),
-    // the user is switched inside it.
-    let path = std::env::var("PATH").unwrap_or_default();
-    let sinfo = std::env::split_paths(&path)
-        .map(|d| d.join("sinfo"))
-        .find(|p| p.is_file());
-    let rootfs = sinfo
-        .and_then(|p| fs::read(p).ok())
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .and_then(|t| {
-            // The wrapper's comment names its root: "# Slurm 24.11: sinfo from /var/cache/…".
-            let rest = t.lines().nth(1)?.split(": sinfo from ").nth(1)?;
-            rest.split_whitespace().next().map(String::from)
-        });
-    let as_nobody = |prog: &Path, args: &[&str]| {
-        let mut c = match &rootfs {
-            Some(r) => {
-                let mut c = Command::new("chroot");
-                c.arg(r).arg("runuser");
-                c
-            }
-            None => Command::new("runuser"),
-        };
-        c.args(["-u", "nobody", "--", "env"])
-            .arg(format!("PATH={path}:/usr/bin:/bin"))
-            .arg(prog)
-            .args(args)
-            .current_dir("/")
-            .output()
-            .unwrap()
-    };
     let plain = as_nobody(Path::new("sinfo"), &["-h", "-N", "-o", "%N"]);
     assert!(
         plain.status.success() && !stdout(&plain).contains("n3"),

@@ -458,29 +458,34 @@ fn check_knows_the_prolog_only_set_up() {
     }
 }
 
-/// A DiscoveryBcast copy runs only if it is byte for byte what inventory sent.
+/// A DiscoveryBcast copy runs only from a directory that only root and its user can write,
+/// and only if it is byte for byte what inventory sent (issue 17, item 12: a copy in the
+/// workers' /tmp could be planted by another user, who sees its name in srun's command line).
 #[test]
 fn broadcast_copy_verifies_itself() {
+    use std::os::unix::fs::PermissionsExt;
     let tmp = Scratch::new("bcast");
     let sys = tmp.path().join("sys");
     fs::create_dir(&sys).unwrap();
-    let copy =
-        std::path::PathBuf::from(format!("/tmp/cvslurm-discover.test{}", std::process::id()));
+    let private = tmp.path().join("private");
+    fs::create_dir(&private).unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+    let copy = private.join("cvslurm-discover.test");
     fs::copy(bin(), &copy).unwrap();
     let sum = std::process::Command::new("sha256sum")
         .arg(bin())
         .output()
         .unwrap();
     let sum = stdout(&sum).split_whitespace().next().unwrap().to_string();
-    let run = |expect: &str| {
-        std::process::Command::new(&copy)
+    let run = |copy: &std::path::Path, expect: &str| {
+        std::process::Command::new(copy)
             .args(["discover", "--node-name", "n1", "--sys-class-net"])
             .arg(&sys)
             .args(["--expect-sha256", expect])
             .output()
             .unwrap()
     };
-    let out = run(&"0".repeat(64));
+    let out = run(&copy, &"0".repeat(64));
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("is not the one inventory sent"),
@@ -488,10 +493,44 @@ fn broadcast_copy_verifies_itself() {
         stderr(&out)
     );
     assert!(out.stdout.is_empty());
-    let out = run(&sum);
+    let out = run(&copy, &sum);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("\"node_name\":\"n1\""));
-    let _ = fs::remove_file(&copy);
+    // The right bytes in a directory other users can write (as /tmp is, sticky or not): the
+    // copy does not run.
+    for mode in [0o1777, 0o777, 0o775] {
+        fs::set_permissions(&private, fs::Permissions::from_mode(mode)).unwrap();
+        let out = run(&copy, &sum);
+        assert_eq!(out.status.code(), Some(1), "{mode:o}");
+        assert!(
+            stderr(&out).contains(&format!(
+                "this copy's directory {} is open to other users ({} has mode {mode:o}): not \
+                 running; set DiscoveryBcastDir to a directory only root and the user running \
+                 the inventory can write",
+                private.display(),
+                private.display()
+            )),
+            "{}",
+            stderr(&out)
+        );
+        assert!(out.stdout.is_empty());
+    }
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+    let mut dir = tmp.path().join("open");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    dir.push("mine");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let nested = dir.join("cvslurm-discover.test");
+    fs::copy(bin(), &nested).unwrap();
+    let out = run(&nested, &sum);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("has mode 777): not running"),
+        "a directory under one every user can rename: {}",
+        stderr(&out)
+    );
 }
 
 // Issue 17: worker text and a GPU node's sysfs.

@@ -66,29 +66,56 @@ fn split_label(line: &str) -> (Option<usize>, &str) {
     (None, line)
 }
 
+/// Reads srun's `--label`led output: each line goes to its task's [`RecordReader`], so a
+/// worker's record parts never mix with another task's. Each task's unfinished record is
+/// bounded (4 MiB), and there is one reader per task label that appears.
+#[derive(Debug, Default)]
+pub struct LabelledReader {
+    readers: std::collections::HashMap<Option<usize>, RecordReader>,
+}
+
+impl LabelledReader {
+    /// Takes one line of srun's output (without its newline); returns the task that printed
+    /// it (`None`: no label) and a record, or why the line or record is bad, when one is
+    /// complete.
+    pub fn push(&mut self, line: &str) -> Option<(Option<usize>, Result<DiscoverRecord, String>)> {
+        let (task, text) = split_label(line);
+        // discover starts its record on a fresh line: blank lines are not garbage.
+        if text.trim().is_empty() {
+            return None;
+        }
+        let r = self
+            .readers
+            .entry(task)
+            .or_insert_with(|| RecordReader::new(MAX_RECORD_BYTES, 4 * MAX_RECORD_BYTES));
+        r.push(text).map(|r| (task, r))
+    }
+}
+
 impl Inventory<'_> {
     /// Runs discovery on `nodes` (grouped by partition, one srun per group).
     pub fn discover(&self, nodes: &[&SinfoNode]) -> Discovered {
         // A node whose every CPU is allocated cannot take a new job, however short: srun
         // would wait for it until DiscoveryTimeout. It is reached through a step inside a job
-        // that runs there (`srun --jobid=J --overlap`, no resources taken).
+        // that runs there (`srun --jobid=J --overlap`, no resources taken), but only a job of
+        // the user running the inventory: a step runs as its job's owner, who could then
+        // forge the node's record (see [`reach_busy`]).
         let busy: Vec<String> = nodes
             .iter()
             .filter(|n| n.state.eq_ignore_ascii_case("allocated"))
             .map(|n| n.name.clone())
             .collect();
         let mut in_jobs: BTreeMap<Target, Vec<String>> = BTreeMap::new();
+        let mut out_of_reach = Discovered::new();
         if !busy.is_empty() {
             match slurm::running_jobs_on(&self.slurm, &busy, COMMAND_TIMEOUT) {
                 Ok(jobs) => {
-                    let mut left: BTreeSet<&str> = busy.iter().map(String::as_str).collect();
-                    for (job, job_nodes) in jobs {
-                        for n in job_nodes {
-                            if left.remove(n.as_str()) {
-                                in_jobs.entry(Target::Job(job.clone())).or_default().push(n);
-                            }
-                        }
+                    let me = nix::unistd::geteuid().as_raw();
+                    let (mine, others) = reach_busy(&busy, &jobs, me);
+                    for (job, ns) in mine {
+                        in_jobs.insert(Target::Job(job), ns);
                     }
+                    out_of_reach = others;
                 }
                 Err(e) => log::warn!("discovery: cannot list the jobs on allocated nodes: {e}"),
             }
@@ -104,13 +131,17 @@ impl Inventory<'_> {
                 busy.len(),
                 crate::hostlist::compress(&busy),
                 if through.is_empty() {
-                    "no running job".to_string()
+                    "no job of this user".to_string()
                 } else {
                     through.join(", ")
                 }
             );
         }
-        let placed: BTreeSet<&String> = in_jobs.values().flatten().collect();
+        let placed: BTreeSet<&String> = in_jobs
+            .values()
+            .flatten()
+            .chain(out_of_reach.keys())
+            .collect();
         let mut groups = in_jobs.clone();
         for n in nodes {
             if placed.contains(&n.name) {
@@ -128,13 +159,16 @@ impl Inventory<'_> {
                 .iter()
                 .map(|(t, names)| (names, s.spawn(move || self.discover_group(t, names))))
                 .collect();
-            let mut out = Discovered::new();
+            let mut out = out_of_reach;
             for (names, h) in handles {
                 match h.join() {
                     Ok(d) => out.extend(d),
                     Err(_) => out.extend(fail_all(names, "discovery failed (internal error)")),
                 }
             }
+            // A MAC belongs to one node: a record that claims another node's is held.
+            let stored = crate::state::StateDir::new(&self.cfg.state_dir).nodes.all();
+            super::mac_claims::hold_claimed_macs(&mut out, &stored);
             out
         })
     }
@@ -174,18 +208,25 @@ impl Inventory<'_> {
             }
         }
         let mut copy_checks: Vec<String> = Vec::new();
-        if cfg.discovery_bcast {
-            // An unpredictable name in the workers' /tmp: no other user there can create it
-            // first (and /tmp's sticky bit keeps them from replacing SlurmUser's copy). The
-            // copy checks that it is byte for byte what was sent. It is not removed by the
-            // copy itself: where /tmp is shared, one task would remove another's binary.
+        if let (true, Some(dir)) = (cfg.discovery_bcast, &cfg.discovery_bcast_dir) {
+            // Into DiscoveryBcastDir, which only root and this user may write on the workers:
+            // srun's command line (the copy's name included) is every user's to see, so a
+            // shared directory such as /tmp would let another user create the file first
+            // (config.rs refuses DiscoveryBcast without it). The random name keeps concurrent
+            // discoveries apart. The copy checks its own directory and that it is byte for
+            // byte what was sent (against a mistaken directory and a bad transfer; a planted
+            // copy would run its own code). It is not removed by the copy itself: where the
+            // directory is shared, one task would remove another's binary.
             let (r, sum) = match (random_hex(), crate::mode::discover::own_sha256()) {
                 (Ok(r), Ok(s)) => (r, s),
                 (Err(e), _) | (_, Err(e)) => {
                     return fail_all(names, &format!("cannot prepare --bcast: {e}"))
                 }
             };
-            cmd.arg(format!("--bcast=/tmp/cvslurm-discover.{r}"));
+            cmd.arg(format!(
+                "--bcast={}",
+                dir.join(format!("cvslurm-discover.{r}")).display()
+            ));
             copy_checks = vec!["--expect-sha256".into(), sum];
         }
         cmd.arg(&exe).arg("discover").args(&copy_checks);
@@ -207,21 +248,10 @@ impl Inventory<'_> {
         let (tx, rx) = mpsc::channel::<(Option<usize>, Result<DiscoverRecord, String>)>();
         let stdout = child.stdout.take().expect("piped");
         let reader = std::thread::spawn(move || {
-            // Each task's unfinished record is bounded (4 MiB), and there is one reader per
-            // task label that appears.
-            let mut readers: std::collections::HashMap<Option<usize>, RecordReader> =
-                std::collections::HashMap::new();
+            let mut records = LabelledReader::default();
             read_lines_capped(stdout, MAX_RECORD_BYTES, |line| {
-                let (task, text) = split_label(line);
-                // discover starts its record on a fresh line: blank lines are not garbage.
-                if !text.trim().is_empty() {
-                    // One reader per task: a worker's parts never mix with another task's.
-                    let r = readers.entry(task).or_insert_with(|| {
-                        RecordReader::new(MAX_RECORD_BYTES, 4 * MAX_RECORD_BYTES)
-                    });
-                    if let Some(r) = r.push(text) {
-                        let _ = tx.send((task, r));
-                    }
+                if let Some(r) = records.push(line) {
+                    let _ = tx.send(r);
                 }
             });
         });
@@ -320,6 +350,46 @@ impl Inventory<'_> {
     }
 }
 
+/// Which fully allocated nodes discovery can reach, and how: a step in a running job of the
+/// user running the inventory (`me`), one srun per job. A node held only by other users' jobs
+/// is not discovered (its error says why): Slurm refuses a step in another user's job (root
+/// and SlurmUser alike, measured on 22.05: "Access/permission denied"), and a step there would
+/// run as that job's owner, who could write into its output and forge the node's record.
+/// Nodes without a running job are in neither list (they get a new job in their partition).
+fn reach_busy(
+    busy: &[String],
+    jobs: &[slurm::RunningJob],
+    me: u32,
+) -> (BTreeMap<String, Vec<String>>, Discovered) {
+    let mut left: BTreeSet<&str> = busy.iter().map(String::as_str).collect();
+    let mut mine: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for j in jobs.iter().filter(|j| j.uid == me) {
+        for n in &j.nodes {
+            if left.remove(n.as_str()) {
+                mine.entry(j.id.clone()).or_default().push(n.clone());
+            }
+        }
+    }
+    let mut others = Discovered::new();
+    for j in jobs.iter().filter(|j| j.uid != me) {
+        for n in &j.nodes {
+            if left.remove(n.as_str()) {
+                others.insert(
+                    n.clone(),
+                    Err(format!(
+                        "fully allocated by job {} of another user (uid {}): discovery runs no \
+                         step in another user's job (Slurm refuses it, and the step would run as \
+                         that user, who could forge this node's record); it is discovered when \
+                         it has a free CPU, and keeps its last NodeConfig and record meanwhile",
+                        j.id, j.uid
+                    )),
+                );
+            }
+        }
+    }
+    (mine, others)
+}
+
 fn yes_no(b: bool) -> &'static str {
     if b {
         "yes"
@@ -408,6 +478,38 @@ mod tests {
         assert_eq!(split_label("2: 0: {}"), (Some(2), "0: {}"));
         assert_eq!(split_label("no label"), (None, "no label"));
         assert_eq!(split_label("n3: x"), (None, "n3: x"));
+    }
+
+    /// Fully allocated nodes are reached only through jobs of the inventory's own user; a node
+    /// held by another user's job fails at once, naming the job and why.
+    #[test]
+    fn busy_nodes_are_reached_only_through_own_jobs() {
+        let job = |id: &str, uid, nodes: &[&str]| slurm::RunningJob {
+            id: id.into(),
+            uid,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        };
+        let busy: Vec<String> = ["n1", "n2", "n3", "n4"].map(String::from).to_vec();
+        let jobs = [
+            job("7", 1000, &["n1", "n2"]),
+            job("8", 0, &["n2", "n3"]),
+            job("9", 0, &["n3", "n9"]),
+        ];
+        let (mine, others) = reach_busy(&busy, &jobs, 0);
+        assert_eq!(
+            mine,
+            BTreeMap::from([("8".to_string(), vec!["n2".to_string(), "n3".to_string()])])
+        );
+        assert_eq!(others.keys().collect::<Vec<_>>(), ["n1"]);
+        let e = others["n1"].as_ref().unwrap_err();
+        assert!(
+            e.starts_with("fully allocated by job 7 of another user (uid 1000): discovery runs no step in another user's job"),
+            "{e}"
+        );
+        // n4 has no running job: neither list (a new job in its partition).
+        let (mine, others) = reach_busy(&busy, &jobs, 1000);
+        assert_eq!(mine["7"], ["n1", "n2"]);
+        assert_eq!(others.keys().collect::<Vec<_>>(), ["n3"]);
     }
 
     #[test]

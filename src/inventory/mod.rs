@@ -3,6 +3,7 @@
 //! ([`Inventory::run_once`]); the service ([`crate::service`]) polls with it.
 
 pub mod discovery;
+pub mod mac_claims;
 
 pub use discovery::read_lines_capped;
 

@@ -1,10 +1,11 @@
 //! `cvslurm discover`: run on a worker (through srun), print its network interfaces as one
-//! JSON line (the record is [`crate::node_record::DiscoverRecord`]).
+//! record (one JSON line, or `cvslurm-part` lines when longer: [`crate::node_record::frame`];
+//! the record is [`crate::node_record::DiscoverRecord`]).
 
 use super::startup::usage;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
-pub use crate::node_record::{to_parts, valid_interface_name, DiscoverRecord, Interface};
+pub use crate::node_record::{frame, valid_interface_name, DiscoverRecord, Interface};
 use crate::payload::is_mac;
 use crate::topology::{self, Roots};
 use argh::FromArgs;
@@ -27,7 +28,7 @@ pub const FLAGS: &[&str] = &[
     "--expect-sha256",
 ];
 
-/// Print this node's network interfaces as one JSON line (run on workers through srun).
+/// Print this node's network interfaces as one JSON record (run on workers through srun).
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "discover", help_triggers("-h", "--help", "help"))]
 pub struct Args {
@@ -52,8 +53,8 @@ pub struct Args {
     /// also report the GPUs and which GPUs each interface is nearest to (JobInterfaces)
     #[argh(switch)]
     topology: bool,
-    /// refuse to run unless this executable's SHA-256 (hex) is this one (inventory passes it
-    /// with DiscoveryBcast, so a copy that is not what it sent never reports)
+    /// refuse to run unless this executable's SHA-256 (hex) is this one and its directory is
+    /// writable only by root and this user (inventory passes it with DiscoveryBcast)
     #[argh(option)]
     expect_sha256: Option<String>,
 }
@@ -68,15 +69,60 @@ pub fn own_sha256() -> std::io::Result<String> {
         .collect())
 }
 
-/// Checks a broadcast copy of the binary; an error means: do not run.
+/// Checks a broadcast copy of the binary; an error means: do not run. The copy must lie in a
+/// directory only root and this user can change ([`private_dir`]) and be byte for byte what
+/// inventory sent.
 fn check_copy(expect: Option<&str>) -> Result<(), String> {
     if let Some(want) = expect {
+        let exe = fs::read_link("/proc/self/exe")
+            .map_err(|e| format!("cannot find my own executable: {e}"))?;
+        let exe = exe.to_string_lossy();
+        let exe = Path::new(exe.strip_suffix(" (deleted)").unwrap_or(&exe));
+        if let Some(dir) = exe.parent() {
+            private_dir(dir, nix::unistd::geteuid().as_raw())?;
+        }
         let got = own_sha256().map_err(|e| format!("cannot read my own executable: {e}"))?;
         if !got.eq_ignore_ascii_case(want.trim()) {
             return Err(format!(
                 "this executable (SHA-256 {got}) is not the one inventory sent ({want}); not running"
             ));
         }
+    }
+    Ok(())
+}
+
+/// Checks that only root and `uid` can put or replace files in `dir`: it and every directory
+/// above it belong to root or `uid`; `dir` is writable by no one else, and a directory above
+/// it only when sticky (others cannot rename what they do not own there).
+pub fn private_dir(dir: &Path, uid: u32) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let fix = "set DiscoveryBcastDir to a directory only root and the user running the \
+               inventory can write";
+    let mut at = Some(dir);
+    let mut first = true;
+    while let Some(d) = at {
+        let m = fs::metadata(d).map_err(|e| format!("cannot check {}: {e}", d.display()))?;
+        let others_write = m.mode() & 0o022 != 0;
+        let sticky = m.mode() & 0o1000 != 0;
+        if m.uid() != 0 && m.uid() != uid {
+            return Err(format!(
+                "this copy's directory {} is under {}, owned by uid {}: not running; {fix}",
+                dir.display(),
+                d.display(),
+                m.uid()
+            ));
+        }
+        if others_write && (first || !sticky) {
+            return Err(format!(
+                "this copy's directory {} is open to other users ({} has mode {:o}): not \
+                 running; {fix}",
+                dir.display(),
+                d.display(),
+                m.mode() & 0o7777
+            ));
+        }
+        first = false;
+        at = d.parent();
     }
     Ok(())
 }
@@ -133,13 +179,9 @@ pub fn run(a: Args) -> i32 {
             // One write, starting on a fresh line: srun passes each task's output through as
             // it comes, so another node's unterminated output (a worker printing garbage
             // without a newline) would otherwise swallow this record.
+            // A record too long to reach srun in one piece goes as parts (see [`frame`]).
             let json = serde_json::to_string(&rec).expect("serializes");
-            let line = if a.topology {
-                // Only inventories that asked for --topology read parts.
-                format!("\n{}", to_parts(&rec.node_name, &json))
-            } else {
-                format!("\n{json}\n")
-            };
+            let line = frame(&rec.node_name, &json);
             let mut out = std::io::stdout().lock();
             if out
                 .write_all(line.as_bytes())

@@ -97,6 +97,20 @@ impl Nodes {
             .collect()
     }
 
+    /// Every node's record; one that cannot be read is left out (and logged).
+    pub fn all(&self) -> BTreeMap<String, crate::node_record::DiscoverRecord> {
+        self.stamps()
+            .into_keys()
+            .filter_map(|node| match self.load(&node) {
+                Ok(r) => Some((node, r?)),
+                Err(e) => {
+                    log::warn!("node {node}: inventory record ignored: {e}");
+                    None
+                }
+            })
+            .collect()
+    }
+
     /// Forgets a node's record (it left the cluster).
     pub fn forget(&self, node: &str) {
         let _ = fs::remove_file(self.path(node));
@@ -140,6 +154,7 @@ mod tests {
         ob.save(&other).unwrap();
         std::os::unix::fs::symlink(d.join(NODES).join("dgx2.json"), &p).unwrap();
         assert!(ob.load("dgx1").unwrap_err().contains("cannot read"));
+        assert_eq!(ob.all().into_keys().collect::<Vec<_>>(), ["dgx2"]);
         ob.forget("dgx2");
         assert_eq!(ob.load("dgx2").unwrap(), None);
         fs::remove_dir_all(&d).unwrap();
