@@ -150,6 +150,18 @@ pub fn write_tmp(
     owner: Option<(u32, u32)>,
     sync: bool,
 ) -> Result<PathBuf, String> {
+    write_tmp_at(path, data, owner, sync, None)
+}
+
+/// [`write_tmp`], the file's modification time set to `mtime` when given (the outbox keeps
+/// each event's queue time there, for `cvslurm status`).
+pub fn write_tmp_at(
+    path: &Path,
+    data: &[u8],
+    owner: Option<(u32, u32)>,
+    sync: bool,
+    mtime: Option<std::time::SystemTime>,
+) -> Result<PathBuf, String> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -170,6 +182,9 @@ pub fn write_tmp(
             std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
         }
         f.write_all(data)?;
+        if let Some(t) = mtime {
+            f.set_modified(t)?;
+        }
         if sync {
             f.sync_data()?;
         }
