@@ -1008,8 +1008,9 @@ pub const READ_AT_MOST: usize = 10_000;
 pub const FULL_PASS_EVERY: Duration = Duration::from_secs(60);
 
 /// What the service keeps in memory about the outbox between its looks ([`Queue::refresh`]):
-/// per pending file its name and a [`Known`] (about 150 bytes per event with the map's own
-/// overhead: 15 MB at 100,000 events), never the events themselves.
+/// per pending file its name and a [`Known`] (under 250 bytes per event, the map's own
+/// overhead and a name of up to 30 bytes included: 25 MB at 100,000 events), never the events
+/// themselves.
 #[derive(Debug, Default)]
 pub struct Index {
     known: std::collections::HashMap<Box<str>, Known>,
@@ -1448,6 +1449,72 @@ mod tests {
         let started = sd.starts.started_jobs();
         assert_eq!(started.len(), 1);
         assert_eq!((started[0].0.as_str(), started[0].1), ("5@c", 100));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Item 3 of issue 17: the service's look at the outbox reads only what is new or
+    /// changed since the last one, forgets what vanished, and drops over the limit a bounded
+    /// number at a time from what it knows.
+    #[test]
+    fn refresh_reads_only_new_or_changed_files() {
+        let d = tmpdir("index");
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
+        for i in 1..=3 {
+            ob.enqueue(&Event::new(
+                job(&format!("{i}@c"), JobState::Running),
+                (0, 0),
+            ))
+            .unwrap();
+        }
+        // The bound README states: 80 bytes an entry, a map at most ~2.3 buckets per entry
+        // just after it grows, plus the name's own allocation.
+        assert!(std::mem::size_of::<(Box<str>, Known)>() <= 80);
+        let mut ix = Index::default();
+        let new = ob.refresh(&mut ix);
+        assert_eq!((new.len(), ix.reads), (3, 3));
+        assert_eq!(
+            new,
+            ["job.1@c.json", "job.2@c.json", "job.3@c.json"],
+            "oldest first"
+        );
+        // Nothing new: nothing read, whether the directory is listed again or not.
+        assert!(ob.refresh(&mut ix).is_empty());
+        ix.stamp = None;
+        assert!(ob.refresh(&mut ix).is_empty());
+        assert_eq!(ix.reads, 3);
+        // One new event, one replaced (a later state of its key, chained): those two read.
+        ob.enqueue(&Event::new(job("4@c", JobState::Running), (0, 0)))
+            .unwrap();
+        ob.enqueue(&Event::new(job("2@c", JobState::Completed), (0, 1)))
+            .unwrap();
+        ix.stamp = None;
+        let new = ob.refresh(&mut ix);
+        assert_eq!(new, ["job.2@c.json", "job.4@c.json"]);
+        assert_eq!(ix.reads, 5);
+        // What the service hands out is read as it is now.
+        assert!(ob.read_pending("job.2@c.json").unwrap().then.is_some());
+        // Taken (sent): forgotten. Garbage: moved to rejected/, not kept.
+        let one = ob.read_pending("job.1@c.json").unwrap();
+        ob.take(&one).unwrap().unwrap();
+        fs::write(d.join(OUTBOX).join("job.9@c.json"), b"garbage").unwrap();
+        ix.stamp = None;
+        assert!(ob.refresh(&mut ix).is_empty());
+        assert_eq!(ix.files, 3);
+        assert_eq!(ob.rejected_count(), 1);
+        let (oldest, more) = ix.oldest(2, |_, _| true);
+        // A chained file keeps its RUNNING's seq.
+        assert_eq!(oldest, ["job.2@c.json", "job.3@c.json"]);
+        assert!(more);
+        // Over the limit: at most `at_most` dropped per call, from the index.
+        let reads = ix.reads;
+        assert_eq!(ob.enforce_limit_in(&mut ix, 1, 1), 1);
+        assert_eq!(ob.enforce_limit_in(&mut ix, 1, 1), 1);
+        assert_eq!(ob.enforce_limit_in(&mut ix, 1, 1), 0);
+        assert_eq!(ix.reads, reads);
+        // The oldest went first.
+        assert_eq!(ob.pending().len(), 1);
+        assert_eq!(ob.pending()[0].item.describe(), "job 4@c RUNNING");
         fs::remove_dir_all(&d).unwrap();
     }
 
