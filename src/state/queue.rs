@@ -538,9 +538,13 @@ impl Queue {
     }
 
     /// Brings `ix` up to date with the outbox directory, reading only the files that are new
-    /// or changed since the last call (a file is told by its inode, `ctime` and size: every
-    /// event write is a new file renamed over the name), at most [`READ_AT_MOST`] of them
-    /// (the rest the next time: [`Index::complete`] says whether any were left). A directory
+    /// or changed since the last call, at most [`READ_AT_MOST`] of them (the rest the next
+    /// time: [`Index::complete`] says whether any were left). Every event write is a new file
+    /// renamed over the name, so a rewrite shows in the listing as another inode number: a
+    /// name listed with the inode number it had is not looked at further. A file rewritten
+    /// twice between two calls may get the first one's number back: every
+    /// [`STAT_ALL_EVERY`] (or four times as long as such a pass took, if longer) each file is
+    /// also told by its `stat` (inode, `ctime`, size), which tells those apart. A directory
     /// whose own `mtime` and `ctime` have not changed since a complete pass is not listed at
     /// all (but at least every [`FULL_PASS_EVERY`]). Names that vanished are forgotten. A
     /// file that is not an event is moved to `rejected/` and logged, one of a newer format is
@@ -561,6 +565,10 @@ impl Queue {
             }
         };
         let fresh = ix.full_at.is_some_and(|t| t.elapsed() < FULL_PASS_EVERY);
+        let stat_all = ix
+            .stat_all_at
+            .is_none_or(|t| t.elapsed() >= STAT_ALL_EVERY.max(ix.stat_all_took * 4));
+        let began = Instant::now();
         if ix.stamp == Some(stamp) && fresh {
             return Vec::new();
         }
@@ -589,9 +597,22 @@ impl Queue {
                 files -= 1;
                 continue;
             };
+            let dino = std::os::unix::fs::DirEntryExt::ino(&e);
+            if !stat_all {
+                if let Some(k) = ix.known.get_mut(name) {
+                    if k.dino == dino {
+                        k.gen = gen;
+                        continue;
+                    }
+                }
+            }
             // Told before it is read: a change after this is seen as one next time.
             let id = match e.metadata() {
-                Ok(m) => (m.ino(), m.ctime(), m.ctime_nsec(), m.size()),
+                Ok(m) => (
+                    m.ino(),
+                    m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+                    m.size(),
+                ),
                 Err(_) => {
                     clean = false;
                     continue;
@@ -599,6 +620,7 @@ impl Queue {
             };
             if let Some(k) = ix.known.get_mut(name) {
                 if k.id == id {
+                    k.dino = dino;
                     k.gen = gen;
                     continue;
                 }
@@ -612,13 +634,14 @@ impl Queue {
             ix.reads += 1;
             match read_event_checked(&path) {
                 ReadOutcome::Event(ev) => {
-                    ix.known.insert(name.into(), Known::of(&ev, id, gen));
+                    ix.known.insert(name.into(), Known::of(&ev, id, dino, gen));
                     changed.push((ev.seq, name.to_string()));
                 }
                 ReadOutcome::Newer(v) => {
                     report_newer(&path, v);
                     let newer = Known {
                         id,
+                        dino,
                         seq: 0,
                         queued_at: 0,
                         class: 0,
@@ -658,6 +681,10 @@ impl Queue {
         ix.stamp = (clean && settled).then_some(stamp);
         if clean {
             ix.full_at = Some(Instant::now());
+        }
+        if stat_all {
+            ix.stat_all_at = Some(Instant::now());
+            ix.stat_all_took = began.elapsed();
         }
         changed.sort();
         changed.into_iter().map(|(_, n)| n).collect()
@@ -1003,6 +1030,9 @@ impl Queue {
 /// The most event files [`Queue::refresh`] reads in one call.
 pub const READ_AT_MOST: usize = 10_000;
 
+/// How often [`Queue::refresh`] tells every file by its `stat` too (see there).
+pub const STAT_ALL_EVERY: Duration = Duration::from_secs(5);
+
 /// [`Queue::refresh`] lists the outbox at least this often even when its directory's times
 /// say nothing changed.
 pub const FULL_PASS_EVERY: Duration = Duration::from_secs(60);
@@ -1020,6 +1050,9 @@ pub struct Index {
     stamp: Option<(i64, i64, i64, i64)>,
     /// When the directory was last listed completely.
     full_at: Option<Instant>,
+    /// When every file was last told by its `stat`, and how long that took.
+    stat_all_at: Option<Instant>,
+    stat_all_took: Duration,
     /// Pass number, to forget the names that vanished.
     gen: u32,
     /// The last pass read every new or changed file (none left over [`READ_AT_MOST`]).
@@ -1031,8 +1064,11 @@ pub struct Index {
 /// What [`Index`] knows of one pending file.
 #[derive(Debug, Clone, Copy)]
 struct Known {
-    /// Inode, ctime (s, ns) and size: a rewritten file differs.
-    id: (u64, i64, i64, u64),
+    /// Inode, ctime (ns) and size: a rewritten file differs.
+    id: (u64, i64, u64),
+    /// The inode number the directory listing gave (the same as `stat`'s on most file
+    /// systems, not on all: compared only with the listing's).
+    dino: u64,
     seq: u128,
     queued_at: i64,
     /// 0 node, 1 a job's RUNNING, 2 a job's end ([`Queue::enforce_limit`]'s order).
@@ -1045,7 +1081,7 @@ struct Known {
 }
 
 impl Known {
-    fn of(ev: &Event, id: (u64, i64, i64, u64), gen: u32) -> Known {
+    fn of(ev: &Event, id: (u64, i64, u64), dino: u64, gen: u32) -> Known {
         let class = match &ev.item {
             Item::Node { .. } | Item::NodeDelete { .. } => 0,
             Item::Job { job } if !job.state.is_terminal() => 1,
@@ -1053,6 +1089,7 @@ impl Known {
         };
         Known {
             id,
+            dino,
             seq: ev.seq,
             queued_at: ev.queued_at,
             class,
@@ -1492,6 +1529,15 @@ mod tests {
         let new = ob.refresh(&mut ix);
         assert_eq!(new, ["job.2@c.json", "job.4@c.json"]);
         assert_eq!(ix.reads, 5);
+        // A file rewritten with its old inode number back (here: the index made to believe
+        // the file differs) is seen by the next pass that tells every file by its stat.
+        ix.known.get_mut("job.3@c.json").unwrap().id.1 = 0;
+        ix.stamp = None;
+        assert!(ob.refresh(&mut ix).is_empty());
+        ix.stamp = None;
+        ix.stat_all_at = None;
+        assert_eq!(ob.refresh(&mut ix), ["job.3@c.json"]);
+        assert_eq!(ix.reads, 6);
         // What the service hands out is read as it is now.
         assert!(ob.read_pending("job.2@c.json").unwrap().then.is_some());
         // Taken (sent): forgotten. Garbage: moved to rejected/, not kept.
