@@ -4,8 +4,10 @@
 //! - A hook writes its event durably to the outbox, then sends one datagram to
 //!   `StateDir/wake.sock`, a Unix datagram socket this sender has bound. A socket file that
 //!   nobody has bound (the service died) refuses the datagram: the hook then sends itself.
-//! - The dispatcher thread wakes on each datagram (and every few seconds regardless) and
-//!   hands the pending events to `MaxConcurrentRequests` worker threads at once. The ends the
+//! - The dispatcher thread wakes on each datagram (and every few seconds regardless), reads
+//!   only the outbox files new or rewritten since its last look (an in-memory [`Index`]), and
+//!   hands the oldest pending events, at most [`HAND_OUT_AT_MOST`] a look, to
+//!   `MaxConcurrentRequests` worker threads; it looks again as their queue runs low. The ends the
 //!   epilogs queued go first to the settler thread, which asks slurmctld in one call how all
 //!   of them ended ([`Engine::settle`]), fixes their records and hands them out: a RUNNING never
 //!   waits behind that question, and the ends that come in while it is asked form the next

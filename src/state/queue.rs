@@ -1028,7 +1028,7 @@ impl Queue {
 }
 
 /// The most event files [`Queue::refresh`] reads in one call.
-pub const READ_AT_MOST: usize = 10_000;
+pub const READ_AT_MOST: usize = 50_000;
 
 /// How often [`Queue::refresh`] tells every file by its `stat` too (see there).
 pub const STAT_ALL_EVERY: Duration = Duration::from_secs(5);
