@@ -516,6 +516,70 @@ fn status_reports_outbox_and_cloudvision() {
     );
 }
 
+/// Item 3 of issue 17: `status` counts the outbox's files and takes the oldest one's age from
+/// its modification time (an event file's is its queue time); it reads no event, so its cost
+/// does not grow with what the events hold, and a file that is not an event counts as waiting
+/// (the drainer, not `status`, moves it to rejected/).
+#[test]
+fn status_counts_the_outbox_without_reading_it() {
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
+    use std::time::{Duration, SystemTime};
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    site.hook(&job_env("prolog_slurmctld", "300", &[]));
+    let outbox = site
+        .state_dir
+        .join(cvslurm::internals::state::layout::OUTBOX);
+    let queued = &site.outbox()[0];
+    let name = fs::read_dir(&outbox)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let file = fs::metadata(&name).unwrap();
+    assert_eq!(
+        Some(file.mtime()),
+        queued["queued_at"].as_i64(),
+        "mtime is the queue time"
+    );
+    for i in 0..10_000 {
+        fs::write(
+            outbox.join(format!("job.{i}@garbage.json")),
+            b"{not an event",
+        )
+        .unwrap();
+    }
+    // A writer's temp file is not an event.
+    fs::write(outbox.join(".tmp.1.2.job.9@c.json"), b"").unwrap();
+    let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+    fs::File::options()
+        .write(true)
+        .open(outbox.join("job.77@garbage.json"))
+        .unwrap()
+        .set_modified(two_hours_ago)
+        .unwrap();
+    let out = site.run(&["status", "--offline", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "older than --max-age: {}",
+        stdout(&out)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outbox_depth"], 10_001);
+    let age = v["oldest_event_age_s"].as_i64().unwrap();
+    assert!((7200..7300).contains(&age), "{age}");
+    assert_eq!(v["rejected"], 0);
+    assert_eq!(
+        fs::read(outbox.join("job.4242@garbage.json")).unwrap(),
+        b"{not an event",
+        "status moved or changed nothing"
+    );
+}
+
 /// Item 11 of issue 17: a StateDir `status` cannot read (a typo, a missing mount, another
 /// user's) is not an empty outbox: `status` says so and exits 3 ("cannot know"), so alerting
 /// on `--max-age` does not stay silent.

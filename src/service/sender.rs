@@ -4,8 +4,10 @@
 //! - A hook writes its event durably to the outbox, then sends one datagram to
 //!   `StateDir/wake.sock`, a Unix datagram socket this sender has bound. A socket file that
 //!   nobody has bound (the service died) refuses the datagram: the hook then sends itself.
-//! - The dispatcher thread wakes on each datagram (and every few seconds regardless) and
-//!   hands the pending events to `MaxConcurrentRequests` worker threads at once. The ends the
+//! - The dispatcher thread wakes on each datagram (and every few seconds regardless), reads
+//!   only the outbox files new or rewritten since its last look (an in-memory [`Index`]), and
+//!   hands the oldest pending events, at most [`HAND_OUT_AT_MOST`] a look, to
+//!   `MaxConcurrentRequests` worker threads; it looks again as their queue runs low. The ends the
 //!   epilogs queued go first to the settler thread, which asks slurmctld in one call how all
 //!   of them ended ([`Engine::settle`]), fixes their records and hands them out: a RUNNING never
 //!   waits behind that question, and the ends that come in while it is asked form the next
@@ -22,7 +24,7 @@
 use super::engine::{record_drain, DrainReport, Engine, Outcome};
 use crate::cloudvision::Client;
 use crate::delivery::backoff;
-use crate::state::queue::Event;
+use crate::state::queue::{Event, Index};
 use crate::state::StateDir;
 use std::collections::{HashSet, VecDeque};
 use std::io::ErrorKind;
@@ -80,10 +82,18 @@ pub fn wake(sock: &UnixDatagram) -> bool {
     }
 }
 
+/// The most events one scan hands to the workers, and the most ends it hands to the settler:
+/// the rest wait in the outbox for the next scan, which comes as soon as the workers' queue
+/// runs low.
+pub const HAND_OUT_AT_MOST: usize = 1000;
+
+/// The most events one scan drops to keep the outbox within `OutboxMaxEvents`.
+pub const DROP_AT_MOST: usize = 1000;
+
 /// The dispatcher's own state between scans.
 struct Dispatch {
-    /// The pending files (name, seq) already handed to the sync thread.
-    synced: HashSet<Synced>,
+    /// What is known of the outbox: each scan reads only the files new or changed since.
+    index: Index,
     /// The sync thread's queue.
     syncer: Sender_<Vec<String>>,
     /// The settler thread's queue: provisional ends to ask slurmctld about.
@@ -115,6 +125,11 @@ struct State {
     failures: u32,
     /// A worker finished something: look at the outbox again.
     rescan: bool,
+    /// The last scan left events in the outbox it could have handed out (over
+    /// [`HAND_OUT_AT_MOST`]): look again once the workers' queue runs low.
+    more: bool,
+    /// The last scan left ends the settler could have had: look again once it is done.
+    more_ends: bool,
 }
 
 /// A running sender (threads end with the process, or when `stop` is set).
@@ -288,7 +303,7 @@ fn dispatcher(sh: &Arc<Shared>, outbox: &StateDir, sock: &UnixDatagram, max_even
             .spawn(move || settle_loop(&sh, &ob, &ends, &sy));
     }
     let mut ds = Dispatch {
-        synced: HashSet::new(),
+        index: Index::default(),
         syncer,
         settler,
     };
@@ -340,54 +355,66 @@ fn dispatcher(sh: &Arc<Shared>, outbox: &StateDir, sock: &UnixDatagram, max_even
     }
 }
 
-/// What tells one written outbox file from another: its name, its event's `seq`, and the
-/// `seq` of the end chained after it (an end chained after a waiting RUNNING rewrites the
-/// file and keeps the RUNNING's `seq`: that file must be synced again).
-type Synced = (String, u128, Option<u128>);
-
-fn synced(e: &Event) -> Synced {
-    (e.item.file_name(), e.seq, e.then.as_ref().map(|t| t.seq))
-}
-
 /// One look at the outbox: the new files go to the sync thread, the ends that need
-/// slurmctld's word to the settler, and (`dispatch`) the rest to the workers.
+/// slurmctld's word to the settler, and (`dispatch`) the rest to the workers, oldest first, at
+/// most [`HAND_OUT_AT_MOST`] of each. Only the files new or changed since the last look are
+/// read ([`Index`]), and the ones handed out.
 fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &mut Dispatch) {
-    outbox.queue.enforce_limit(max_events);
-    let pending = outbox.queue.pending();
+    let q = &outbox.queue;
     // The hooks that handed their events over did not sync them: the syncer thread makes
     // the new ones durable, batch by batch, beside the sending (sending need not wait: an
     // event CloudVision has is safe; what matters is how soon a queued one is on disk).
-    let new: Vec<String> = pending
-        .iter()
-        .filter(|e| !ds.synced.contains(&synced(e)))
-        .map(|e| e.item.file_name())
-        .collect();
+    let new = q.refresh(&mut ds.index);
     if !new.is_empty() {
         if let Err(unsent) = ds.syncer.send(new) {
-            outbox.queue.sync_files(&unsent.0); // no sync thread: here, then
+            q.sync_files(&unsent.0); // no sync thread: here, then
         }
     }
-    ds.synced = pending.iter().map(synced).collect();
-    let (busy, settling) = {
+    q.enforce_limit_in(&mut ds.index, max_events, DROP_AT_MOST);
+    let (busy, settling, queued) = {
         let st = lock(sh);
-        (st.busy.clone(), st.settling.clone())
+        (st.busy.clone(), st.settling.clone(), st.queue.len())
     };
     // An end is settled even while its job's RUNNING is being sent (its pending file is
     // not the one in flight): it is ready the moment the RUNNING is delivered.
-    let (provisional, ready): (Vec<Event>, Vec<Event>) = pending
-        .into_iter()
-        .filter(|e| !settling.contains(&e.item.file_name()))
-        .partition(|e| e.resolve.is_some());
+    let (ends, more_ends) = ds.index.oldest(
+        HAND_OUT_AT_MOST.saturating_sub(settling.len()),
+        |name, provisional| provisional && !settling.contains(name),
+    );
     // What needs no word from slurmctld goes out at once (RUNNING never waits for an end).
-    if dispatch {
-        hand_out(
-            sh,
-            ready
-                .into_iter()
-                .filter(|e| !busy.contains(&e.item.file_name()))
-                .collect(),
-        );
+    let (names, more_ready) = if dispatch {
+        ds.index.oldest(
+            HAND_OUT_AT_MOST.saturating_sub(queued),
+            |name, provisional| !provisional && !busy.contains(name) && !settling.contains(name),
+        )
+    } else {
+        (Vec::new(), false)
+    };
+    // Each file is read as it is now (it may have changed since the index saw it).
+    let (mut provisional, mut ready) = (Vec::new(), Vec::new());
+    for name in ends.iter().chain(&names) {
+        let Some(ev) = q.read_pending(name) else {
+            continue;
+        };
+        if ev.resolve.is_some() {
+            if !settling.contains(name.as_str()) {
+                provisional.push(ev);
+            }
+        } else if dispatch && !busy.contains(name.as_str()) && !settling.contains(name.as_str()) {
+            ready.push(ev);
+        }
     }
+    provisional.sort_by_key(|e| e.seq);
+    ready.sort_by_key(|e| e.seq);
+    {
+        let mut st = lock(sh);
+        // Left over: looked at again once the workers' queue runs low, once the settler is
+        // done, and at once when files were left unread (over the per-scan limit).
+        st.more = more_ready;
+        st.more_ends = more_ends;
+        st.rescan |= !ds.index.complete();
+    }
+    hand_out(sh, ready);
     if provisional.is_empty() {
         return;
     }
@@ -448,7 +475,7 @@ fn settle_batch(
     for n in &names {
         st.settling.remove(n);
     }
-    st.rescan |= changed;
+    st.rescan |= changed || st.more_ends;
 }
 
 /// Queues events for the workers (each key once).
@@ -500,7 +527,7 @@ fn worker(sh: &Shared) {
         let newer = sh.engine.outbox().queue.is_pending(&ev.item);
         let mut st = lock(sh);
         st.busy.remove(&name);
-        st.rescan |= newer;
+        st.rescan |= newer || (st.more && st.queue.len() < HAND_OUT_AT_MOST / 4);
     }
 }
 

@@ -150,6 +150,18 @@ pub fn write_tmp(
     owner: Option<(u32, u32)>,
     sync: bool,
 ) -> Result<PathBuf, String> {
+    write_tmp_at(path, data, owner, sync, None)
+}
+
+/// [`write_tmp`], the file's modification time set to `mtime` when given (the outbox keeps
+/// each event's queue time there, for `cvslurm status`).
+pub fn write_tmp_at(
+    path: &Path,
+    data: &[u8],
+    owner: Option<(u32, u32)>,
+    sync: bool,
+    mtime: Option<std::time::SystemTime>,
+) -> Result<PathBuf, String> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -170,6 +182,9 @@ pub fn write_tmp(
             std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
         }
         f.write_all(data)?;
+        if let Some(t) = mtime {
+            f.set_modified(t)?;
+        }
         if sync {
             f.sync_data()?;
         }
@@ -189,12 +204,15 @@ pub fn write_tmp(
 pub fn remove_stale_tmp(root: &Path) {
     for d in DIRS {
         for e in fs::read_dir(root.join(d)).into_iter().flatten().flatten() {
+            // By its change time: a writer may set a temp file's modification time to the
+            // past (an event file carries its queue time: `write_tmp_at`).
             let stale = e.file_name().to_string_lossy().starts_with(TMP_PREFIX)
-                && e.metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age > STALE_TMP);
+                && e.metadata().is_ok_and(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    let changed = std::time::UNIX_EPOCH
+                        + Duration::new(m.ctime().max(0).unsigned_abs(), m.ctime_nsec() as u32);
+                    changed.elapsed().is_ok_and(|age| age > STALE_TMP)
+                });
             if stale {
                 let _ = fs::remove_file(e.path());
             }
@@ -283,6 +301,29 @@ pub fn unsafe_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An event's temp file carries the event's queue time as its modification time, which
+    /// may be hours old: a writer at work is told by the change time, and its file kept.
+    #[test]
+    fn a_temp_file_with_an_old_mtime_is_no_stale_one() {
+        let root = std::env::temp_dir().join(format!("cvslurm-stale-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let outbox = root.join(crate::state::layout::OUTBOX);
+        fs::create_dir_all(&outbox).unwrap();
+        let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        let tmp = write_tmp_at(
+            &outbox.join("job.1@c.json"),
+            b"{}",
+            None,
+            false,
+            Some(hour_ago),
+        )
+        .unwrap();
+        assert_eq!(fs::metadata(&tmp).unwrap().modified().unwrap(), hour_ago);
+        remove_stale_tmp(&root);
+        assert!(tmp.exists(), "a writer's file is not removed under it");
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn names_are_safe() {

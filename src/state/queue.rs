@@ -20,7 +20,7 @@
 //! ([`super::durable`]); a hook that hands its event to the running service skips the `fsync`
 //! and the service syncs it ([`Queue::sync_files`]).
 
-use super::durable::{self, list_dir, safe_name, sync_dir, unsafe_name, write_tmp};
+use super::durable::{self, list_dir, safe_name, sync_dir, unsafe_name, write_tmp_at};
 use super::layout::{DRAINER_LOCK, INFLIGHT, OUTBOX, OUTBOX_LOCK, REJECTED};
 use super::starts::Starts;
 use crate::payload::{JobConfig, NodeConfig};
@@ -356,7 +356,7 @@ impl Queue {
         let name = ev.item.file_name();
         let path = self.dir(OUTBOX).join(&name);
         let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
-        let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
+        let tmp = write_event(&path, &bytes, ev.queued_at, self.owner, sync)?;
         // An end that goes after its pending RUNNING replaces that file by both: that file is
         // written (and synced) before the lock too, from the pending event read without the
         // lock, and renamed under the lock only if the pending event is still that one.
@@ -371,7 +371,7 @@ impl Queue {
                     let mut both = old.clone();
                     both.then = Some(Box::new(ev.clone()));
                     let b = serde_json::to_vec(&both).map_err(|e| e.to_string());
-                    match b.and_then(|b| write_tmp(&path, &b, self.owner, sync)) {
+                    match b.and_then(|b| write_event(&path, &b, old.queued_at, self.owner, sync)) {
                         Ok(t) => chained = Some((old, t)),
                         Err(e) => {
                             let _ = fs::remove_file(&tmp);
@@ -489,7 +489,7 @@ impl Queue {
     pub fn replace_if_same(&self, old: &Event, new: &Event, sync: bool) -> Result<bool, String> {
         let path = self.dir(OUTBOX).join(old.item.file_name());
         let bytes = serde_json::to_vec(new).map_err(|e| e.to_string())?;
-        let tmp = write_tmp(&path, &bytes, self.owner, sync)?;
+        let tmp = write_event(&path, &bytes, new.queued_at, self.owner, sync)?;
         let done = (|| {
             let _lock = self.lock()?;
             match read_event(&path) {
@@ -511,16 +511,183 @@ impl Queue {
 
     /// Removes the pending event of `ev`'s key if it is still `ev` (not replaced meanwhile).
     pub fn remove_if_same(&self, ev: &Event) -> Result<bool, String> {
+        self.remove_if_seq(&ev.item.file_name(), ev.seq)
+    }
+
+    /// Removes the pending file `name` if its event is still the one of `seq`.
+    fn remove_if_seq(&self, name: &str, seq: u128) -> Result<bool, String> {
         let _lock = self.lock()?;
-        let path = self.dir(OUTBOX).join(ev.item.file_name());
+        let path = self.dir(OUTBOX).join(name);
         match read_event(&path) {
-            Some(Ok(cur)) if cur.seq == ev.seq => {
+            Some(Ok(cur)) if cur.seq == seq => {
                 fs::remove_file(&path)
                     .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
                 Ok(true)
             }
             _ => Ok(false),
         }
+    }
+
+    /// The pending event in outbox file `name` as it is now (`None`: gone, not readable now,
+    /// or no event this cvslurm sends; [`refresh`](Self::refresh) deals with those).
+    pub fn read_pending(&self, name: &str) -> Option<Event> {
+        match read_event_checked(&self.dir(OUTBOX).join(name)) {
+            ReadOutcome::Event(e) => Some(*e),
+            _ => None,
+        }
+    }
+
+    /// Brings `ix` up to date with the outbox directory, reading only the files that are new
+    /// or changed since the last call, at most [`READ_AT_MOST`] of them (the rest the next
+    /// time: [`Index::complete`] says whether any were left). Every event write is a new file
+    /// renamed over the name, so a rewrite shows in the listing as another inode number: a
+    /// name listed with the inode number it had is not looked at further. A file rewritten
+    /// twice between two calls may get the first one's number back: every
+    /// [`STAT_ALL_EVERY`] (or four times as long as such a pass took, if longer) each file is
+    /// also told by its `stat` (inode, `ctime`, size), which tells those apart. A directory
+    /// whose own `mtime` and `ctime` have not changed since a complete pass is not listed at
+    /// all (but at least every [`FULL_PASS_EVERY`]). Names that vanished are forgotten. A
+    /// file that is not an event is moved to `rejected/` and logged, one of a newer format is
+    /// remembered and never sent, one not readable now is tried again next time. Returns the
+    /// names of the events read (new or changed), oldest first.
+    pub fn refresh(&self, ix: &mut Index) -> Vec<String> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.dir(OUTBOX);
+        let started = SystemTime::now();
+        let stamp = match fs::metadata(&dir) {
+            Ok(m) => (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()),
+            Err(_) => {
+                ix.known.clear();
+                ix.files = 0;
+                ix.stamp = None;
+                ix.complete = true;
+                return Vec::new();
+            }
+        };
+        let fresh = ix.full_at.is_some_and(|t| t.elapsed() < FULL_PASS_EVERY);
+        let stat_all = ix
+            .stat_all_at
+            .is_none_or(|t| t.elapsed() >= STAT_ALL_EVERY.max(ix.stat_all_took * 4));
+        let began = Instant::now();
+        if ix.stamp == Some(stamp) && fresh {
+            return Vec::new();
+        }
+        let Ok(rd) = fs::read_dir(&dir) else {
+            ix.stamp = None;
+            return Vec::new();
+        };
+        ix.gen = ix.gen.wrapping_add(1);
+        let gen = ix.gen;
+        let (mut files, mut reads, mut clean, mut capped) = (0usize, 0usize, true, false);
+        let mut changed: Vec<(u128, String)> = Vec::new();
+        for e in rd.flatten() {
+            let os_name = e.file_name();
+            if !is_event_name(&os_name) {
+                continue;
+            }
+            files += 1;
+            let path = e.path();
+            let Some(name) = os_name.to_str() else {
+                // Never a name cvslurm writes (they are ASCII): hostile or broken.
+                log::error!(
+                    "outbox file {} is not an event (its name is not UTF-8); moved to rejected/",
+                    crate::text::escape_control(&path.display().to_string())
+                );
+                let _ = fs::rename(&path, self.dir(REJECTED).join(&os_name));
+                files -= 1;
+                continue;
+            };
+            let dino = std::os::unix::fs::DirEntryExt::ino(&e);
+            if !stat_all {
+                if let Some(k) = ix.known.get_mut(name) {
+                    if k.dino == dino {
+                        k.gen = gen;
+                        continue;
+                    }
+                }
+            }
+            // Told before it is read: a change after this is seen as one next time.
+            let id = match e.metadata() {
+                Ok(m) => (
+                    m.ino(),
+                    m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+                    m.size(),
+                ),
+                Err(_) => {
+                    clean = false;
+                    continue;
+                }
+            };
+            if let Some(k) = ix.known.get_mut(name) {
+                if k.id == id {
+                    k.dino = dino;
+                    k.gen = gen;
+                    continue;
+                }
+            }
+            if reads >= READ_AT_MOST {
+                (clean, capped) = (false, true);
+                ix.known.remove(name);
+                continue;
+            }
+            reads += 1;
+            ix.reads += 1;
+            match read_event_checked(&path) {
+                ReadOutcome::Event(ev) => {
+                    ix.known.insert(name.into(), Known::of(&ev, id, dino, gen));
+                    changed.push((ev.seq, name.to_string()));
+                }
+                ReadOutcome::Newer(v) => {
+                    report_newer(&path, v);
+                    let newer = Known {
+                        id,
+                        dino,
+                        seq: 0,
+                        queued_at: 0,
+                        class: 0,
+                        provisional: false,
+                        newer: true,
+                        gen,
+                    };
+                    ix.known.insert(name.into(), newer);
+                }
+                ReadOutcome::Transient(why) => {
+                    log::debug!(
+                        "outbox file {} not readable now ({why}); later",
+                        path.display()
+                    );
+                    clean = false;
+                    ix.known.remove(name);
+                }
+                ReadOutcome::Corrupt(why) => {
+                    log::error!(
+                        "outbox file {} is not an event ({why}); moved to rejected/",
+                        path.display()
+                    );
+                    let _ = fs::rename(&path, self.dir(REJECTED).join(name));
+                    files -= 1;
+                    ix.known.remove(name);
+                }
+            }
+        }
+        ix.known.retain(|_, k| k.gen == gen);
+        ix.files = files;
+        ix.complete = !capped;
+        // A change within the file system's timestamp granularity of this listing might not
+        // move the directory's times: trust them only once they are older than that.
+        let settled = started
+            .duration_since(UNIX_EPOCH + Duration::new(stamp.2.max(0) as u64, stamp.3 as u32))
+            .is_ok_and(|age| age > Duration::from_millis(100));
+        ix.stamp = (clean && settled).then_some(stamp);
+        if clean {
+            ix.full_at = Some(Instant::now());
+        }
+        if stat_all {
+            ix.stat_all_at = Some(Instant::now());
+            ix.stat_all_took = began.elapsed();
+        }
+        changed.sort();
+        changed.into_iter().map(|(_, n)| n).collect()
     }
 
     /// Every pending event, oldest first. A file that was read whole and is not an event is
@@ -560,16 +727,40 @@ impl Queue {
         evs
     }
 
-    /// Number of pending events and the age in seconds of the oldest.
+    /// Number of pending event files and the age in seconds of the oldest, by its file's
+    /// modification time (an event file's is its queue time: [`write_event`]). No file is
+    /// opened: the directory is streamed, one `stat` per entry, and only the count and the
+    /// minimum are kept. Every `*.json` file counts (a writer's temp file does not): one of a
+    /// newer format waits too, and one that is not an event waits until the drainer moves it
+    /// to `rejected/`.
     pub fn depth(&self) -> (usize, Option<i64>) {
-        let evs = self.pending();
-        let oldest = evs.iter().map(|e| e.queued_at).min();
-        (evs.len(), oldest.map(|t| crate::timefmt::now_epoch() - t))
+        use std::os::unix::fs::MetadataExt;
+        let Ok(rd) = fs::read_dir(self.dir(OUTBOX)) else {
+            return (0, None);
+        };
+        let (mut n, mut oldest) = (0usize, None::<i64>);
+        for e in rd.flatten() {
+            if !is_event_name(&e.file_name()) {
+                continue;
+            }
+            n += 1;
+            // `DirEntry::metadata` does not follow a symlink.
+            if let Ok(m) = e.metadata() {
+                oldest = Some(oldest.map_or(m.mtime(), |o| o.min(m.mtime())));
+            }
+        }
+        (n, oldest.map(|t| crate::timefmt::now_epoch() - t))
     }
 
-    /// Number of events in `rejected/`.
+    /// Number of events in `rejected/` (counted, not read).
     pub fn rejected_count(&self) -> usize {
-        list_dir(&self.dir(REJECTED)).len()
+        fs::read_dir(self.dir(REJECTED))
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| is_event_name(&e.file_name()))
+                    .count()
+            })
+            .unwrap_or(0)
     }
 
     /// Queues a running job's RUNNING again (its nodes' interfaces changed), only while that
@@ -589,7 +780,7 @@ impl Queue {
         let name = ev.item.file_name();
         let path = self.dir(OUTBOX).join(&name);
         let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
-        let tmp = write_tmp(&path, &bytes, self.owner, true)?;
+        let tmp = write_event(&path, &bytes, ev.queued_at, self.owner, true)?;
         let res = (|| {
             let _lock = self.lock()?;
             let ended = self
@@ -652,7 +843,7 @@ impl Queue {
                 // an fsync here (a crash in between finds the in-flight file and recovers).
                 let pending = self.dir(OUTBOX).join(&name);
                 let bytes = serde_json::to_vec(next).map_err(|e| e.to_string())?;
-                let tmp = write_tmp(&pending, &bytes, self.owner, true)?;
+                let tmp = write_event(&pending, &bytes, next.queued_at, self.owner, true)?;
                 let placed = (|| {
                     let _lock = self.lock()?;
                     // A newer cvslurm's event of the key came after this one: it stays.
@@ -721,7 +912,7 @@ impl Queue {
             return Ok(());
         };
         let to = self.dir(dir).join(&name);
-        let tmp = write_tmp(&to, &bytes, self.owner, true)?;
+        let tmp = write_event(&to, &bytes, ev.queued_at, self.owner, true)?;
         let placed = (|| -> Result<bool, String> {
             let _lock = self.lock()?;
             // A retry never overwrites a newer pending event of the key.
@@ -754,10 +945,15 @@ impl Queue {
             let name = p.file_name().unwrap_or_default().to_owned();
             let pending = self.dir(OUTBOX).join(&name);
             // An event of a newer format goes back too: it is never deleted here.
-            let corrupt = matches!(read_event(&p), None | Some(Err(Undecodable::Corrupt(_))));
+            let read = read_event(&p);
+            let corrupt = matches!(read, None | Some(Err(Undecodable::Corrupt(_))));
             if pending.exists() || corrupt {
                 let _ = fs::remove_file(&p);
             } else {
+                // `take` stamped it with the time it was taken: its queue time again.
+                if let Some(Ok(ev)) = &read {
+                    set_queue_time(&p, ev.queued_at);
+                }
                 fs::rename(&p, &pending)
                     .map_err(|e| format!("cannot move {}: {e}", p.display()))?;
                 n += 1;
@@ -784,33 +980,188 @@ impl Queue {
     /// Keeps the outbox within `max` events: past it, the oldest node events go first (the
     /// service discovers nodes again), then the oldest RUNNING events (reconciliation sends
     /// RUNNING again for jobs still running), then the oldest events of ended jobs. Each drop
-    /// is logged. Returns how many were dropped.
+    /// is logged. Returns how many were dropped. Reads the whole outbox: for `flush`; the
+    /// service keeps an [`Index`] and uses [`enforce_limit_in`](Self::enforce_limit_in).
     pub fn enforce_limit(&self, max: usize) -> usize {
-        let pending = self.pending();
-        if pending.len() <= max {
+        let mut ix = Index::default();
+        let mut dropped = 0;
+        loop {
+            self.refresh(&mut ix);
+            dropped += self.enforce_limit_in(&mut ix, max, usize::MAX);
+            if ix.complete {
+                return dropped;
+            }
+            ix.stamp = None;
+        }
+    }
+
+    /// [`enforce_limit`](Self::enforce_limit) from what `ix` knows (no file read but the
+    /// dropped ones'), dropping at most `at_most` events: the rest on the next call.
+    pub fn enforce_limit_in(&self, ix: &mut Index, max: usize, at_most: usize) -> usize {
+        let count = ix
+            .files
+            .saturating_sub(ix.known.values().filter(|k| k.newer).count());
+        if count <= max {
             return 0;
         }
-        let excess = pending.len() - max;
-        let class = |e: &Event| match &e.item {
-            Item::Node { .. } | Item::NodeDelete { .. } => 0,
-            Item::Job { job } if !job.state.is_terminal() => 1,
-            Item::Job { .. } => 2,
-        };
-        let mut order: Vec<&Event> = pending.iter().collect();
-        order.sort_by_key(|e| (class(e), e.seq));
+        let excess = (count - max).min(at_most);
+        let victims = ix.oldest_by(excess, |_, k| !k.newer, |k| (k.class, k.seq));
         let mut dropped = 0;
-        for ev in order.into_iter().take(excess) {
-            if self.remove_if_same(ev).unwrap_or(false) {
+        for name in victims {
+            let Some(k) = ix.known.get(name.as_str()).copied() else {
+                continue;
+            };
+            if self.remove_if_seq(&name, k.seq).unwrap_or(false) {
                 log::warn!(
-                    "outbox: over OutboxMaxEvents ({max}): dropped {} queued {} s ago",
-                    ev.item.describe(),
-                    crate::timefmt::now_epoch() - ev.queued_at
+                    "outbox: over OutboxMaxEvents ({max}): dropped {} ({}) queued {} s ago",
+                    unsafe_name(&name),
+                    ["a node event", "a RUNNING", "a job's end"][usize::from(k.class)],
+                    crate::timefmt::now_epoch() - k.queued_at
                 );
+                ix.known.remove(name.as_str());
+                ix.files = ix.files.saturating_sub(1);
                 dropped += 1;
             }
         }
         dropped
     }
+}
+
+/// The most event files [`Queue::refresh`] reads in one call.
+pub const READ_AT_MOST: usize = 50_000;
+
+/// How often [`Queue::refresh`] tells every file by its `stat` too (see there).
+pub const STAT_ALL_EVERY: Duration = Duration::from_secs(5);
+
+/// [`Queue::refresh`] lists the outbox at least this often even when its directory's times
+/// say nothing changed.
+pub const FULL_PASS_EVERY: Duration = Duration::from_secs(60);
+
+/// What the service keeps in memory about the outbox between its looks ([`Queue::refresh`]):
+/// per pending file its name and a [`Known`] (under 250 bytes per event, the map's own
+/// overhead and a name of up to 30 bytes included: 25 MB at 100,000 events), never the events
+/// themselves.
+#[derive(Debug, Default)]
+pub struct Index {
+    known: std::collections::HashMap<Box<str>, Known>,
+    /// Event files in the directory at the last pass (newer-format ones included).
+    files: usize,
+    /// The directory's (mtime, ctime) at the last complete pass it can be trusted for.
+    stamp: Option<(i64, i64, i64, i64)>,
+    /// When the directory was last listed completely.
+    full_at: Option<Instant>,
+    /// When every file was last told by its `stat`, and how long that took.
+    stat_all_at: Option<Instant>,
+    stat_all_took: Duration,
+    /// Pass number, to forget the names that vanished.
+    gen: u32,
+    /// The last pass read every new or changed file (none left over [`READ_AT_MOST`]).
+    complete: bool,
+    /// Event files read so far (for tests and logs).
+    pub reads: usize,
+}
+
+/// What [`Index`] knows of one pending file.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    /// Inode, ctime (ns) and size: a rewritten file differs.
+    id: (u64, i64, u64),
+    /// The inode number the directory listing gave (the same as `stat`'s on most file
+    /// systems, not on all: compared only with the listing's).
+    dino: u64,
+    seq: u128,
+    queued_at: i64,
+    /// 0 node, 1 a job's RUNNING, 2 a job's end ([`Queue::enforce_limit`]'s order).
+    class: u8,
+    /// An end that needs slurmctld's word before it is sent ([`Event::resolve`]).
+    provisional: bool,
+    /// Of a newer format: never sent, counted or dropped.
+    newer: bool,
+    gen: u32,
+}
+
+impl Known {
+    fn of(ev: &Event, id: (u64, i64, u64), dino: u64, gen: u32) -> Known {
+        let class = match &ev.item {
+            Item::Node { .. } | Item::NodeDelete { .. } => 0,
+            Item::Job { job } if !job.state.is_terminal() => 1,
+            Item::Job { .. } => 2,
+        };
+        Known {
+            id,
+            dino,
+            seq: ev.seq,
+            queued_at: ev.queued_at,
+            class,
+            provisional: ev.resolve.is_some(),
+            newer: false,
+            gen,
+        }
+    }
+}
+
+impl Index {
+    /// False when the last [`Queue::refresh`] left files unread over [`READ_AT_MOST`]: look
+    /// again soon.
+    pub fn complete(&self) -> bool {
+        self.complete
+    }
+
+    /// The names of at most `n` sendable events, oldest first, that `take(name,
+    /// provisional)` accepts, and whether more were accepted than returned.
+    pub fn oldest(&self, n: usize, take: impl Fn(&str, bool) -> bool) -> (Vec<String>, bool) {
+        let mut more = false;
+        let names = self.oldest_by(
+            n,
+            |name, k| !k.newer && take(name, k.provisional),
+            |k| (0, k.seq),
+        );
+        if names.len() == n {
+            more = self
+                .known
+                .iter()
+                .filter(|(name, k)| !k.newer && take(name, k.provisional))
+                .nth(n)
+                .is_some();
+        }
+        (names, more)
+    }
+
+    /// The `n` smallest by `key` among the entries `keep` accepts: O(entries × log n).
+    fn oldest_by(
+        &self,
+        n: usize,
+        keep: impl Fn(&str, &Known) -> bool,
+        key: impl Fn(&Known) -> (u8, u128),
+    ) -> Vec<String> {
+        use std::collections::BinaryHeap;
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut heap: BinaryHeap<((u8, u128), &str)> = BinaryHeap::new();
+        for (name, k) in &self.known {
+            if !keep(name, k) {
+                continue;
+            }
+            let item = (key(k), &**name);
+            if heap.len() < n {
+                heap.push(item);
+            } else if heap.peek().is_some_and(|top| item < *top) {
+                heap.pop();
+                heap.push(item);
+            }
+        }
+        heap.into_sorted_vec()
+            .into_iter()
+            .map(|(_, n)| n.to_string())
+            .collect()
+    }
+}
+
+/// An event file's name in the outbox (`*.json`, not a writer's temp file).
+fn is_event_name(name: &std::ffi::OsStr) -> bool {
+    let b = name.as_encoded_bytes();
+    b.ends_with(b".json") && !b.starts_with(b".")
 }
 
 /// Why [`Queue::place`] did not place an event.
@@ -840,6 +1191,30 @@ fn chains_after(old: &Event, ev: &Event) -> bool {
         && old.rank.1 == 0
         && ev.rank.0 == old.rank.0
         && ev.rank.1 > 0
+}
+
+/// [`write_tmp_at`] for an event file: its modification time is its queue time (`queued_at`),
+/// which `cvslurm status` reads without opening the file ([`Queue::depth`]).
+fn write_event(
+    path: &Path,
+    bytes: &[u8],
+    queued_at: i64,
+    owner: Option<(u32, u32)>,
+    sync: bool,
+) -> Result<PathBuf, String> {
+    let at = UNIX_EPOCH + Duration::from_secs(queued_at.max(0).unsigned_abs());
+    write_tmp_at(path, bytes, owner, sync, Some(at))
+}
+
+/// Sets an event file's modification time to its queue time (see [`write_event`]).
+fn set_queue_time(path: &Path, queued_at: i64) {
+    if let Ok(f) = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+    {
+        let _ = f.set_modified(UNIX_EPOCH + Duration::from_secs(queued_at.max(0).unsigned_abs()));
+    }
 }
 
 /// The event in `path`; `None` when it cannot be read.
@@ -1111,6 +1486,81 @@ mod tests {
         let started = sd.starts.started_jobs();
         assert_eq!(started.len(), 1);
         assert_eq!((started[0].0.as_str(), started[0].1), ("5@c", 100));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Item 3 of issue 17: the service's look at the outbox reads only what is new or
+    /// changed since the last one, forgets what vanished, and drops over the limit a bounded
+    /// number at a time from what it knows.
+    #[test]
+    fn refresh_reads_only_new_or_changed_files() {
+        let d = tmpdir("index");
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
+        for i in 1..=3 {
+            ob.enqueue(&Event::new(
+                job(&format!("{i}@c"), JobState::Running),
+                (0, 0),
+            ))
+            .unwrap();
+        }
+        // The bound README states: 80 bytes an entry, a map at most ~2.3 buckets per entry
+        // just after it grows, plus the name's own allocation.
+        assert!(std::mem::size_of::<(Box<str>, Known)>() <= 80);
+        let mut ix = Index::default();
+        let new = ob.refresh(&mut ix);
+        assert_eq!((new.len(), ix.reads), (3, 3));
+        assert_eq!(
+            new,
+            ["job.1@c.json", "job.2@c.json", "job.3@c.json"],
+            "oldest first"
+        );
+        // Nothing new: nothing read, whether the directory is listed again or not.
+        assert!(ob.refresh(&mut ix).is_empty());
+        ix.stamp = None;
+        assert!(ob.refresh(&mut ix).is_empty());
+        assert_eq!(ix.reads, 3);
+        // One new event, one replaced (a later state of its key, chained): those two read.
+        ob.enqueue(&Event::new(job("4@c", JobState::Running), (0, 0)))
+            .unwrap();
+        ob.enqueue(&Event::new(job("2@c", JobState::Completed), (0, 1)))
+            .unwrap();
+        ix.stamp = None;
+        let new = ob.refresh(&mut ix);
+        assert_eq!(new, ["job.2@c.json", "job.4@c.json"]);
+        assert_eq!(ix.reads, 5);
+        // A file rewritten with its old inode number back (here: the index made to believe
+        // the file differs) is seen by the next pass that tells every file by its stat.
+        ix.known.get_mut("job.3@c.json").unwrap().id.1 = 0;
+        ix.stamp = None;
+        assert!(ob.refresh(&mut ix).is_empty());
+        ix.stamp = None;
+        ix.stat_all_at = None;
+        assert_eq!(ob.refresh(&mut ix), ["job.3@c.json"]);
+        assert_eq!(ix.reads, 6);
+        // What the service hands out is read as it is now.
+        assert!(ob.read_pending("job.2@c.json").unwrap().then.is_some());
+        // Taken (sent): forgotten. Garbage: moved to rejected/, not kept.
+        let one = ob.read_pending("job.1@c.json").unwrap();
+        ob.take(&one).unwrap().unwrap();
+        fs::write(d.join(OUTBOX).join("job.9@c.json"), b"garbage").unwrap();
+        ix.stamp = None;
+        assert!(ob.refresh(&mut ix).is_empty());
+        assert_eq!(ix.files, 3);
+        assert_eq!(ob.rejected_count(), 1);
+        let (oldest, more) = ix.oldest(2, |_, _| true);
+        // A chained file keeps its RUNNING's seq.
+        assert_eq!(oldest, ["job.2@c.json", "job.3@c.json"]);
+        assert!(more);
+        // Over the limit: at most `at_most` dropped per call, from the index.
+        let reads = ix.reads;
+        assert_eq!(ob.enforce_limit_in(&mut ix, 1, 1), 1);
+        assert_eq!(ob.enforce_limit_in(&mut ix, 1, 1), 1);
+        assert_eq!(ob.enforce_limit_in(&mut ix, 1, 1), 0);
+        assert_eq!(ix.reads, reads);
+        // The oldest went first.
+        assert_eq!(ob.pending().len(), 1);
+        assert_eq!(ob.pending()[0].item.describe(), "job 4@c RUNNING");
         fs::remove_dir_all(&d).unwrap();
     }
 
