@@ -292,6 +292,21 @@ apply_reconfigure() {
     else
         say "running scontrol reconfigure (slurmctld is not restarted)"
         scontrol reconfigure || die "scontrol reconfigure failed: fix slurm.conf (see the slurmctld log), then run scontrol reconfigure"
+        restart_note
+    fi
+}
+
+# Before 23.11, `scontrol reconfigure` re-reads slurm.conf but slurmctld keeps the
+# PrologSlurmctld/EpilogSlurmctld it started with (its prep/script plugin decides at start-up
+# whether they exist; measured on 22.05: hooks added by a reconfigure never ran until a
+# restart). From 23.11 a reconfigure restarts slurmctld in place.
+restart_note() {
+    local v major minor
+    v="$(scontrol --version 2>/dev/null | awk '{print $2}')"
+    major="${v%%.*}"; minor="${v#*.}"; minor="${minor%%.*}"
+    [[ "$major" =~ ^[0-9]+$ && "$minor" =~ ^[0-9]+$ ]] || return 0
+    if ((major < 23 || (major == 23 && minor < 11))); then
+        warn "Slurm $v: slurmctld runs the PrologSlurmctld/EpilogSlurmctld it started with until it restarts; restart it now for this change to take effect: systemctl restart slurmctld (running jobs keep running)"
     fi
 }
 

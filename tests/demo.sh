@@ -64,6 +64,10 @@ echo "demo: ./install.sh (hooks in slurm.conf, applied with scontrol reconfigure
 ./install.sh --api-server "127.0.0.1:$PORT" --api-token-file "$DEMO/token.in" --ca-file "$DEMO/cv/ca.pem" \
   --binary "$PWD/target/x86_64-unknown-linux-musl/release/cvslurm" --no-service | sed 's/^/  /'
 
+# Slurm before 23.11 (the host's 22.05) runs the PrologSlurmctld/EpilogSlurmctld slurmctld
+# started with until it restarts, as install.sh warns: restart it, as an admin would.
+tests/cluster/cluster.sh restart-slurmctld >/dev/null
+
 # install.sh installs and starts cvslurm.service where systemd runs; the demo leaves the
 # host's systemd alone (--no-service above) and starts the same command itself.
 echo "demo: starting the service: $INST/cvslurm inventory --monitor"

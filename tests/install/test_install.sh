@@ -267,6 +267,7 @@ restarted() {
         notok "$name" "$(printf '%s' "$out" | grep -E 'ERROR|fatal|error' | tail -n 3 | tr '\n' ' ')"
     fi
 }
+at_least_23_11() { local a1 a2; IFS=. read -r a1 a2 <<<"$1"; ((10#$a1 > 23 || (10#$a1 == 23 && 10#$a2 >= 11))); }
 at_least_24_05() { local a1 a2; IFS=. read -r a1 a2 <<<"$1"; ((10#$a1 > 24 || (10#$a1 == 24 && 10#$a2 >= 5))); }
 live_install() { # LOG
     "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" --no-service >"$1" 2>&1
@@ -284,6 +285,13 @@ if [[ "${LIVE:-0}" == 1 ]]; then
         fi
         # --- fresh install, restart, second run, uninstall, restart
         if live_install "$E/out.1"; then ok "live $LV: fresh install"; else notok "live $LV: fresh install" "$(tail -3 "$E/out.1")"; fi
+        # Before 23.11 a reconfigure leaves slurmctld on the hooks it started with: install.sh
+        # says to restart it; from 23.11 the reconfigure restarts slurmctld and it says nothing.
+        if at_least_23_11 "$LV"; then
+            check "live $LV: no restart asked (the reconfigure restarts slurmctld)" sh -c "! grep -q 'restart it now' '$E/out.1'"
+        else
+            check "live $LV: install says to restart slurmctld for the hooks to run" grep -q "restart it now for this change to take effect: systemctl restart slurmctld" "$E/out.1"
+        fi
         restarted "live $LV: slurmctld restarts after the fresh install"
         check "live $LV: slurmctld runs our PrologSlurmctld" sh -c "scontrol show config | grep -i '^PrologSlurmctld' | grep -qF '$INSTALL_DIR/cvslurm-hook'"
         cp -a /etc/slurm/slurm.conf "$E/installed"
