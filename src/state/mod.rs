@@ -15,6 +15,7 @@
 //! `fsync` of the file and of its directory.
 
 pub mod durable;
+pub mod event;
 pub mod layout;
 pub mod marks;
 pub mod nodes;

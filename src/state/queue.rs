@@ -13,184 +13,25 @@
 //!   outbox (the service, or a `cvslurm flush`): `inflight/` belongs to it until it dies.
 //!
 //! Each event file is one JSON object ([`Event`]) carrying its format, `"v"`
-//! ([`EVENT_FORMAT`]); a file without it is format 1, the shape written before `"v"` existed.
+//! ([`super::event::EVENT_FORMAT`]); a file without it is format 1, the shape written before `"v"` existed.
 //! A file of a newer format is left in place, logged, and never sent, replaced or deleted.
 //!
 //! Every event write is: temp file, `fsync`, `rename`, `fsync` of the directory
 //! ([`super::durable`]); a hook that hands its event to the running service skips the `fsync`
 //! and the service syncs it ([`Queue::sync_files`]).
 
-use super::durable::{self, list_dir, safe_name, sync_dir, unsafe_name, write_tmp_at};
+use super::durable::{self, list_dir, sync_dir, unsafe_name, write_tmp_at};
 use super::layout::{DRAINER_LOCK, INFLIGHT, OUTBOX, OUTBOX_LOCK, REJECTED};
 use super::starts::Starts;
-use crate::payload::{JobConfig, NodeConfig};
 use nix::fcntl::Flock;
-use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// What one event asks CloudVision to do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Item {
-    /// POST a JobConfig.
-    Job {
-        /// The record.
-        job: JobConfig,
-    },
-    /// POST a NodeConfig.
-    Node {
-        /// The record.
-        node: NodeConfig,
-    },
-    /// DELETE a NodeConfig.
-    NodeDelete {
-        /// The node name.
-        name: String,
-    },
-}
-
-impl Item {
-    /// The outbox file name of this item's key (`job.<id>.json`, `node.<name>.json`).
-    pub fn file_name(&self) -> String {
-        let (kind, key) = match self {
-            Item::Job { job } => ("job", job.key.id.as_str()),
-            Item::Node { node } => ("node", node.key.id.as_str()),
-            Item::NodeDelete { name } => ("node", name.as_str()),
-        };
-        format!("{kind}.{}.json", safe_name(key))
-    }
-
-    /// A short description for log lines: `job 12345@c COMPLETED`, `node n1`, `delete node n1`.
-    pub fn describe(&self) -> String {
-        match self {
-            Item::Job { job } => format!("job {} {}", job.key.id, job.state),
-            Item::Node { node } => format!("node {}", node.key.id),
-            Item::NodeDelete { name } => format!("delete node {name}"),
-        }
-    }
-}
-
-/// The format of the events this cvslurm writes: the `"v"` of every event file. A file without
-/// `"v"` was written before the field existed, in this same shape: format 1. A file of a
-/// higher format (a newer cvslurm wrote it, and this one was installed over it) is left in
-/// place, reported and never sent ([`Undecodable::Newer`]).
-pub const EVENT_FORMAT: u32 = 1;
-
-fn format_1() -> u32 {
-    1
-}
-
-/// One queued event.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Event {
-    /// The format it was written in ([`EVENT_FORMAT`]).
-    #[serde(default = "format_1")]
-    pub v: u32,
-    /// Queue order: nanoseconds since the epoch when it was made.
-    pub seq: u128,
-    /// Supersession order within one key: `(restart count, phase)`, phase 0 running, 1 ended.
-    /// An event never replaces a pending one of higher rank.
-    pub rank: (u32, u8),
-    /// Unix seconds when it was queued.
-    pub queued_at: i64,
-    /// Failed delivery attempts so far.
-    #[serde(default)]
-    pub attempts: u32,
-    /// Set on an epilog's event written while the service runs: its state comes from the exit
-    /// codes only, and the service must ask slurmctld how the job ended (and its times) and
-    /// fix the record before the first send.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolve: Option<EndFacts>,
-    /// The job's end, queued while this RUNNING was still waiting: sent right after this one
-    /// is delivered, so CloudVision sees RUNNING then the end, never the end alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub then: Option<Box<Event>>,
-    /// What to send.
-    #[serde(flatten)]
-    pub item: Item,
-}
-
-impl Event {
-    /// A new event for `item` with the given rank.
-    pub fn new(item: Item, rank: (u32, u8)) -> Event {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        Event {
-            v: EVENT_FORMAT,
-            seq: now.as_nanos(),
-            rank,
-            queued_at: now.as_secs() as i64,
-            attempts: 0,
-            resolve: None,
-            then: None,
-            item,
-        }
-    }
-}
-
-/// What an epilog knew of a job's end without asking slurmctld (see [`Event::resolve`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EndFacts {
-    /// `SLURM_JOB_EXIT_CODE2` as (exit code, signal).
-    pub exit: Option<(i32, i32)>,
-    /// `SLURM_JOB_RESTART_COUNT`.
-    pub restart_count: u32,
-    /// The start time came from Slurm's environment or the prolog's record (else: a guess).
-    pub start_known: bool,
-    /// The end time came from Slurm's environment (else: the epilog's clock).
-    pub end_known: bool,
-}
-
-/// Why a file's bytes are no event this cvslurm sends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Undecodable {
-    /// An event of a format newer than [`EVENT_FORMAT`]: written by a newer cvslurm.
-    Newer(u64),
-    /// Not an event.
-    Corrupt(String),
-}
-
-impl std::fmt::Display for Undecodable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Undecodable::Newer(v) => write!(
-                f,
-                "an event of format {v}, written by a newer cvslurm (this one reads formats up \
-                 to {EVENT_FORMAT}); left in place: install that cvslurm again to send it"
-            ),
-            Undecodable::Corrupt(why) => write!(f, "not an event ({why})"),
-        }
-    }
-}
-
-/// Decodes an event file's bytes: formats up to [`EVENT_FORMAT`] (a file without `"v"` is
-/// format 1), telling a newer format from a corrupt file.
-pub fn decode_event(bytes: &[u8]) -> Result<Event, Undecodable> {
-    /// Only the format of whatever JSON object the file holds.
-    #[derive(Deserialize)]
-    struct Format {
-        v: Option<u64>,
-    }
-    let newer = |v: u64| (v > u64::from(EVENT_FORMAT)).then_some(Undecodable::Newer(v));
-    match serde_json::from_slice::<Event>(bytes) {
-        Ok(ev) => match newer(ev.v.into()) {
-            Some(n) => Err(n),
-            None => Ok(ev),
-        },
-        // A newer format may have changed the shape too: only its "v" is read then.
-        Err(e) => match serde_json::from_slice::<Format>(bytes)
-            .ok()
-            .and_then(|f| f.v)
-        {
-            Some(v) if newer(v).is_some() => Err(Undecodable::Newer(v)),
-            _ => Err(Undecodable::Corrupt(e.to_string())),
-        },
-    }
-}
+#[cfg(test)]
+use super::event::EVENT_FORMAT;
+pub use super::event::{decode_event, EndFacts, Event, Item, Undecodable};
 
 /// How reading one outbox file went.
 #[derive(Debug)]
@@ -693,7 +534,7 @@ impl Queue {
     /// Every pending event, oldest first. A file that was read whole and is not an event is
     /// moved to `rejected/` and logged; one that cannot be read now (a drainer moved it, no
     /// file descriptor left, an I/O error) is skipped and read again next time; one of a newer
-    /// format ([`EVENT_FORMAT`]) is left where it is, logged once per process, never sent.
+    /// format ([`super::event::EVENT_FORMAT`]) is left where it is, logged once per process, never sent.
     pub fn pending(&self) -> Vec<Event> {
         let mut evs: Vec<Event> = list_dir(&self.dir(OUTBOX))
             .into_iter()
@@ -1245,7 +1086,7 @@ fn report_newer(path: &Path, v: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::{JobState, Key};
+    use crate::payload::{JobConfig, JobState, Key};
     use crate::state::StateDir;
 
     fn job(id: &str, state: JobState) -> Item {
