@@ -404,6 +404,28 @@ impl Client {
         }
     }
 
+    /// The URL that deletes one JobConfig.
+    pub fn job_delete_url(&self, id: &str) -> String {
+        format!("{}{JOB_CONFIG_PATH}?key.id={}", self.base, url_encode(id))
+    }
+
+    /// Deletes one JobConfig (`id` is its `key.id`). A 404 (no such record) counts as
+    /// success; a 405 or 501 (this CloudVision cannot delete JobConfigs) is returned as the
+    /// error it is, for the caller to judge.
+    pub fn delete_job(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        match self.call("DELETE", &self.job_delete_url(id), None, deadline) {
+            Err(SendError::Rejected {
+                status: 404,
+                message,
+            }) => Ok(Answer {
+                status: 404,
+                elapsed: Duration::ZERO,
+                body: message,
+            }),
+            other => other,
+        }
+    }
+
     /// Asks CloudVision for JobConfig with the token: proves reachability, TLS and the token.
     pub fn probe(&self, deadline: Option<Instant>) -> Result<Answer, SendError> {
         self.call("GET", &self.job_url, None, deadline)

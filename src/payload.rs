@@ -133,37 +133,62 @@ pub struct JobConfig {
     /// Who configured the record; absent for hook records.
     #[serde(rename = "type", skip_serializing_if = "Option::is_none", default)]
     pub job_type: Option<JobType>,
-    /// The node names (exactly one of `nodes` and `interfaces` is set).
+    /// The node names. At most one of `nodes` and `interfaces` is non-empty; the other is
+    /// absent, or present and empty (`{"values":[]}`) to clear what an earlier request of the
+    /// job stored ([`JobConfig::clear_other_list`]).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub nodes: Option<Values<String>>,
-    /// The interface MAC addresses, for tenant jobs placed by interface.
+    /// The interface MAC addresses (tenant jobs placed by interface; `JobInterfaces=gpu|auto`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub interfaces: Option<Values<String>>,
 }
 
 impl JobConfig {
     /// Checks what CloudVision would refuse with a 400: an empty key, both `nodes` and
-    /// `interfaces`, a MAC that is not `aa:bb:cc:dd:ee:ff`, an ended job without `end_time`.
+    /// `interfaces` non-empty, a MAC that is not `aa:bb:cc:dd:ee:ff`, an ended job without
+    /// `end_time`. An empty list next to the other is the request clearing it: valid.
     pub fn validate(&self) -> Result<(), String> {
         let id = &self.key.id;
         if id.trim().is_empty() {
             return Err("empty key.id".into());
         }
-        match (&self.nodes, &self.interfaces) {
-            (Some(_), Some(_)) => return Err(format!("job {id}: both nodes and interfaces")),
-            (None, Some(i)) => {
-                if let Some(bad) = i.values.iter().find(|m| !is_mac(m)) {
-                    return Err(format!(
-                        "job {id}: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
-                    ));
-                }
+        let nodes = self.nodes.as_ref().is_some_and(|n| !n.values.is_empty());
+        if let Some(i) = self.interfaces.as_ref().filter(|i| !i.values.is_empty()) {
+            if nodes {
+                return Err(format!("job {id}: both nodes and interfaces"));
             }
-            _ => {}
+            if let Some(bad) = i.values.iter().find(|m| !is_mac(m)) {
+                return Err(format!(
+                    "job {id}: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
+                ));
+            }
         }
         if self.state.is_terminal() && self.end_time.is_none() {
             return Err(format!("job {id}: {} without end_time", self.state.word()));
         }
         Ok(())
+    }
+
+    /// True when the job is sent by interface MACs (a non-empty `interfaces`).
+    pub fn by_interfaces(&self) -> bool {
+        self.interfaces
+            .as_ref()
+            .is_some_and(|i| !i.values.is_empty())
+    }
+
+    /// Makes the request name the list the job does not use, empty, so that CloudVision's Set
+    /// (a partial update: an absent field keeps its stored value) clears what an earlier
+    /// request of the same job stored the other way. A job sent by interfaces always gets
+    /// `"nodes":{"values":[]}`; a job sent by node names gets `"interfaces":{"values":[]}` when
+    /// `either_way` (`JobInterfaces=gpu|auto`: another of its events may go by interfaces).
+    /// With `JobInterfaces=nodes` a job by node names keeps the reference's bytes (only
+    /// `nodes`).
+    pub fn clear_other_list(&mut self, either_way: bool) {
+        if self.by_interfaces() {
+            self.nodes = Some(Vec::new().into());
+        } else if either_way && self.nodes.as_ref().is_some_and(|n| !n.values.is_empty()) {
+            self.interfaces = Some(Vec::new().into());
+        }
     }
 
     /// The job id part of `key.id` (before the last `@`).
@@ -325,6 +350,71 @@ mod tests {
         assert_eq!(v["state"], "JOB_STATE_COMPLETED");
         assert_eq!(v["end_time"], "2025-12-05T11:00:00Z");
         assert_eq!(v["type"], "JOB_TYPE_CONFIGURED");
+    }
+
+    fn job_on(nodes: Option<&[&str]>, macs: Option<&[&str]>) -> JobConfig {
+        let list = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>().into();
+        JobConfig {
+            key: Key { id: "7@c".into() },
+            name: Some("j".into()),
+            state: JobState::Running,
+            start_time: Some("2025-12-05T10:30:00Z".into()),
+            end_time: None,
+            location: Some("c".into()),
+            job_type: None,
+            nodes: nodes.map(list),
+            interfaces: macs.map(list),
+        }
+    }
+
+    /// The bytes of each representation: with `JobInterfaces=nodes` a job by node names is the
+    /// reference's (only `nodes`); where a job may go either way, the other list is sent
+    /// present and empty so that CloudVision's partial update clears it; a job by interfaces
+    /// always clears `nodes`.
+    #[test]
+    fn the_list_a_job_does_not_use_is_sent_empty_where_it_may_go_either_way() {
+        let bytes = |j: &JobConfig| serde_json::to_string(j).unwrap();
+        let head = r#"{"key":{"id":"7@c"},"name":"j","state":"JOB_STATE_RUNNING","start_time":"2025-12-05T10:30:00Z","location":"c""#;
+        let mut j = job_on(Some(&["n1", "n2"]), None);
+        j.clear_other_list(false);
+        assert_eq!(
+            bytes(&j),
+            format!(r#"{head},"nodes":{{"values":["n1","n2"]}}}}"#)
+        );
+        j.clear_other_list(true);
+        assert_eq!(
+            bytes(&j),
+            format!(r#"{head},"nodes":{{"values":["n1","n2"]}},"interfaces":{{"values":[]}}}}"#)
+        );
+        assert_eq!(j.validate(), Ok(()));
+        for either_way in [false, true] {
+            let mut m = job_on(None, Some(&["02:00:00:00:00:01"]));
+            m.clear_other_list(either_way);
+            assert_eq!(
+                bytes(&m),
+                format!(
+                    r#"{head},"nodes":{{"values":[]}},"interfaces":{{"values":["02:00:00:00:00:01"]}}}}"#
+                )
+            );
+            assert_eq!(m.validate(), Ok(()));
+            assert!(m.by_interfaces());
+        }
+        // An empty list read back (an event file) is still there to clear, and serializes
+        // again as it came.
+        let back: JobConfig = serde_json::from_str(&bytes(&j)).unwrap();
+        assert_eq!(back, j);
+        // Both lists non-empty is what CloudVision would refuse; a bad MAC too.
+        let both = job_on(Some(&["n1"]), Some(&["02:00:00:00:00:01"]));
+        assert_eq!(
+            both.validate(),
+            Err("job 7@c: both nodes and interfaces".into())
+        );
+        let bad = job_on(Some(&[]), Some(&["02:00:00:00:00:0G"]));
+        assert!(bad.validate().unwrap_err().contains("is not a MAC"));
+        // Neither list non-empty: nothing to clear with.
+        let mut none = job_on(Some(&[]), None);
+        none.clear_other_list(true);
+        assert_eq!(none.interfaces, None);
     }
 
     #[test]

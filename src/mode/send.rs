@@ -110,7 +110,7 @@ pub fn run(a: Args) -> i32 {
     };
     let cfg = &started.cfg;
     let mut failed = 0;
-    let jobs: Vec<JobConfig> = match tenant_job {
+    let mut jobs: Vec<JobConfig> = match tenant_job {
         Some(j) => vec![j],
         None => {
             let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
@@ -157,6 +157,12 @@ pub fn run(a: Args) -> i32 {
         Ok(c) => c,
         Err(e) => return e.report(),
     };
+    // The list a job does not use goes empty where it may be sent either way (see
+    // `JobConfig::clear_other_list`).
+    let either_way = cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
+    for j in &mut jobs {
+        j.clear_other_list(either_way);
+    }
     for j in &jobs {
         if !deliver(client.as_ref(), cfg.api_server.as_deref(), j) {
             failed += 1;
@@ -225,8 +231,10 @@ pub fn deliver(client: Option<&Client>, server: Option<&str>, job: &JobConfig) -
         Some(c) => match c.post_job(job, None) {
             Ok(a) => {
                 let place = match (&job.nodes, &job.interfaces) {
-                    (_, Some(i)) => format!("{} interface(s)", i.values.len()),
-                    (n, None) => format!("{} node(s)", n.as_ref().map_or(0, |n| n.values.len())),
+                    (_, Some(i)) if job.by_interfaces() => {
+                        format!("{} interface(s)", i.values.len())
+                    }
+                    (n, _) => format!("{} node(s)", n.as_ref().map_or(0, |n| n.values.len())),
                 };
                 // A tenant job's id is the --tenant text as given.
                 let line = format!(

@@ -68,6 +68,11 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             next_poll = Instant::now() + inv.cfg.poll_interval;
         }
         if !inv.cfg.reconcile_interval.is_zero() && Instant::now() >= next_reconcile {
+            // Interface records whose job's end never went out.
+            let pruned = outbox.job_macs.prune(crate::state::job_macs::MAX_AGE);
+            if pruned > 0 {
+                log::info!("{pruned} interface record(s) of jobs without an end removed");
+            }
             match reconcile::reconcile(inv.cfg, &inv.slurm, &inv.cluster, outbox) {
                 Ok(r) if r.started + r.ended + r.corrected > 0 => {
                     log::info!(
