@@ -158,11 +158,10 @@ pub fn run(a: Args) -> i32 {
         Err(e) => return e.report(),
     };
     // The list a job does not use goes empty where it may be sent either way (see
-    // `JobConfig::clear_other_list`): with JobInterfaces=gpu|auto, and for a tenant job,
-    // which its scheduler may place by nodes one time and by interfaces another.
+    // `JobConfig::clear_other_list`).
     let either_way = cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
     for j in &mut jobs {
-        j.clear_other_list(either_way || j.job_type == Some(crate::payload::JobType::Tenant));
+        j.clear_other_list(either_way);
     }
     for j in &jobs {
         if !deliver(client.as_ref(), cfg.api_server.as_deref(), j) {
