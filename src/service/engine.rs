@@ -427,11 +427,12 @@ impl Engine {
                 (Finish::Reject(why), Outcome::Rejected)
             }
         };
-        if let Err(e) = self.outbox.queue.finish(&taken, finish) {
-            log::error!("outbox: {e}");
-        }
+        // Before the key is free again: the job's next event (its end) may go out at once.
         if let Item::Job { job } = item {
             self.remember_macs(job, &outcome);
+        }
+        if let Err(e) = self.outbox.queue.finish(&taken, finish) {
+            log::error!("outbox: {e}");
         }
         outcome
     }
