@@ -436,6 +436,28 @@ impl Client {
         self.call("GET", &self.node_key_url(id), None, deadline)
     }
 
+    /// Sends a JobConfig (`kind` `JobConfig`) or NodeConfig body exactly as given, without
+    /// [`JobConfig::validate`]: for `check --contract`, whose questions include requests
+    /// cvslurm never makes otherwise (an unknown field, an empty list beside the other one).
+    pub fn post_raw(
+        &self,
+        kind: Kind,
+        body: &serde_json::Value,
+        deadline: Option<Instant>,
+    ) -> Result<Answer, SendError> {
+        let url = match kind {
+            Kind::Job => &self.job_url,
+            Kind::Node => &self.node_url,
+        };
+        let bytes = serde_json::to_vec(body).expect("JSON serializes");
+        self.call("POST", url, Some(&bytes), deadline)
+    }
+
+    /// `GET …/JobConfig` without a key (what cvslurm's probe sent before it was a GetOne).
+    pub fn get_job_without_key(&self, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        self.call("GET", &self.job_url, None, deadline)
+    }
+
     /// Deletes one JobConfig (`DELETE …/JobConfig?key.id=`). Unlike [`Client::delete_node`],
     /// a 404 is returned as the error it is: the caller tells "gone" from "not supported".
     pub fn delete_job(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
@@ -577,6 +599,15 @@ impl Client {
             _ => bodyless(agent.get(url)),
         }
     }
+}
+
+/// The two resources of `arista.computejob.v1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// JobConfig.
+    Job,
+    /// NodeConfig.
+    Node,
 }
 
 /// The JobConfig key the probe reads: no Slurm job id looks like it (those are
