@@ -411,7 +411,7 @@ check_cloudvision() {
         "https://$SERVER/api/resources/computejob/v1/JobConfig?key.id=cvslurm-probe-key-that-no-job-has" \
         2>"$WORK/curl.err")" || true
     # the server's message, one line, printable only
-    why="$(head -c 2000 "$WORK/probe.body" 2>/dev/null | sed -n 's/.*"message" *: *"\([^"]*\)".*/\1/p' | head -n 1 | tr -cd '[:print:]' | head -c 300)"
+    why="$(head -c 2000 "$WORK/probe.body" 2>/dev/null | sed -n 's/.*"message" *: *"\([^"]*\)".*/\1/p' | head -n 1 | tr -cd '[:print:]' | head -c 300 || true)"
     case "$code" in
         2?? | 404) return 0 ;;
         401 | 403) echo "CloudVision $SERVER refused the token (HTTP $code${why:+: $why}): use a service-account token with JobConfig/NodeConfig permission" ;;
