@@ -146,6 +146,10 @@ pub fn forget_earlier_run(
             );
             Ok(())
         }
+        Err(SendError::Rejected { status: 404, .. }) => {
+            log::debug!("job {id}: a re-run; CloudVision holds no earlier record (HTTP 404)");
+            Ok(())
+        }
         Err(e @ SendError::Server { status: 501, .. }) | Err(e @ SendError::Rejected { .. }) => {
             if !DELETE_UNSUPPORTED.swap(true, Ordering::Relaxed) {
                 log::warn!(
