@@ -558,8 +558,8 @@ fn requeued_job_ends_right() {
     let (f, _g) = exclusive();
     f.cv.set_mode(json!({"mode": "ok"}));
     // The first run outlives the node's death (slurmstepd would report a short job's end by
-    // itself); the rerun after the requeue ends at once.
-    let script = r#"if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 1; else sleep 300; fi"#;
+    // itself); the rerun after the requeue runs long enough to look at its record.
+    let script = r#"if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 15; else sleep 300; fi"#;
     let id = sbatch(&[
         "-J",
         "e2e-requeue",
@@ -577,9 +577,25 @@ fn requeued_job_ends_right() {
         let s = stdout(&slurm("scontrol", &["show", "job", "-o", &id]));
         s.contains("Restarts=1") || s.contains("JobState=PENDING")
     });
+    // The first run's end reaches CloudVision (FAILED: a node failure), with its end time.
+    let first = wait_job(f, &id, "JOB_STATE_FAILED", Duration::from_secs(60));
+    assert!(first["end_time"].is_string(), "{first}");
     cluster_sh(&["start-slurmd", "n4"], &[]);
-    // Slurm holds a requeued job about 2 minutes before it may run again.
-    let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(300));
+    // Slurm holds a requeued job about 2 minutes before it may run again. While the rerun
+    // runs, its record holds no end time: the earlier run's record was deleted before its
+    // RUNNING (CloudVision's Set would keep the absent end_time).
+    let rerun = wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(300));
+    let stored = f.cv.stored_job(&key(&id)).unwrap_or(rerun);
+    assert_eq!(stored["state"], "JOB_STATE_RUNNING", "{stored}");
+    assert!(stored.get("end_time").is_none(), "{stored}");
+    assert!(
+        f.cv.requests()
+            .iter()
+            .any(|r| r["method"] == "DELETE"
+                && r["path"].as_str().unwrap_or("").contains("JobConfig")),
+        "no DELETE of the earlier run's record"
+    );
+    let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(120));
     check_times(&v);
     let states: Vec<String> = job_events(f, &id)
         .iter()
