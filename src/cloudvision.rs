@@ -5,7 +5,7 @@
 //! refused) and what CloudVision will never take (other 4xx).
 
 use crate::config::{Config, Token};
-use crate::payload::{JobConfig, NodeConfig};
+use crate::payload::{JobConfig, NodeConfig, NodeKeys};
 use crate::tls::{TlsConnector, TrustSpec};
 use rustls::pki_types::CertificateDer;
 use std::fmt;
@@ -187,6 +187,8 @@ pub struct Client {
     auth: String,
     job_url: String,
     node_url: String,
+    /// How node names are written in keys (`QualifyNodeNames`), applied to every record sent.
+    node_keys: NodeKeys,
 }
 
 /// The system-bundle + `CaFile` agent, built on first need.
@@ -339,6 +341,7 @@ impl Client {
                 .unwrap_or_default(),
             job_url: format!("{base}{JOB_CONFIG_PATH}"),
             node_url: format!("{base}{NODE_CONFIG_PATH}"),
+            node_keys: NodeKeys::default(),
             base,
             timeout: opts.timeout,
         })
@@ -359,7 +362,7 @@ impl Client {
         self.node_url.clone()
     }
 
-    /// The URL that deletes one NodeConfig.
+    /// The URL of one NodeConfig (`?key.id=`): what GetOne reads and Delete deletes.
     pub fn node_delete_url(&self, node: &str) -> String {
         format!(
             "{}{NODE_CONFIG_PATH}?key.id={}",
@@ -368,30 +371,75 @@ impl Client {
         )
     }
 
-    /// Sends one JobConfig, within `deadline` if given.
+    /// This client, writing node keys as `keys` says (`QualifyNodeNames`).
+    pub fn with_node_keys(mut self, keys: NodeKeys) -> Client {
+        self.node_keys = keys;
+        self
+    }
+
+    /// CloudVision's key of `node` of `cluster` as this client writes it.
+    pub fn node_key(&self, node: &str, cluster: Option<&str>) -> String {
+        self.node_keys.key(node, cluster)
+    }
+
+    /// Sends one JobConfig, within `deadline` if given; its node names as
+    /// [`Client::with_node_keys`] says.
     pub fn post_job(
         &self,
         job: &JobConfig,
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
         job.validate().map_err(SendError::Invalid)?;
-        let body = serde_json::to_vec(job).expect("JobConfig serializes");
+        let job = self.node_keys.job(job);
+        let body = serde_json::to_vec(job.as_ref()).expect("JobConfig serializes");
         self.call("POST", &self.job_url, Some(&body), deadline)
     }
 
-    /// Sends one NodeConfig.
+    /// Sends one NodeConfig; its key as [`Client::with_node_keys`] says.
     pub fn post_node(
         &self,
         node: &NodeConfig,
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
-        let body = serde_json::to_vec(node).expect("NodeConfig serializes");
+        let node = self.node_keys.node(node);
+        let body = serde_json::to_vec(node.as_ref()).expect("NodeConfig serializes");
         self.call("POST", &self.node_url, Some(&body), deadline)
     }
 
-    /// Deletes one NodeConfig. A 404 (already gone) counts as success.
-    pub fn delete_node(&self, node: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
-        match self.call("DELETE", &self.node_delete_url(node), None, deadline) {
+    /// Asks CloudVision for the NodeConfig whose `key.id` is `id` (GetOne,
+    /// `GET …/NodeConfig?key.id=<id>`): its stored `value` (lowerCamelCase names), `None`
+    /// when CloudVision has none (404). An answer that is not `{"value":{…}}` is a server
+    /// failure (worth asking again), never taken as "absent".
+    pub fn get_node(
+        &self,
+        id: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<serde_json::Value>, SendError> {
+        let a = match self.call("GET", &self.node_delete_url(id), None, deadline) {
+            Err(SendError::Rejected { status: 404, .. }) => return Ok(None),
+            other => other?,
+        };
+        let mut v: serde_json::Value =
+            serde_json::from_str(&a.body).map_err(|_| SendError::Server {
+                status: a.status,
+                message: format!(
+                    "NodeConfig {id}: the answer is not JSON: {}",
+                    error_message(&a.body)
+                ),
+            })?;
+        match v.get_mut("value").map(serde_json::Value::take) {
+            Some(value @ serde_json::Value::Object(_)) => Ok(Some(value)),
+            _ => Err(SendError::Server {
+                status: a.status,
+                message: format!("NodeConfig {id}: the answer holds no \"value\" object"),
+            }),
+        }
+    }
+
+    /// Deletes the NodeConfig whose `key.id` is `id` (as [`Client::node_key`] writes it). A
+    /// 404 (already gone) counts as success.
+    pub fn delete_node(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        match self.call("DELETE", &self.node_delete_url(id), None, deadline) {
             Err(SendError::Rejected {
                 status: 404,
                 message,
