@@ -25,6 +25,9 @@ pub const JOB_CONFIG_PATH: &str = "/api/resources/computejob/v1/JobConfig";
 pub const NODE_CONFIG_PATH: &str = "/api/resources/computejob/v1/NodeConfig";
 /// The most of a response body that is read (CloudVision's error messages are short).
 pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024;
+/// The most of a GetOne answer for a NodeConfig that is read: a node's record may be up to
+/// [`crate::node_record::MAX_RECORD_BYTES`], and its NodeConfig about as long.
+pub const MAX_NODE_ANSWER_BYTES: u64 = 4 * 1024 * 1024;
 /// The most characters of a server's error message that are kept (on one line).
 pub const MAX_MESSAGE_CHARS: usize = 300;
 
@@ -415,7 +418,8 @@ impl Client {
         id: &str,
         deadline: Option<Instant>,
     ) -> Result<Option<serde_json::Value>, SendError> {
-        let a = match self.call("GET", &self.node_delete_url(id), None, deadline) {
+        let url = self.node_delete_url(id);
+        let a = match self.call_capped("GET", &url, None, deadline, MAX_NODE_ANSWER_BYTES) {
             Err(SendError::Rejected { status: 404, .. }) => return Ok(None),
             other => other?,
         };
@@ -464,6 +468,18 @@ impl Client {
         url: &str,
         body: Option<&[u8]>,
         deadline: Option<Instant>,
+    ) -> Result<Answer, SendError> {
+        self.call_capped(method, url, body, deadline, MAX_RESPONSE_BYTES)
+    }
+
+    /// [`Client::call`], reading at most `cap` bytes of the answer.
+    fn call_capped(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<&[u8]>,
+        deadline: Option<Instant>,
+        cap: u64,
     ) -> Result<Answer, SendError> {
         let start = Instant::now();
         let budget = match deadline {
@@ -517,7 +533,7 @@ impl Client {
         let _ = resp
             .body_mut()
             .as_reader()
-            .take(MAX_RESPONSE_BYTES)
+            .take(cap)
             .read_to_string(&mut text);
         let elapsed = start.elapsed();
         if (200..300).contains(&status) {
