@@ -456,9 +456,64 @@ impl Client {
         }
     }
 
-    /// Asks CloudVision for JobConfig with the token: proves reachability, TLS and the token.
+    /// Proves reachability, TLS and the token with one read that changes nothing: a GetOne of
+    /// the JobConfig [`PROBE_KEY`], a key no job has.
+    ///
+    /// Why a GetOne of a key that cannot exist: in CloudVision's REST mapping a `GET …/JobConfig`
+    /// is a GetOne, which needs a fully specified key (a GET without one may be refused with
+    /// 400), and GetAll (`…/all`) streams every job. A GetOne of a missing key is answered 404
+    /// (or 200 with an empty body by a lenient server) once the token is accepted: see
+    /// [`judge_probe`].
     pub fn probe(&self, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        judge_probe(self.get_job(PROBE_KEY, deadline))
+    }
+
+    /// The URL of one JobConfig (GetOne and Delete take the key as a query parameter).
+    pub fn job_key_url(&self, id: &str) -> String {
+        format!("{}?key.id={}", self.job_url, url_encode(id))
+    }
+
+    /// The URL of one NodeConfig (GetOne).
+    pub fn node_key_url(&self, id: &str) -> String {
+        self.node_delete_url(id)
+    }
+
+    /// GetOne of the JobConfig `id`. A missing key is `Err(Rejected { status: 404, .. })`.
+    pub fn get_job(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        self.call("GET", &self.job_key_url(id), None, deadline)
+    }
+
+    /// GetOne of the NodeConfig `id`. A missing key is `Err(Rejected { status: 404, .. })`.
+    pub fn get_node(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        self.call("GET", &self.node_key_url(id), None, deadline)
+    }
+
+    /// Sends a JobConfig (`kind` `JobConfig`) or NodeConfig body exactly as given, without
+    /// [`JobConfig::validate`]: for `check --contract`, whose questions include requests
+    /// cvslurm never makes otherwise (an unknown field, an empty list beside the other one).
+    pub fn post_raw(
+        &self,
+        kind: Kind,
+        body: &serde_json::Value,
+        deadline: Option<Instant>,
+    ) -> Result<Answer, SendError> {
+        let url = match kind {
+            Kind::Job => &self.job_url,
+            Kind::Node => &self.node_url,
+        };
+        let bytes = serde_json::to_vec(body).expect("JSON serializes");
+        self.call("POST", url, Some(&bytes), deadline)
+    }
+
+    /// `GET …/JobConfig` without a key (what cvslurm's probe sent before it was a GetOne).
+    pub fn get_job_without_key(&self, deadline: Option<Instant>) -> Result<Answer, SendError> {
         self.call("GET", &self.job_url, None, deadline)
+    }
+
+    /// Deletes one JobConfig (`DELETE …/JobConfig?key.id=`). Unlike [`Client::delete_node`],
+    /// a 404 is returned as the error it is: the caller tells "gone" from "not supported".
+    pub fn delete_job(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        self.call("DELETE", &self.job_key_url(id), None, deadline)
     }
 
     /// Sends one request and classifies the outcome.
@@ -610,6 +665,36 @@ impl Client {
     }
 }
 
+/// The two resources of `arista.computejob.v1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// JobConfig.
+    Job,
+    /// NodeConfig.
+    Node,
+}
+
+/// The JobConfig key the probe reads: no Slurm job id looks like it (those are
+/// `<number>@<cluster>`), and nothing of cvslurm ever writes it.
+pub const PROBE_KEY: &str = "cvslurm-probe-key-that-no-job-has";
+
+/// What a probe's GetOne says: 200 or 404 (the key does not exist, as intended) mean
+/// CloudVision is reachable and took the token; 401/403 stay [`SendError::TokenRefused`];
+/// anything else stays the error it is, with its status and the server's message.
+pub fn judge_probe(r: Result<Answer, SendError>) -> Result<Answer, SendError> {
+    match r {
+        Err(SendError::Rejected {
+            status: 404,
+            message,
+        }) => Ok(Answer {
+            status: 404,
+            elapsed: Duration::ZERO,
+            body: message,
+        }),
+        other => other,
+    }
+}
+
 /// Picks CloudVision's `message` out of a JSON error body, else a short excerpt of the text.
 fn error_message(body: &str) -> String {
     let json = serde_json::from_str::<serde_json::Value>(body).ok();
@@ -678,6 +763,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn probe_judgement() {
+        let ok = |status| {
+            Ok(Answer {
+                status,
+                elapsed: Duration::ZERO,
+                body: String::new(),
+            })
+        };
+        let rejected = |status: u16| SendError::Rejected {
+            status,
+            message: "m".into(),
+        };
+        // 200 and 404 (the key does not exist): reachable, token accepted.
+        assert_eq!(judge_probe(ok(200)).map(|a| a.status), Ok(200));
+        assert_eq!(judge_probe(Err(rejected(404))).map(|a| a.status), Ok(404));
+        // 401/403: the token.
+        let refused = SendError::TokenRefused {
+            status: 403,
+            message: "denied".into(),
+        };
+        assert_eq!(
+            judge_probe(Err(refused.clone())).unwrap_err(),
+            refused.clone()
+        );
+        assert!(refused.to_string().contains("refused the token"));
+        // Anything else: named with its status and message.
+        let e = judge_probe(Err(rejected(400))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "CloudVision rejected the request: HTTP 400: m"
+        );
+        let e = judge_probe(Err(SendError::Server {
+            status: 502,
+            message: "bad gateway".into(),
+        }))
+        .unwrap_err();
+        assert_eq!(e.to_string(), "CloudVision failed: HTTP 502: bad gateway");
+    }
+
+    #[test]
     fn encodes_query_values() {
         assert_eq!(url_encode("gpu-node-1"), "gpu-node-1");
         assert_eq!(url_encode("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
@@ -735,7 +860,7 @@ mod tests {
         let _ = server.kill();
         let _ = server.wait();
         let _ = std::fs::remove_dir_all(&root);
-        assert_eq!(good.map(|a| a.status).map_err(|e| e.to_string()), Ok(200));
+        assert_eq!(good.map(|a| a.status).map_err(|e| e.to_string()), Ok(404));
         let bad = bad.unwrap_err().to_string();
         assert!(
             bad.contains("TLS: the server's certificate does not verify"),
