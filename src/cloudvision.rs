@@ -410,15 +410,16 @@ impl Client {
     }
 
     /// Asks CloudVision for the NodeConfig whose `key.id` is `id` (GetOne,
-    /// `GET …/NodeConfig?key.id=<id>`): its stored `value` (lowerCamelCase names), `None`
-    /// when CloudVision has none (404). An answer that is not `{"value":{…}}` is a server
-    /// failure (worth asking again), never taken as "absent".
-    pub fn get_node(
+    /// `GET …/NodeConfig?key.id=<id>`, as [`Client::get_node`], its answer read up to
+    /// [`MAX_NODE_ANSWER_BYTES`]): its stored `value` (lowerCamelCase names), `None` when
+    /// CloudVision has none (404). An answer that is not `{"value":{…}}` is a server failure
+    /// (worth asking again), never taken as "absent".
+    pub fn get_node_value(
         &self,
         id: &str,
         deadline: Option<Instant>,
     ) -> Result<Option<serde_json::Value>, SendError> {
-        let url = self.node_delete_url(id);
+        let url = self.node_key_url(id);
         let a = match self.call_capped("GET", &url, None, deadline, MAX_NODE_ANSWER_BYTES) {
             Err(SendError::Rejected { status: 404, .. }) => return Ok(None),
             other => other?,

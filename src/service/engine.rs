@@ -140,7 +140,7 @@ pub fn delete_own_node(
     let Some(cluster) = cluster else {
         return client.delete_node(&id, deadline);
     };
-    let Some(stored) = client.get_node(&id, deadline)? else {
+    let Some(stored) = client.get_node_value(&id, deadline)? else {
         log::info!("node {id}: CloudVision has no NodeConfig of it; nothing to delete");
         return Ok(Answer {
             status: 404,
