@@ -5,7 +5,7 @@
 //! refused) and what CloudVision will never take (other 4xx).
 
 use crate::config::{Config, Token};
-use crate::payload::{JobConfig, NodeConfig};
+use crate::payload::{JobConfig, NodeConfig, NodeKeys};
 use crate::tls::{TlsConnector, TrustSpec};
 use rustls::pki_types::CertificateDer;
 use std::fmt;
@@ -25,6 +25,9 @@ pub const JOB_CONFIG_PATH: &str = "/api/resources/computejob/v1/JobConfig";
 pub const NODE_CONFIG_PATH: &str = "/api/resources/computejob/v1/NodeConfig";
 /// The most of a response body that is read (CloudVision's error messages are short).
 pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024;
+/// The most of a GetOne answer for a NodeConfig that is read: a node's record may be up to
+/// [`crate::node_record::MAX_RECORD_BYTES`], and its NodeConfig about as long.
+pub const MAX_NODE_ANSWER_BYTES: u64 = 4 * 1024 * 1024;
 /// The most characters of a server's error message that are kept (on one line).
 pub const MAX_MESSAGE_CHARS: usize = 300;
 
@@ -187,6 +190,8 @@ pub struct Client {
     auth: String,
     job_url: String,
     node_url: String,
+    /// How node names are written in keys (`QualifyNodeNames`), applied to every record sent.
+    node_keys: NodeKeys,
 }
 
 /// The system-bundle + `CaFile` agent, built on first need.
@@ -339,6 +344,7 @@ impl Client {
                 .unwrap_or_default(),
             job_url: format!("{base}{JOB_CONFIG_PATH}"),
             node_url: format!("{base}{NODE_CONFIG_PATH}"),
+            node_keys: NodeKeys::default(),
             base,
             timeout: opts.timeout,
         })
@@ -359,7 +365,7 @@ impl Client {
         self.node_url.clone()
     }
 
-    /// The URL that deletes one NodeConfig.
+    /// The URL of one NodeConfig (`?key.id=`): what GetOne reads and Delete deletes.
     pub fn node_delete_url(&self, node: &str) -> String {
         format!(
             "{}{NODE_CONFIG_PATH}?key.id={}",
@@ -368,30 +374,77 @@ impl Client {
         )
     }
 
-    /// Sends one JobConfig, within `deadline` if given.
+    /// This client, writing node keys as `keys` says (`QualifyNodeNames`).
+    pub fn with_node_keys(mut self, keys: NodeKeys) -> Client {
+        self.node_keys = keys;
+        self
+    }
+
+    /// CloudVision's key of `node` of `cluster` as this client writes it.
+    pub fn node_key(&self, node: &str, cluster: Option<&str>) -> String {
+        self.node_keys.key(node, cluster)
+    }
+
+    /// Sends one JobConfig, within `deadline` if given; its node names as
+    /// [`Client::with_node_keys`] says.
     pub fn post_job(
         &self,
         job: &JobConfig,
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
         job.validate().map_err(SendError::Invalid)?;
-        let body = serde_json::to_vec(job).expect("JobConfig serializes");
+        let job = self.node_keys.job(job);
+        let body = serde_json::to_vec(job.as_ref()).expect("JobConfig serializes");
         self.call("POST", &self.job_url, Some(&body), deadline)
     }
 
-    /// Sends one NodeConfig.
+    /// Sends one NodeConfig; its key as [`Client::with_node_keys`] says.
     pub fn post_node(
         &self,
         node: &NodeConfig,
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
-        let body = serde_json::to_vec(node).expect("NodeConfig serializes");
+        let node = self.node_keys.node(node);
+        let body = serde_json::to_vec(node.as_ref()).expect("NodeConfig serializes");
         self.call("POST", &self.node_url, Some(&body), deadline)
     }
 
-    /// Deletes one NodeConfig. A 404 (already gone) counts as success.
-    pub fn delete_node(&self, node: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
-        match self.call("DELETE", &self.node_delete_url(node), None, deadline) {
+    /// Asks CloudVision for the NodeConfig whose `key.id` is `id` (GetOne,
+    /// `GET …/NodeConfig?key.id=<id>`, as [`Client::get_node`], its answer read up to
+    /// [`MAX_NODE_ANSWER_BYTES`]): its stored `value` (lowerCamelCase names), `None` when
+    /// CloudVision has none (404). An answer that is not `{"value":{…}}` is a server failure
+    /// (worth asking again), never taken as "absent".
+    pub fn get_node_value(
+        &self,
+        id: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<serde_json::Value>, SendError> {
+        let url = self.node_key_url(id);
+        let a = match self.call_capped("GET", &url, None, deadline, MAX_NODE_ANSWER_BYTES) {
+            Err(SendError::Rejected { status: 404, .. }) => return Ok(None),
+            other => other?,
+        };
+        let mut v: serde_json::Value =
+            serde_json::from_str(&a.body).map_err(|_| SendError::Server {
+                status: a.status,
+                message: format!(
+                    "NodeConfig {id}: the answer is not JSON: {}",
+                    error_message(&a.body)
+                ),
+            })?;
+        match v.get_mut("value").map(serde_json::Value::take) {
+            Some(value @ serde_json::Value::Object(_)) => Ok(Some(value)),
+            _ => Err(SendError::Server {
+                status: a.status,
+                message: format!("NodeConfig {id}: the answer holds no \"value\" object"),
+            }),
+        }
+    }
+
+    /// Deletes the NodeConfig whose `key.id` is `id` (as [`Client::node_key`] writes it). A
+    /// 404 (already gone) counts as success.
+    pub fn delete_node(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        match self.call("DELETE", &self.node_delete_url(id), None, deadline) {
             Err(SendError::Rejected {
                 status: 404,
                 message,
@@ -472,6 +525,18 @@ impl Client {
         body: Option<&[u8]>,
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
+        self.call_capped(method, url, body, deadline, MAX_RESPONSE_BYTES)
+    }
+
+    /// [`Client::call`], reading at most `cap` bytes of the answer.
+    fn call_capped(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<&[u8]>,
+        deadline: Option<Instant>,
+        cap: u64,
+    ) -> Result<Answer, SendError> {
         let start = Instant::now();
         let budget = match deadline {
             Some(d) => d.saturating_duration_since(start),
@@ -524,7 +589,7 @@ impl Client {
         let _ = resp
             .body_mut()
             .as_reader()
-            .take(MAX_RESPONSE_BYTES)
+            .take(cap)
             .read_to_string(&mut text);
         let elapsed = start.elapsed();
         if (200..300).contains(&status) {

@@ -4,6 +4,7 @@
 //! `/api/resources/computejob/v1/JobConfig` and `/api/resources/computejob/v1/NodeConfig`.
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fmt;
 
 /// A resource key: `{"id": "..."}`.
@@ -234,6 +235,53 @@ pub struct NodeConfig {
     pub data_interfaces: Values<DataInterface>,
 }
 
+/// How node names are written where CloudVision keys nodes (`QualifyNodeNames`): NodeConfig
+/// `key.id`, a job's `nodes.values` and the key a NodeConfig delete names. The one place that
+/// qualifies them: applied as a record goes out ([`crate::cloudvision::Client`], dry runs);
+/// inside cvslurm (StateDir, the outbox, hostlists, Slurm) node names stay bare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeKeys {
+    /// `QualifyNodeNames`: `<node>@<cluster>` instead of `<node>` (several clusters on one CloudVision).
+    pub qualify: bool,
+}
+
+impl NodeKeys {
+    /// CloudVision's key of `node` of `cluster`: `<node>@<cluster>` when qualifying (and the
+    /// cluster is known), else the node name.
+    pub fn key(self, node: &str, cluster: Option<&str>) -> String {
+        match cluster.filter(|c| self.qualify && !c.is_empty()) {
+            Some(c) => format!("{node}@{c}"),
+            None => node.to_string(),
+        }
+    }
+
+    /// The JobConfig as sent: a Slurm job's node names with its `location` as qualifier. A
+    /// tenant job's nodes (`send --tenant --nodes`) go as given: its caller names the nodes
+    /// as CloudVision knows them, and its location need not be this cluster.
+    pub fn job(self, job: &JobConfig) -> Cow<'_, JobConfig> {
+        if !self.qualify || job.nodes.is_none() || job.job_type == Some(JobType::Tenant) {
+            return Cow::Borrowed(job);
+        }
+        let mut out = job.clone();
+        if let Some(n) = &mut out.nodes {
+            for v in &mut n.values {
+                *v = self.key(v, job.location.as_deref());
+            }
+        }
+        Cow::Owned(out)
+    }
+
+    /// The NodeConfig as sent: `key.id` with its `location` as qualifier.
+    pub fn node(self, node: &NodeConfig) -> Cow<'_, NodeConfig> {
+        if !self.qualify {
+            return Cow::Borrowed(node);
+        }
+        let mut out = node.clone();
+        out.key.id = self.key(&node.key.id, node.location.as_deref());
+        Cow::Owned(out)
+    }
+}
+
 /// The RUNNING record of a job Slurm lists as running, on `nodes`, started at `start` (epoch
 /// seconds): what a prolog would have sent (no `type`).
 pub(crate) fn running_job(
@@ -436,6 +484,54 @@ mod tests {
             "hostname":"gpu-node-1","data_interfaces":{"values":[{"name":"eth0",
             "mac_address":"aa:bb:cc:dd:ee:01","ip_addresses":{"values":["192.168.1.11"]}}]}});
         assert_eq!(serde_json::to_value(&node).unwrap(), seed);
+    }
+
+    /// QualifyNodeNames (issue 18, point 5): off, every record goes as built (the
+    /// reference's bytes); on, a Slurm job's nodes and a NodeConfig's key get the record's
+    /// location as qualifier, a tenant job's nodes go as given.
+    #[test]
+    fn node_keys_qualify_nodes_and_node_keys_with_the_location() {
+        let job = JobConfig {
+            key: Key {
+                id: "7@west".into(),
+            },
+            name: None,
+            state: JobState::Running,
+            start_time: Some("2025-12-05T10:30:00Z".into()),
+            end_time: None,
+            location: Some("west".into()),
+            job_type: None,
+            nodes: Some(vec!["n1".to_string(), "n2".to_string()].into()),
+            interfaces: None,
+        };
+        let node = NodeConfig {
+            key: Key { id: "n1".into() },
+            location: Some("west".into()),
+            hostname: Some("n1".into()),
+            data_interfaces: Vec::new().into(),
+        };
+        let off = NodeKeys::default();
+        assert!(matches!(off.job(&job), Cow::Borrowed(_)));
+        assert!(matches!(off.node(&node), Cow::Borrowed(_)));
+        assert_eq!(off.key("n1", Some("west")), "n1");
+        let on = NodeKeys { qualify: true };
+        assert_eq!(on.key("n1", Some("west")), "n1@west");
+        assert_eq!(on.key("n1", Some("")), "n1");
+        assert_eq!(on.key("n1", None), "n1");
+        let sent = serde_json::to_value(on.job(&job).as_ref()).unwrap();
+        assert_eq!(sent["nodes"], json!({"values": ["n1@west", "n2@west"]}));
+        assert_eq!(sent["key"]["id"], "7@west");
+        let sent = serde_json::to_value(on.node(&node).as_ref()).unwrap();
+        assert_eq!(sent["key"]["id"], "n1@west");
+        assert_eq!(sent["hostname"], "n1");
+        assert_eq!(sent["location"], "west");
+        let mut tenant = job.clone();
+        tenant.job_type = Some(JobType::Tenant);
+        assert_eq!(on.job(&tenant).as_ref(), &tenant);
+        let mut by_macs = job.clone();
+        by_macs.nodes = None;
+        by_macs.interfaces = Some(vec!["aa:bb:cc:dd:ee:01".to_string()].into());
+        assert_eq!(on.job(&by_macs).as_ref(), &by_macs);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use super::startup::{usage, ClientNeed, Options, Startup};
 use crate::cloudvision::{Client, JOB_CONFIG_PATH};
+use crate::config::Config;
 use crate::hostlist;
 use crate::logging::Sink;
 use crate::payload::{JobConfig, JobState, JobType, Key};
@@ -164,7 +165,7 @@ pub fn run(a: Args) -> i32 {
         j.clear_other_list(either_way);
     }
     for j in &jobs {
-        if !deliver(client.as_ref(), cfg.api_server.as_deref(), j) {
+        if !deliver(client.as_ref(), cfg, j) {
             failed += 1;
         }
     }
@@ -212,20 +213,28 @@ impl Args {
     }
 }
 
-/// Prints what a dry run would send: the full URL when the server is known.
-pub fn print_dry_run(job: &JobConfig, server: Option<&str>) {
-    match server {
+/// Prints what a dry run would send (node names as `QualifyNodeNames` says): the full URL
+/// when the server is known.
+pub fn print_dry_run(job: &JobConfig, cfg: &Config) {
+    match &cfg.api_server {
         Some(s) => println!("POST https://{s}{JOB_CONFIG_PATH}"),
         None => println!("POST {JOB_CONFIG_PATH}"),
     }
-    println!("{}", serde_json::to_string_pretty(job).expect("serializes"));
+    let job = crate::payload::NodeKeys {
+        qualify: cfg.qualify_node_names,
+    }
+    .job(job);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(job.as_ref()).expect("serializes")
+    );
 }
 
 /// Sends (or, without a client, prints) one JobConfig; returns whether it went out.
-pub fn deliver(client: Option<&Client>, server: Option<&str>, job: &JobConfig) -> bool {
+pub fn deliver(client: Option<&Client>, cfg: &Config, job: &JobConfig) -> bool {
     match client {
         None => {
-            print_dry_run(job, server);
+            print_dry_run(job, cfg);
             true
         }
         Some(c) => match c.post_job(job, None) {

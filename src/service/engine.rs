@@ -118,7 +118,54 @@ pub fn send_item(
     match item {
         Item::Job { job } => client.post_job(job, deadline),
         Item::Node { node } => client.post_node(node, deadline),
-        Item::NodeDelete { name } => client.delete_node(name, deadline),
+        Item::NodeDelete { name, location } => {
+            delete_own_node(client, name, location.as_deref(), deadline)
+        }
+    }
+}
+
+/// Deletes the NodeConfig of `node`, which cluster `cluster` sent. CloudVision is asked
+/// first (GetOne): a node it no longer has needs nothing; one it stores with another
+/// `location` is another cluster's (same node name, no `QualifyNodeNames`) and is left
+/// alone, with a warning; a question that fails (5xx, timeout, an unreadable answer) keeps
+/// the delete for a later pass. A delete queued by an earlier version (no cluster) is sent
+/// as it is.
+pub fn delete_own_node(
+    client: &Client,
+    node: &str,
+    cluster: Option<&str>,
+    deadline: Option<Instant>,
+) -> Result<Answer, SendError> {
+    let id = client.node_key(node, cluster);
+    let Some(cluster) = cluster else {
+        return client.delete_node(&id, deadline);
+    };
+    let Some(stored) = client.get_node_value(&id, deadline)? else {
+        log::info!("node {id}: CloudVision has no NodeConfig of it; nothing to delete");
+        return Ok(Answer {
+            status: 404,
+            elapsed: Duration::ZERO,
+            body: String::new(),
+        });
+    };
+    match stored.get("location").and_then(serde_json::Value::as_str) {
+        Some(l) if l == cluster => client.delete_node(&id, deadline),
+        other => {
+            let whose = match other {
+                Some(l) => format!("cluster {:?}'s", l.chars().take(100).collect::<String>()),
+                None => "one without a location".to_string(),
+            };
+            log::warn!(
+                "node {id}: not deleted: the NodeConfig CloudVision holds is {whose}, not \
+                 cluster {cluster}'s; set QualifyNodeNames=yes on every cluster that shares \
+                 this CloudVision"
+            );
+            Ok(Answer {
+                status: 200,
+                elapsed: Duration::ZERO,
+                body: String::new(),
+            })
+        }
     }
 }
 

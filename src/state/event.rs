@@ -25,8 +25,13 @@ pub enum Item {
     },
     /// DELETE a NodeConfig.
     NodeDelete {
-        /// The node name.
+        /// The node name (bare; the key CloudVision has is [`crate::payload::NodeKeys`]'s).
         name: String,
+        /// The cluster that sent the node (the monitor's): the delete leaves a NodeConfig
+        /// CloudVision stores with another location alone. Absent in events of earlier
+        /// versions, which are sent without that question.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        location: Option<String>,
     },
 }
 
@@ -36,7 +41,7 @@ impl Item {
         let (kind, key) = match self {
             Item::Job { job } => ("job", job.key.id.as_str()),
             Item::Node { node } => ("node", node.key.id.as_str()),
-            Item::NodeDelete { name } => ("node", name.as_str()),
+            Item::NodeDelete { name, .. } => ("node", name.as_str()),
         };
         format!("{kind}.{}.json", safe_name(key))
     }
@@ -46,7 +51,7 @@ impl Item {
         match self {
             Item::Job { job } => format!("job {} {}", job.key.id, job.state),
             Item::Node { node } => format!("node {}", node.key.id),
-            Item::NodeDelete { name } => format!("delete node {name}"),
+            Item::NodeDelete { name, .. } => format!("delete node {name}"),
         }
     }
 }
