@@ -216,6 +216,13 @@ mod tests {
         let old = r#"{"seq":1,"rank":[2,0],"queued_at":1,"kind":"job","job":{"key":{"id":"5@c"},"state":"JOB_STATE_RUNNING","nodes":{"values":["n1"]}}}"#;
         let ev = decode_event(old.as_bytes()).unwrap();
         assert!(ev.starts_a_rerun());
-        assert!(!Event::new(Item::NodeDelete { name: "n1".into() }, (3, 0)).starts_a_rerun());
+        assert!(!Event::new(
+            Item::NodeDelete {
+                name: "n1".into(),
+                location: None
+            },
+            (3, 0)
+        )
+        .starts_a_rerun());
     }
 }
