@@ -35,7 +35,10 @@
 # SLURM_CONF_DIR (default: directory of $SLURM_CONF, else /etc/slurm), INSTALL_DIR (default
 # /opt/slurm/cloudvision), LOG_DIR (default /var/log/slurm), STATE_DIR (default
 # /var/spool/cvslurm), SYSTEMD_UNIT_DIR (default /etc/systemd/system), LOGROTATE_DIR (default
-# /etc/logrotate.d), SLURM_VERSION (override the detected Slurm version, e.g. 24.05).
+# /etc/logrotate.d), SLURM_VERSION (override the detected Slurm version, e.g. 24.05),
+# TEXTFILE_DIRS (node_exporter textfile directories to look for, space-separated; default
+# "/var/lib/prometheus/node-exporter /var/lib/node_exporter/textfile_collector": the first
+# that exists is suggested for MetricsFile, never set).
 #
 # Idempotent: a second run with the same options changes nothing and says "no change".
 # What it adds is recorded in $INSTALL_DIR/.install-manifest; the lines it adds to slurm.conf
@@ -109,6 +112,7 @@ LOG_DIR="${LOG_DIR:-/var/log/slurm}"
 STATE_DIR="${STATE_DIR:-/var/spool/cvslurm}"
 UNIT_DIR="${SYSTEMD_UNIT_DIR:-/etc/systemd/system}"
 LOGROTATE_DIR="${LOGROTATE_DIR:-/etc/logrotate.d}"
+TEXTFILE_DIRS="${TEXTFILE_DIRS:-/var/lib/prometheus/node-exporter /var/lib/node_exporter/textfile_collector}"
 for v in SLURM_CONF_DIR SLURM_CONF_FILE INSTALL_DIR LOG_DIR STATE_DIR UNIT_DIR LOGROTATE_DIR; do
     [[ "${!v}" == /* ]] || die "$v must be an absolute path (got ${!v})"
 done
@@ -553,9 +557,12 @@ printf '%s\n' "${set_keys[@]}" | awk -F= '
 ' - "$WORK/cv.conf.old" >"$WORK/cv.conf"
 put_text "$WORK/cv.conf" "$CV_CONF" 0644 root:root conf
 
-# packaging files: the example, the service, logrotate
+# packaging files: the example, the service, logrotate, the Prometheus alert rules
 if [[ -f "$SRC_DIR/packaging/cloudvision.conf.example" ]]; then
     put_text "$SRC_DIR/packaging/cloudvision.conf.example" "$SLURM_CONF_DIR/cloudvision.conf.example" 0644 root:root file
+fi
+if [[ -f "$SRC_DIR/packaging/prometheus/cvslurm-alerts.yml" ]]; then
+    put_text "$SRC_DIR/packaging/prometheus/cvslurm-alerts.yml" "$INSTALL_DIR/cvslurm-alerts.yml" 0644 root:root file
 fi
 if ((SERVICE)) && [[ -f "$SRC_DIR/packaging/cvslurm.service" ]]; then
     sed -e "s|/opt/slurm/cloudvision/cvslurm|$INSTALL_DIR/cvslurm|g" \
@@ -649,6 +656,16 @@ if ((DRY)); then
     exit 0
 fi
 if ((CHANGES == 0)); then say "no change"; else say "done: $CHANGES change(s)"; fi
+
+# Prometheus: suggest (never set) MetricsFile where node_exporter's textfile directory exists
+if ! grep -qsE '^[[:space:]]*MetricsFile[[:space:]]*=' "$CV_CONF"; then
+    for d in $TEXTFILE_DIRS; do
+        if [[ -d "$d" ]]; then
+            say "for Prometheus metrics: add MetricsFile=$d/cvslurm.prom to $CV_CONF (let $SLURM_USER write $d), restart the service, and load $INSTALL_DIR/cvslurm-alerts.yml (README: Monitoring)"
+            break
+        fi
+    done
+fi
 
 # ---------- final check ----------
 export CVSLURM_CONF="$CV_CONF"

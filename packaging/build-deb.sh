@@ -63,6 +63,15 @@ if [ "$1" = configure ]; then
     if [ -z "$DPKG_ROOT" ] && [ -d /run/systemd/system ]; then
         systemctl daemon-reload || true
     fi
+    # Prometheus: suggest (never set) MetricsFile where node_exporter's textfile directory exists.
+    for d in /var/lib/prometheus/node-exporter /var/lib/node_exporter/textfile_collector; do
+        if [ -d "$DPKG_ROOT$d" ]; then
+            if ! grep -qsE '^[[:space:]]*MetricsFile[[:space:]]*=' "$DPKG_ROOT/etc/slurm/cloudvision.conf"; then
+                echo "cvslurm: for Prometheus metrics, add MetricsFile=$d/cvslurm.prom to /etc/slurm/cloudvision.conf (SlurmUser must be able to write $d) and load /usr/share/cvslurm/prometheus/cvslurm-alerts.yml (README: Monitoring)"
+            fi
+            break
+        fi
+    done
 fi
 exit 0
 SCRIPT
@@ -120,7 +129,8 @@ rm -f "$SCRATCH.log"
 fail=0
 for f in opt/slurm/cloudvision/cvslurm opt/slurm/cloudvision/cvslurm-hook lib/systemd/system/cvslurm.service \
     etc/slurm/cloudvision.conf.example etc/logrotate.d/cvslurm usr/share/man/man8/cvslurm.8.gz \
-    usr/share/man/man5/cloudvision.conf.5.gz usr/share/bash-completion/completions/cvslurm; do
+    usr/share/man/man5/cloudvision.conf.5.gz usr/share/bash-completion/completions/cvslurm \
+    usr/share/cvslurm/prometheus/cvslurm-alerts.yml; do
     [[ -e "$SCRATCH/$f" ]] || { echo "missing after install: /$f" >&2; fail=1; }
 done
 "$SCRATCH/opt/slurm/cloudvision/cvslurm" --version

@@ -44,7 +44,8 @@ echo "--- contents (rpm -qlp)"
 rpm -qlvp "$RPM" 2>/dev/null
 LISTING="$(rpm -qlp "$RPM" 2>/dev/null)"
 for f in /opt/slurm/cloudvision/cvslurm /opt/slurm/cloudvision/cvslurm-hook /lib/systemd/system/cvslurm.service \
-    /etc/slurm/cloudvision.conf.example /etc/logrotate.d/cvslurm /usr/share/man/man8/cvslurm.8.gz; do
+    /etc/slurm/cloudvision.conf.example /etc/logrotate.d/cvslurm /usr/share/man/man8/cvslurm.8.gz \
+    /usr/share/cvslurm/prometheus/cvslurm-alerts.yml; do
     # One listing, searched with a here-string: `rpm | grep -q` dies of SIGPIPE under pipefail.
     grep -qx "$f" <<<"$LISTING" || { echo "build-rpm.sh: $f missing from the package" >&2; exit 1; }
 done

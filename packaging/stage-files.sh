@@ -6,7 +6,8 @@ stage_files() {
     pkg="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
     install -d -m 0755 "$d/opt/slurm/cloudvision" "$d/lib/systemd/system" "$d/etc/slurm" \
         "$d/etc/logrotate.d" "$d/usr/share/man/man8" "$d/usr/share/man/man5" \
-        "$d/usr/share/bash-completion/completions" "$d/usr/share/doc/cvslurm"
+        "$d/usr/share/bash-completion/completions" "$d/usr/share/doc/cvslurm" \
+        "$d/usr/share/cvslurm/prometheus"
     install -m 0755 "$bin" "$d/opt/slurm/cloudvision/cvslurm"
     # the mode links: every name the binary lists (`cvslurm --list-modes`: mode, then link names)
     local -a links
@@ -20,6 +21,9 @@ stage_files() {
     install -m 0644 "$pkg/cvslurm.service" "$d/lib/systemd/system/cvslurm.service"
     install -m 0644 "$pkg/cloudvision.conf.example" "$d/etc/slurm/cloudvision.conf.example"
     install -m 0644 "$pkg/cvslurm.logrotate" "$d/etc/logrotate.d/cvslurm"
+    # example Prometheus alert rules for MetricsFile, and their promtool test (README: Monitoring)
+    install -m 0644 "$pkg/prometheus/cvslurm-alerts.yml" "$pkg/prometheus/cvslurm-alerts.test.yml" \
+        "$d/usr/share/cvslurm/prometheus/"
     install -m 0644 "$pkg/completions/cvslurm.bash" "$d/usr/share/bash-completion/completions/cvslurm"
     gzip -9n <"$pkg/man/cvslurm.8" >"$d/usr/share/man/man8/cvslurm.8.gz"
     gzip -9n <"$pkg/man/cloudvision.conf.5" >"$d/usr/share/man/man5/cloudvision.conf.5.gz"

@@ -207,6 +207,9 @@ pub struct Config {
     /// `QualifyNodeNames`: node keys in CloudVision (NodeConfig `key.id`, a job's
     /// `nodes.values`) are `<node>@<cluster>`, for several clusters on one CloudVision.
     pub qualify_node_names: bool,
+    /// `MetricsFile`: where the service, `flush` and the inventory write their Prometheus
+    /// metrics (node_exporter's textfile format; `None`: off).
+    pub metrics_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -246,6 +249,7 @@ impl Default for Config {
             job_interfaces: JobInterfaces::Nodes,
             node_hostname: NodeHostname::NodeName,
             qualify_node_names: false,
+            metrics_file: None,
         }
     }
 }
@@ -521,7 +525,39 @@ pub const KEYS: &[Key] = &[
             Ok(())
         },
     },
+    Key {
+        name: "MetricsFile",
+        default: "",
+        set: |c, v| {
+            c.metrics_file = metrics_file(v)?;
+            Ok(())
+        },
+    },
 ];
+
+/// A `MetricsFile` value: empty (off), or an absolute path ending in `.prom` (the only files
+/// node_exporter's textfile collector reads) in a directory that exists.
+fn metrics_file(v: &str) -> Result<Option<PathBuf>, String> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let p = path(v)?;
+    if !v.ends_with(".prom") || p.file_name().is_none() {
+        return Err(format!(
+            "{v:?}: needs a file name ending in .prom (node_exporter's textfile collector reads \
+             only those), such as /var/lib/node_exporter/textfile_collector/cvslurm.prom"
+        ));
+    }
+    let dir = p.parent().unwrap_or(Path::new("/"));
+    if !dir.is_dir() {
+        return Err(format!(
+            "{v:?}: directory {} does not exist; create it (node_exporter's \
+             --collector.textfile.directory) or point MetricsFile elsewhere",
+            dir.display()
+        ));
+    }
+    Ok(Some(p))
+}
 
 /// What `DiscoveryBcast=yes` without a `DiscoveryBcastDir` is told.
 pub const BCAST_NEEDS_DIR: &str = "DiscoveryBcast=yes needs DiscoveryBcastDir, a directory on \
@@ -1262,9 +1298,16 @@ mod tests {
             "LogFile",
             "StateDir",
             "SlurmBinDir",
+            "MetricsFile",
         ];
         for k in path_keys {
-            assert!(parse(&format!("{k}=/abs/x")).is_ok(), "{k}");
+            // MetricsFile's directory must exist, and its name end in .prom.
+            let ok = if k == "MetricsFile" {
+                "/tmp/x.prom"
+            } else {
+                "/abs/x"
+            };
+            assert!(parse(&format!("{k}={ok}")).is_ok(), "{k}");
             for v in ["rel/x", "./x", "../x", "x"] {
                 let e = parse(&format!("{k}={v}")).unwrap_err().to_string();
                 assert!(
@@ -1284,6 +1327,27 @@ mod tests {
                 k.name
             );
         }
+    }
+
+    #[test]
+    fn metrics_file_is_off_by_default_and_checked() {
+        assert_eq!(parse("").unwrap().metrics_file, None);
+        assert_eq!(
+            parse("MetricsFile=/tmp/cvslurm.prom").unwrap().metrics_file,
+            Some(PathBuf::from("/tmp/cvslurm.prom"))
+        );
+        let e = parse("MetricsFile=/nonexistent-dir/cvslurm.prom")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("MetricsFile: \"/nonexistent-dir/cvslurm.prom\": directory /nonexistent-dir does not exist"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        let e = parse("MetricsFile=/tmp/cvslurm.txt")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a file name ending in .prom"), "{e}");
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub(crate) mod hook_facts;
 pub(crate) mod hostlist;
 pub(crate) mod inventory;
 pub(crate) mod logging;
+pub(crate) mod metrics;
 pub(crate) mod node_record;
 pub(crate) mod privilege;
 pub(crate) mod runner;

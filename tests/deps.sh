@@ -3,11 +3,12 @@
 # Slurm 22.05 daemons and clients, munge, MariaDB + slurmdbd (for sacct), iproute2 (network
 # namespaces), musl-tools (the static build), python3 + openssl (the CloudVision stand-in),
 # rpm (rpmbuild, to build and inspect the .rpm), mmdebstrap (the Debian root filesystems of
-# Slurm 24.11 and 26.05 for the test clusters: tests/cluster/rootfs.sh),
-# and the Rust musl target.
+# Slurm 24.11 and 26.05 for the test clusters: tests/cluster/rootfs.sh), prometheus (its
+# promtool checks the metrics file and the alert rules: tests/metrics.rs; the server itself is
+# never run, so the package's service is stopped and disabled), and the Rust musl target.
 set -euo pipefail
 pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 musl-tools libcap2-bin
-      python3 openssl curl procps util-linux ca-certificates rpm mmdebstrap)
+      python3 openssl curl procps util-linux ca-certificates rpm mmdebstrap prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,6 +19,13 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# Debian's prometheus package starts its server where systemd runs: only promtool is wanted.
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  if systemctl is-enabled --quiet prometheus 2>/dev/null || systemctl is-active --quiet prometheus 2>/dev/null; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
+fi
+command -v promtool >/dev/null 2>&1 || { echo "deps: promtool missing after installing prometheus" >&2; exit 1; }
 if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 fi

@@ -135,6 +135,14 @@ impl Inventory<'_> {
             },
         );
         println!("{}", crate::logging::escape_control(&summary));
+        if let Some(o) = &outbox {
+            o.status
+                .record_inventory(nodes.len() as u64, sent as u64, failed.len() as u64);
+            if let Ok(v) = slurm::version(&self.slurm) {
+                o.status.record_slurm_version(&v.to_string());
+            }
+            crate::metrics::publish(self.cfg.metrics_file.as_deref(), o, self.cfg.poll_interval);
+        }
         i32::from(!failed.is_empty())
     }
 }

@@ -1,6 +1,7 @@
 //! `cvslurm flush`: reconcile with Slurm, then deliver what the outbox holds — for sites that do
 //! not run the cvslurm service (run it from cron), or by hand after an outage. It delivers with
-//! the service's engine ([`crate::service::engine`]), once through the outbox.
+//! the service's engine ([`crate::service::engine`]), once through the outbox, and writes the
+//! metrics file (`MetricsFile`, [`crate::metrics`]) at the end.
 
 use super::startup::{install_signal_handlers, ClientNeed, Options, Startup, STOP};
 use crate::logging::Sink;
@@ -77,9 +78,12 @@ pub fn run(a: Args) -> i32 {
     // still put right.
     if !a.no_reconcile && !cfg.reconcile_interval.is_zero() {
         let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
-        match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT)
-            .and_then(|c| crate::service::reconcile::reconcile(&cfg, &slurm, &c, &outbox))
-        {
+        let reconciled = slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT)
+            .and_then(|c| crate::service::reconcile::reconcile(&cfg, &slurm, &c, &outbox));
+        if reconciled.is_ok() {
+            outbox.status.record_reconcile();
+        }
+        match reconciled {
             Ok(r) if r.started + r.ended + r.corrected > 0 => log::info!(
                 "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
                 r.started,
@@ -96,6 +100,7 @@ pub fn run(a: Args) -> i32 {
     let engine = engine::Engine::new(&cfg, client, outbox.clone());
     let r = engine::drain_once(&engine, cfg.max_concurrent_requests, &STOP);
     engine::record_drain(&outbox, &r);
+    crate::metrics::publish(cfg.metrics_file.as_deref(), &outbox, cfg.poll_interval);
     println!(
         "outbox: {} delivered, {} kept, {} rejected{}",
         r.delivered,

@@ -19,6 +19,7 @@ use crate::runner::Slurm;
 use crate::service::sender;
 use crate::slurm::{self, JobInfo};
 use crate::state::queue::{EndFacts, Enqueued, Event, Item};
+use crate::state::status::counter;
 use crate::state::StateDir;
 use crate::timefmt::{format_epoch, now_epoch};
 use argh::FromArgs;
@@ -300,23 +301,35 @@ fn handle(
     } else {
         "LOST (it could not be queued in StateDir)"
     };
+    // An event neither queued nor sent is counted (cvslurm_events_lost_total), if StateDir
+    // takes even that.
+    let lost = || {
+        if !queued {
+            outbox.status.count(counter::LOST, 1);
+        }
+    };
     let token = match cfg.token() {
         Ok(t) => t,
         Err(e) => {
             log::error!("job {key}: {state} {what}: {e}");
+            lost();
             return;
         }
     };
     if cfg.api_server.is_none() {
         log::warn!("job {key}: {state} {what}: no CloudVision server configured (ApiServer in cloudvision.conf)");
+        lost();
         return;
     }
     if token.is_none() {
         log::warn!(
             "job {key}: {state} {what}: no API token configured (ApiTokenFile in cloudvision.conf)"
         );
+        lost();
         return;
     }
+    // This hook sends its event itself: no service took it (cvslurm_hook_direct_sends_total).
+    outbox.status.count(counter::HOOK_DIRECT_SENDS, 1);
     // Keep a little of the budget to log and remove the outbox file.
     let send_deadline = deadline
         .checked_sub(Duration::from_millis(50))
@@ -361,7 +374,10 @@ fn handle(
                 a.elapsed.as_millis()
             );
         }
-        Err(e) => log::error!("job {key}: {state} {what}: {e}"),
+        Err(e) => {
+            log::error!("job {key}: {state} {what}: {e}");
+            lost();
+        }
     }
 }
 

@@ -62,6 +62,8 @@ pub struct Status {
     pub last_error_at: Option<i64>,
     /// The cvslurm service listens on `StateDir/wake.sock`: hooks hand it their events.
     pub service_running: bool,
+    /// The figures of the metrics file (`MetricsFile`), from the same StateDir.
+    pub metrics: crate::metrics::Figures,
 }
 
 /// Prints the status; exit 1 when the oldest event is older than `max_age` seconds or
@@ -138,6 +140,7 @@ pub fn run(a: Args) -> i32 {
         last_error: None,
         last_error_at: None,
         service_running: crate::service::sender::connect(&cfg.state_dir).is_some(),
+        metrics: crate::metrics::Figures::gather(&outbox, cfg.poll_interval),
     };
     let mut st = st;
     if let Some(v) = outbox.status.read() {

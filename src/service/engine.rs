@@ -37,6 +37,8 @@ pub struct DrainReport {
     pub delivered: usize,
     /// Events kept for a later try.
     pub kept: usize,
+    /// Of those, the ones whose delivery was tried and failed (the rest were not tried).
+    pub retried: usize,
     /// Events moved to `rejected/`.
     pub rejected: usize,
     /// CloudVision refused the token.
@@ -45,13 +47,46 @@ pub struct DrainReport {
     pub retry_after: Option<Duration>,
     /// The last error, for the log and `status`.
     pub last_error: Option<String>,
+    /// CloudVision's answers to the deliveries, by class
+    /// ([`crate::state::status::ANSWER_CLASSES`]).
+    pub answers: [u64; 4],
+    /// Each delivered event's latency, queued to delivered, in milliseconds.
+    pub latencies_ms: Vec<u64>,
 }
 
-/// Records a report in the outbox's `service-status.json` for `cvslurm status`.
+/// Records a report in the outbox's `service-status.json`, for `cvslurm status` and the
+/// metrics file.
 pub fn record_drain(outbox: &StateDir, r: &DrainReport) {
-    outbox
-        .status
-        .record_drain(r.delivered, r.last_error.as_deref());
+    let latencies: Vec<f64> = r
+        .latencies_ms
+        .iter()
+        .map(|ms| *ms as f64 / 1000.0)
+        .collect();
+    outbox.status.record_drain(&crate::state::status::Drained {
+        delivered: r.delivered as u64,
+        retried: r.retried as u64,
+        rejected: r.rejected as u64,
+        answers: r.answers,
+        latencies: &latencies,
+        last_error: r.last_error.as_deref(),
+    });
+}
+
+/// The class of the answer that decided a delivery, as an index in
+/// [`crate::state::status::ANSWER_CLASSES`]: 2xx, 4xx, 5xx, or none (no answer: unreachable,
+/// timeout, caught before sending, no server).
+pub fn answer_class(result: &Result<Answer, SendError>) -> usize {
+    match result {
+        Ok(_) => 0,
+        Err(SendError::TokenRefused { .. })
+        | Err(SendError::RateLimited { .. })
+        | Err(SendError::Rejected { .. }) => 1,
+        Err(SendError::Server { .. }) => 2,
+        Err(SendError::NotConfigured(_))
+        | Err(SendError::Unreachable(_))
+        | Err(SendError::Timeout(_))
+        | Err(SendError::Invalid(_)) => 3,
+    }
 }
 
 /// How one delivery ended.
@@ -419,10 +454,16 @@ impl Engine {
             }
             _ => send_item(&self.client, item, None),
         };
+        let class = answer_class(&result);
+        self.account(|r| r.answers[class] += 1);
         let (finish, outcome) = match result {
             Ok(a) => {
-                self.account(|r| r.delivered += 1);
                 let delay = now_nanos().saturating_sub(taken.seq) / 1_000_000;
+                self.account(|r| {
+                    r.delivered += 1;
+                    r.latencies_ms
+                        .push(u64::try_from(delay).unwrap_or(u64::MAX));
+                });
                 log::info!(
                     "outbox: delivered {what} (HTTP {}, {delay} ms after it was queued)",
                     a.status
@@ -455,6 +496,7 @@ impl Engine {
                 let why = e.to_string();
                 self.account(|r| {
                     r.kept += 1;
+                    r.retried += 1;
                     r.token_refused |= token_refused;
                     r.retry_after = r.retry_after.max(retry_after);
                     r.last_error = Some(why.clone());

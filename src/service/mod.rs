@@ -34,6 +34,31 @@ pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static At
         }
     };
     systemd::notify("READY=1");
+    let metrics = crate::metrics::spawn_writer(
+        cfg.metrics_file.as_deref(),
+        &outbox,
+        cfg.poll_interval,
+        stop,
+    );
+    let rc = serve(cfg, slurm, client, stop, &outbox, &sender);
+    // The last figures, once the loop and the dispatcher have stopped.
+    if let Some(m) = metrics {
+        let _ = m.join();
+    }
+    sender.wait_stopped(Duration::from_millis(300));
+    crate::metrics::publish(cfg.metrics_file.as_deref(), &outbox, cfg.poll_interval);
+    rc
+}
+
+/// Learns the cluster name (retrying until slurmctld answers) and runs the loop.
+fn serve(
+    cfg: &Config,
+    slurm: Slurm,
+    client: Client,
+    stop: &'static AtomicBool,
+    outbox: &StateDir,
+    sender: &sender::Sender,
+) -> i32 {
     let mut warned = false;
     let cluster = loop {
         match slurm::cluster_name(&slurm, COMMAND_TIMEOUT) {
@@ -59,6 +84,10 @@ pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static At
             std::thread::sleep(Duration::from_millis(200));
         }
     };
+    match slurm::version(&slurm) {
+        Ok(v) => outbox.status.record_slurm_version(&v.to_string()),
+        Err(e) => log::debug!("Slurm version not known: {e}"),
+    }
     let inv = Inventory {
         cfg,
         slurm,
@@ -66,5 +95,5 @@ pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static At
         client: Some(client),
         stop,
     };
-    monitor::monitor(&inv, &outbox, &sender)
+    monitor::monitor(&inv, outbox, sender)
 }

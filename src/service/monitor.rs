@@ -75,7 +75,11 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             if pruned > 0 {
                 log::info!("{pruned} interface record(s) of jobs without an end removed");
             }
-            match reconcile::reconcile(inv.cfg, &inv.slurm, &inv.cluster, outbox) {
+            let reconciled = reconcile::reconcile(inv.cfg, &inv.slurm, &inv.cluster, outbox);
+            if reconciled.is_ok() {
+                outbox.status.record_reconcile();
+            }
+            match reconciled {
                 Ok(r) if r.started + r.ended + r.corrected > 0 => {
                     log::info!(
                         "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
@@ -174,10 +178,13 @@ fn poll(
         }
         known.insert(n.name.clone(), Seen::Unavailable);
     }
-    if to_discover.is_empty() {
-        return;
-    }
-    for (name, r) in inv.discover(&to_discover) {
+    let mut failed = 0;
+    let found = if to_discover.is_empty() {
+        Default::default()
+    } else {
+        inv.discover(&to_discover)
+    };
+    for (name, r) in found {
         match r {
             Ok(rec) => {
                 let verb = match known.get(&name) {
@@ -201,6 +208,7 @@ fn poll(
             }
             Err(e) => {
                 log::warn!("node {name}: discovery failed, will retry next poll: {e}");
+                failed += 1;
                 let seen = known.entry(name).or_insert(Seen::Unavailable);
                 if *seen == Seen::Sent {
                     *seen = Seen::Unavailable;
@@ -208,6 +216,15 @@ fn poll(
             }
         }
     }
+    // This poll is the service's inventory: the nodes listed, those whose NodeConfig is
+    // queued (and not failed since), and the discoveries that failed now.
+    let sent = known
+        .values()
+        .filter(|s| matches!(s, Seen::Sent | Seen::Refresh))
+        .count();
+    outbox
+        .status
+        .record_inventory(nodes.len() as u64, sent as u64, failed);
 }
 
 fn queue(outbox: &StateDir, item: Item) {

@@ -135,6 +135,8 @@ struct State {
 /// A running sender (threads end with the process, or when `stop` is set).
 pub struct Sender {
     state_dir: PathBuf,
+    /// Set when no dispatcher runs (any more, or yet: a standby sender).
+    idle: Arc<AtomicBool>,
 }
 
 impl Sender {
@@ -142,6 +144,14 @@ impl Sender {
     pub fn wake(&self) {
         if let Some(s) = connect(&self.state_dir) {
             wake(&s);
+        }
+    }
+
+    /// After `stop`: waits (at most `within`) for the dispatcher to record its last figures.
+    pub fn wait_stopped(&self, within: Duration) {
+        let until = Instant::now() + within;
+        while !self.idle.load(Ordering::Relaxed) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
@@ -153,6 +163,7 @@ struct Setup {
     workers: usize,
     max_events: usize,
     stop: &'static AtomicBool,
+    idle: Arc<AtomicBool>,
 }
 
 /// Starts the sender: takes the drainer lock, puts back what a dead drainer left in flight,
@@ -166,10 +177,13 @@ pub fn start(
     outbox: StateDir,
     stop: &'static AtomicBool,
 ) -> Result<Sender, String> {
+    let idle = Arc::new(AtomicBool::new(true));
     let sender = Sender {
         state_dir: outbox.root().to_path_buf(),
+        idle: idle.clone(),
     };
     let setup = Setup {
+        idle,
         engine: Engine::new(cfg, client, outbox.clone()),
         workers: cfg.max_concurrent_requests.max(1),
         max_events: cfg.outbox_max_events,
@@ -203,6 +217,7 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
         workers,
         max_events,
         stop,
+        idle,
     } = setup;
     match outbox.queue.recover() {
         Ok(n) if n > 0 => {
@@ -228,9 +243,13 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
     }
     std::thread::Builder::new()
         .name("dispatch".into())
-        .spawn(move || {
-            let _lock = lock;
-            dispatcher(&shared, &outbox, &sock, max_events)
+        .spawn({
+            idle.store(false, Ordering::Relaxed);
+            move || {
+                let _lock = lock;
+                dispatcher(&shared, &outbox, &sock, max_events);
+                idle.store(true, Ordering::Relaxed);
+            }
         })
         .map_err(|e| format!("cannot start the dispatcher thread: {e}"))?;
     log::info!(
@@ -352,6 +371,11 @@ fn dispatcher(sh: &Arc<Shared>, outbox: &StateDir, sock: &UnixDatagram, max_even
         if report != DrainReport::default() {
             record_drain(outbox, &report);
         }
+    }
+    // What was delivered since the last look counts too (the metrics file written at exit).
+    let report = sh.engine.take_report();
+    if report != DrainReport::default() {
+        record_drain(outbox, &report);
     }
 }
 

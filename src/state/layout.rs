@@ -26,6 +26,9 @@ pub const OUTBOX_LOCK: &str = "outbox.lock";
 pub const DRAINER_LOCK: &str = "drainer.lock";
 /// The last drain passes' outcome, for `cvslurm status`.
 pub const SERVICE_STATUS: &str = "service-status.json";
+/// `flock`ed for each read-change-write of [`SERVICE_STATUS`] (its counters have several
+/// writers: the service or `flush`, the hooks, the inventory).
+pub const SERVICE_STATUS_LOCK: &str = "service-status.lock";
 /// The service's wake-up socket (see `crate::sender`).
 pub const WAKE_SOCKET: &str = "wake.sock";
 

@@ -9,7 +9,8 @@
 //! - `jobs/<jobid>@<cluster>` — the start time a prolog saw ([`starts`]).
 //! - `verify/<jobid>@<cluster>` — an epilog's end to check against Slurm later ([`marks`]).
 //! - `macs/<jobid>@<cluster>` — the MACs a running job's RUNNING was sent with ([`job_macs`]).
-//! - `service-status.json` — the last drain passes, for `cvslurm status` ([`status`]).
+//! - `service-status.json`, `service-status.lock` — what cvslurm did (times, counters), for
+//!   `cvslurm status` and the metrics file ([`status`]).
 //! - `wake.sock` — the service's wake-up socket (see `crate::sender`).
 //!
 //! Every store writes through [`durable`]: temp file, rename, and for events and node records
@@ -54,14 +55,15 @@ impl StateDir {
     pub fn new(root: &Path) -> StateDir {
         let owner = durable::owner_to_match(root);
         let starts = starts::Starts::new(root, owner);
+        let status = status::ServiceStatus::new(root, owner);
         StateDir {
             root: root.to_path_buf(),
             owner,
-            queue: queue::Queue::new(root, owner, starts.clone()),
+            queue: queue::Queue::new(root, owner, starts.clone(), status.clone()),
             nodes: nodes::Nodes::new(root, owner),
             starts,
             marks: marks::Marks::new(root, owner),
-            status: status::ServiceStatus::new(root, owner),
+            status,
             job_macs: job_macs::JobMacs::new(root, owner),
         }
     }

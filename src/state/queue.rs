@@ -104,6 +104,8 @@ pub struct Queue {
     /// The job keys whose end this process delivered, and when (shared by its clones): the
     /// service's reconciliation never sends a RUNNING for a job whose end is already out.
     delivered_ends: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
+    /// Where the events queued and dropped are counted.
+    status: super::status::ServiceStatus,
 }
 
 /// How long [`Queue::recently_ended`] remembers a delivered end: far longer than a job
@@ -112,11 +114,17 @@ pub const REMEMBER_ENDS: Duration = Duration::from_secs(600);
 
 impl Queue {
     /// The outbox under `root`, new files handed to `owner` (see [`super::StateDir::new`]).
-    pub(super) fn new(root: &Path, owner: Option<(u32, u32)>, starts: Starts) -> Queue {
+    pub(super) fn new(
+        root: &Path,
+        owner: Option<(u32, u32)>,
+        starts: Starts,
+        status: super::status::ServiceStatus,
+    ) -> Queue {
         Queue {
             root: root.to_path_buf(),
             owner,
             starts,
+            status,
             inflight_stale: Duration::from_secs(60),
             delivered_ends: Default::default(),
         }
@@ -236,6 +244,9 @@ impl Queue {
         }
         if sync && matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
             sync_dir(&self.dir(OUTBOX));
+        }
+        if matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
+            self.status.count(super::status::counter::QUEUED, 1);
         }
         res.map_err(|e| match e {
             Replaced => unreachable!("retried above"),
@@ -641,6 +652,7 @@ impl Queue {
             let _ = fs::remove_file(&tmp);
         } else {
             sync_dir(&self.dir(OUTBOX));
+            self.status.count(super::status::counter::QUEUED, 1);
         }
         res
     }
@@ -864,6 +876,8 @@ impl Queue {
                 dropped += 1;
             }
         }
+        self.status
+            .count(super::status::counter::DROPPED, dropped as u64);
         dropped
     }
 }
@@ -1410,7 +1424,7 @@ mod tests {
 
     #[test]
     fn root_keeps_state_dir_owned_by_its_owner() {
-        use crate::state::layout::{JOBS, SERVICE_STATUS, VERIFY};
+        use crate::state::layout::{JOBS, SERVICE_STATUS, SERVICE_STATUS_LOCK, VERIFY};
         use std::os::unix::fs::{DirBuilderExt, MetadataExt};
         if !nix::unistd::geteuid().is_root() {
             eprintln!("skipped: needs root (CI runs as root)");
@@ -1433,7 +1447,10 @@ mod tests {
             unreachable!()
         };
         sd.marks.mark_for_verification(&j, 0).unwrap();
-        sd.status.record_drain(1, None);
+        sd.status.record_drain(&crate::state::status::Drained {
+            delivered: 1,
+            ..Default::default()
+        });
         for p in [
             OUTBOX,
             INFLIGHT,
@@ -1442,6 +1459,7 @@ mod tests {
             VERIFY,
             OUTBOX_LOCK,
             SERVICE_STATUS,
+            SERVICE_STATUS_LOCK,
             &format!("{OUTBOX}/job.1@c.json"),
             &format!("{JOBS}/1@c"),
             &format!("{VERIFY}/1@c"),

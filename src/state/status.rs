@@ -1,15 +1,85 @@
-//! Service status: `service-status.json`, what the last drain passes of the service (or of a
-//! `flush`) recorded for `cvslurm status`: `last_delivery`, `last_error`, `last_error_at` and
-//! `last_drain`, as Unix seconds. A report, not an event: not fsynced.
+//! Service status: `service-status.json`, the one record of what cvslurm did, for
+//! `cvslurm status` and the metrics file ([`crate::metrics`]): the times of the last
+//! delivery, error, drain, inventory and reconciliation (Unix seconds), the last inventory's
+//! node counts, the Slurm version detected, and counters kept across restarts (events queued,
+//! delivered, retried, rejected, dropped, lost; hooks that sent their event themselves; the
+//! HTTP answers by class; the delivery latency histogram).
+//!
+//! Several processes write it (the service or `flush`, every hook, the inventory): each
+//! read-change-write holds `service-status.lock`. A report, not an event: not fsynced; a
+//! counter a process could not add within [`LOCK_WAIT`] is logged and left out (a hook is
+//! never held up for a figure).
 
 use super::durable;
-use super::layout::SERVICE_STATUS;
+use super::layout::{SERVICE_STATUS, SERVICE_STATUS_LOCK};
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The longest a writer waits for `service-status.lock`.
+pub const LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// The counters kept in `counters` (the metric `cvslurm_<name>_total`).
+pub mod counter {
+    /// Events written to the outbox (by the hooks, the service, reconciliation, `flush`).
+    pub const QUEUED: &str = "events_queued";
+    /// Events CloudVision took.
+    pub const DELIVERED: &str = "events_delivered";
+    /// Deliveries that failed in a way that may pass (unreachable, timeout, 5xx, 429, token
+    /// refused): the event was kept for a later try.
+    pub const RETRIED: &str = "events_retried";
+    /// Events CloudVision refused for good (4xx but 401/403/429): moved to `rejected/`.
+    pub const REJECTED: &str = "events_rejected";
+    /// Events dropped because the outbox was over `OutboxMaxEvents`.
+    pub const DROPPED: &str = "events_dropped";
+    /// Events a hook could neither queue in StateDir nor send.
+    pub const LOST: &str = "events_lost";
+    /// Hooks that sent their event themselves (the service was not running or did not take it).
+    pub const HOOK_DIRECT_SENDS: &str = "hook_direct_sends";
+    /// Every counter, in the order the metrics list them.
+    pub const ALL: [&str; 7] = [
+        QUEUED,
+        DELIVERED,
+        RETRIED,
+        REJECTED,
+        DROPPED,
+        LOST,
+        HOOK_DIRECT_SENDS,
+    ];
+}
+
+/// The classes of CloudVision's answers to deliveries: `none` is no answer (unreachable,
+/// timeout, caught before sending, no server configured).
+pub const ANSWER_CLASSES: [&str; 4] = ["2xx", "4xx", "5xx", "none"];
+
+/// The upper bounds (seconds) of the delivery latency histogram's buckets: from queued to
+/// delivered, which an outage stretches to hours.
+pub const LATENCY_BOUNDS: [f64; 10] = [
+    0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 21600.0,
+];
+
+/// What a drain pass did, for [`ServiceStatus::record_drain`].
+#[derive(Debug, Clone, Default)]
+pub struct Drained<'a> {
+    /// Events delivered.
+    pub delivered: u64,
+    /// Events kept for a later try after a failed delivery.
+    pub retried: u64,
+    /// Events rejected.
+    pub rejected: u64,
+    /// Answers by class, as [`ANSWER_CLASSES`].
+    pub answers: [u64; 4],
+    /// Latency (queued to delivered) of each delivered event, in seconds.
+    pub latencies: &'a [f64],
+    /// The last error.
+    pub last_error: Option<&'a str>,
+}
 
 /// The service status file of one state directory.
 #[derive(Debug, Clone)]
 pub struct ServiceStatus {
     path: PathBuf,
+    lock: PathBuf,
     owner: Option<(u32, u32)>,
 }
 
@@ -18,40 +88,190 @@ impl ServiceStatus {
     pub(super) fn new(root: &Path, owner: Option<(u32, u32)>) -> ServiceStatus {
         ServiceStatus {
             path: root.join(SERVICE_STATUS),
+            lock: root.join(SERVICE_STATUS_LOCK),
             owner,
         }
     }
 
-    /// Records the outcome of a drain pass: the last delivery and the last error (on one line,
-    /// capped), with their times.
-    pub fn record_drain(&self, delivered: usize, last_error: Option<&str>) {
-        let mut v = self.read().unwrap_or_else(|| serde_json::json!({}));
-        let now = crate::timefmt::now_epoch();
-        if delivered > 0 {
-            v["last_delivery"] = now.into();
-        }
-        if let Some(e) = last_error {
-            // One line, capped: `status` shows it (and escapes it again, as it must anything
-            // read from StateDir).
-            v["last_error"] = crate::text::one_line(e, 1000).into();
-            v["last_error_at"] = now.into();
-        }
-        v["last_drain"] = now.into();
-        if let Ok(bytes) = serde_json::to_vec(&v) {
-            let _ = durable::replace(&self.path, &bytes, self.owner);
+    /// Reads, changes with `f` and writes the record under its lock. Fails (logged at debug)
+    /// when StateDir cannot be written or the lock is not had within [`LOCK_WAIT`].
+    fn update(&self, f: impl FnOnce(&mut Value)) -> bool {
+        let _lock =
+            match durable::lock_file(&self.lock, self.owner, Some(Instant::now() + LOCK_WAIT)) {
+                Ok(l) => l,
+                Err(e) => {
+                    log::debug!("status: not recorded: {e}");
+                    return false;
+                }
+            };
+        let mut v = self
+            .read()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        f(&mut v);
+        match serde_json::to_vec(&v) {
+            Ok(bytes) => match durable::replace(&self.path, &bytes, self.owner) {
+                Ok(()) => true,
+                Err(e) => {
+                    log::debug!("status: not recorded: {e}");
+                    false
+                }
+            },
+            Err(_) => false,
         }
     }
 
-    /// What the last drain passes recorded ([`record_drain`](Self::record_drain)), if anything.
-    pub fn read(&self) -> Option<serde_json::Value> {
+    /// Adds `n` to counter `name` (one of [`counter::ALL`]).
+    pub fn count(&self, name: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if !self.update(|v| add(v, name, n)) {
+            log::warn!(
+                "status: counter {name} (+{n}) not recorded: {} is not writable or stayed locked",
+                self.path.display()
+            );
+        }
+    }
+
+    /// Records a drain pass: its counters, the last delivery and the last error (on one
+    /// line, capped), with their times.
+    pub fn record_drain(&self, d: &Drained) {
+        let now = crate::timefmt::now_epoch();
+        self.update(|v| {
+            if d.delivered > 0 {
+                v["last_delivery"] = now.into();
+            }
+            if let Some(e) = d.last_error {
+                // One line, capped: `status` shows it (and escapes it again, as it must
+                // anything read from StateDir).
+                v["last_error"] = crate::text::one_line(e, 1000).into();
+                v["last_error_at"] = now.into();
+            }
+            v["last_drain"] = now.into();
+            add(v, counter::DELIVERED, d.delivered);
+            add(v, counter::RETRIED, d.retried);
+            add(v, counter::REJECTED, d.rejected);
+            for (class, n) in ANSWER_CLASSES.iter().zip(d.answers) {
+                let a = &mut v["answers"];
+                if !a.is_object() {
+                    *a = json!({});
+                }
+                a[*class] = (a[*class].as_u64().unwrap_or(0) + n).into();
+            }
+            if !d.latencies.is_empty() {
+                let mut h = Histogram::from_value(&v["latency"]);
+                for l in d.latencies {
+                    h.observe(*l);
+                }
+                v["latency"] = h.to_value();
+            }
+        });
+    }
+
+    /// Records an inventory: its time and the nodes it knew (listed by Slurm), sent (their
+    /// NodeConfig sent or queued) and failed (discovery or sending).
+    pub fn record_inventory(&self, known: u64, sent: u64, failed: u64) {
+        let now = crate::timefmt::now_epoch();
+        self.update(|v| {
+            v["last_inventory"] = now.into();
+            v["inventory"] = json!({"known": known, "sent": sent, "failed": failed});
+        });
+    }
+
+    /// Records a reconciliation with Slurm that could ask Slurm.
+    pub fn record_reconcile(&self) {
+        let now = crate::timefmt::now_epoch();
+        self.update(|v| v["last_reconcile"] = now.into());
+    }
+
+    /// Records the Slurm version detected.
+    pub fn record_slurm_version(&self, version: &str) {
+        self.update(|v| v["slurm_version"] = version.into());
+    }
+
+    /// What was recorded, if anything.
+    pub fn read(&self) -> Option<Value> {
         durable::read_file(&self.path)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
     }
 }
 
+/// Adds `n` to `counters.<name>` in `v`.
+fn add(v: &mut Value, name: &str, n: u64) {
+    if n == 0 {
+        return;
+    }
+    let c = &mut v["counters"];
+    if !c.is_object() {
+        *c = json!({});
+    }
+    c[name] = (c[name].as_u64().unwrap_or(0).saturating_add(n)).into();
+}
+
+/// The delivery latency histogram: a count per bucket of [`LATENCY_BOUNDS`] (not cumulative,
+/// the last one past the last bound), their sum and count.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Histogram {
+    /// Per bucket (one more than [`LATENCY_BOUNDS`]: the last is above every bound).
+    pub buckets: Vec<u64>,
+    /// Sum of the observations, in seconds.
+    pub sum: f64,
+    /// How many observations.
+    pub count: u64,
+}
+
+impl Histogram {
+    /// The histogram `v` holds: one that does not have the expected shape (a file in StateDir
+    /// is hostile) starts over from zero.
+    pub fn from_value(v: &Value) -> Histogram {
+        let empty = Histogram {
+            buckets: vec![0; LATENCY_BOUNDS.len() + 1],
+            sum: 0.0,
+            count: 0,
+        };
+        let Some(b) = v["buckets"].as_array() else {
+            return empty;
+        };
+        let buckets: Option<Vec<u64>> = b.iter().map(Value::as_u64).collect();
+        match (buckets, v["sum"].as_f64(), v["count"].as_u64()) {
+            (Some(buckets), Some(sum), Some(count))
+                if buckets.len() == LATENCY_BOUNDS.len() + 1
+                    && sum.is_finite()
+                    && sum >= 0.0
+                    && buckets.iter().try_fold(0u64, |a, b| a.checked_add(*b)) == Some(count) =>
+            {
+                Histogram {
+                    buckets,
+                    sum,
+                    count,
+                }
+            }
+            _ => empty,
+        }
+    }
+
+    /// Counts one observation (seconds; a negative one, a clock set back, counts as 0).
+    pub fn observe(&mut self, secs: f64) {
+        let secs = if secs.is_finite() { secs.max(0.0) } else { 0.0 };
+        let i = LATENCY_BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(LATENCY_BOUNDS.len());
+        self.buckets[i] += 1;
+        self.sum += secs;
+        self.count += 1;
+    }
+
+    fn to_value(&self) -> Value {
+        json!({"buckets": self.buckets, "sum": self.sum, "count": self.count})
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::state::StateDir;
 
     #[test]
@@ -61,12 +281,44 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         let status = StateDir::new(&d).status;
         assert_eq!(status.read(), None);
-        status.record_drain(0, Some("HTTP 503"));
-        status.record_drain(2, None);
+        status.record_drain(&Drained {
+            retried: 1,
+            answers: [0, 0, 1, 0],
+            last_error: Some("HTTP 503"),
+            ..Drained::default()
+        });
+        status.record_drain(&Drained {
+            delivered: 2,
+            answers: [2, 0, 0, 0],
+            latencies: &[0.05, 7200.0],
+            ..Drained::default()
+        });
+        status.count(counter::DROPPED, 3);
         let v = status.read().unwrap();
         assert!(v["last_delivery"].as_i64().is_some());
         assert_eq!(v["last_error"], "HTTP 503");
         assert!(v["last_drain"].as_i64() >= v["last_error_at"].as_i64());
+        assert_eq!(v["counters"]["events_delivered"], 2);
+        assert_eq!(v["counters"]["events_retried"], 1);
+        assert_eq!(v["counters"]["events_dropped"], 3);
+        assert_eq!(v["answers"]["2xx"], 2);
+        assert_eq!(v["answers"]["5xx"], 1);
+        let h = Histogram::from_value(&v["latency"]);
+        assert_eq!(h.count, 2);
+        assert_eq!(h.buckets[0], 1);
+        assert_eq!(h.buckets[LATENCY_BOUNDS.len() - 1], 1);
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_histogram_of_the_wrong_shape_starts_over() {
+        for bad in [
+            json!({"buckets": [1, 2], "sum": 1.0, "count": 3}),
+            json!({"buckets": [0,0,0,0,0,0,0,0,0,0,5], "sum": 1.0, "count": 4}),
+            json!({"buckets": [0,0,0,0,0,0,0,0,0,0,5], "sum": -1.0, "count": 5}),
+            json!("x"),
+        ] {
+            assert_eq!(Histogram::from_value(&bad).count, 0, "{bad}");
+        }
     }
 }

@@ -85,7 +85,8 @@ env_for() {
     local d="$1"
     mkdir -p "$d/etc" "$d/units" "$d/logrotate"
     export SLURM_CONF_DIR="$d/etc" SLURM_CONF="$d/etc/slurm.conf" INSTALL_DIR="$d/opt/cloudvision" \
-        STATE_DIR="$d/spool/cvslurm" LOG_DIR="$d/log/slurm" SYSTEMD_UNIT_DIR="$d/units" LOGROTATE_DIR="$d/logrotate"
+        STATE_DIR="$d/spool/cvslurm" LOG_DIR="$d/log/slurm" SYSTEMD_UNIT_DIR="$d/units" LOGROTATE_DIR="$d/logrotate" \
+        TEXTFILE_DIRS="$d/none $d/node-exporter"
     unset SLURM_VERSION API_TOKEN API_SERVER
 }
 base_conf() { # a slurm.conf without PrologSlurmctld/EpilogSlurmctld
@@ -111,6 +112,7 @@ snapshot() {
 A="$S/a"
 env_for "$A"
 base_conf >"$SLURM_CONF"
+mkdir -p "$A/node-exporter" # node_exporter's textfile directory: suggested, never set
 sha_before="$(sha256sum <"$SLURM_CONF")"
 snapshot "$A" >"$A/snap0"
 if run_install "$A/out.dry" --dry-run; then ok "dry run before install exits 0"; else notok "dry run before install exits 0" "$(tail -3 "$A/out.dry")"; fi
@@ -142,6 +144,10 @@ check "slurm.conf has both hooks, marked" test "$(grep -c -- "^[PE][a-z]*logSlur
 check "manifest written" test -s "$INSTALL_DIR/.install-manifest"
 check "unit installed with our paths" grep -q "^ExecStart=$INSTALL_DIR/cvslurm inventory --monitor" "$SYSTEMD_UNIT_DIR/cvslurm.service"
 check "final check ran and passed" grep -q "all checks passed" "$A/out.1"
+check "alert rules installed" test -f "$INSTALL_DIR/cvslurm-alerts.yml"
+check "MetricsFile suggested for the textfile directory that exists" \
+    grep -qF "add MetricsFile=$A/node-exporter/cvslurm.prom to $SLURM_CONF_DIR/cloudvision.conf" "$A/out.1"
+check "MetricsFile not set by install.sh" sh -c "! grep -qi '^MetricsFile' '$SLURM_CONF_DIR/cloudvision.conf'"
 
 # ========== 2. second run: no change ==========
 snapshot "$A" >"$A/snap2"
@@ -197,6 +203,7 @@ env_for "$C"
 { base_conf; printf 'EpilogSlurmctld=/usr/local/sbin/site-epilog'; } >"$SLURM_CONF"
 sha_c="$(sha256sum <"$SLURM_CONF")"
 if SLURM_VERSION=24.05 run_install "$C/out.1"; then ok "24.05: install beside the site's EpilogSlurmctld"; else notok "24.05: install beside the site's EpilogSlurmctld" "$(tail -3 "$C/out.1")"; fi
+check "no textfile directory: no MetricsFile suggestion" sh -c "! grep -q MetricsFile '$C/out.1'"
 check "24.05: our EpilogSlurmctld on its own marked line" grep -qxF "EpilogSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK" "$SLURM_CONF"
 check "24.05: the site's EpilogSlurmctld line kept as it was" grep -qxF "EpilogSlurmctld=/usr/local/sbin/site-epilog" "$SLURM_CONF"
 check "24.05: no comma list (Slurm 24.11+ reads it as one path and does not start)" \
