@@ -115,6 +115,8 @@ dpkg-deb -c "$DEB"
 
 # test install into a scratch root
 mkdir -p "$SCRATCH/var/lib/dpkg/info" "$SCRATCH/var/lib/dpkg/updates" "$SCRATCH/var/spool"
+# node_exporter's textfile directory (Debian's): postinst suggests MetricsFile there
+mkdir -p "$SCRATCH/var/lib/prometheus/node-exporter"
 : >"$SCRATCH/var/lib/dpkg/status"
 if dpkg --root="$SCRATCH" --force-not-root --force-script-chrootless --force-depends \
     --log=/dev/null -i "$DEB" >"$SCRATCH.log" 2>&1; then
@@ -125,8 +127,10 @@ else
     rm -f "$SCRATCH.log"
     exit 1
 fi
-rm -f "$SCRATCH.log"
 fail=0
+grep -q 'add MetricsFile=/var/lib/prometheus/node-exporter/cvslurm.prom' "$SCRATCH.log" \
+    || { echo "postinst did not suggest MetricsFile for /var/lib/prometheus/node-exporter" >&2; fail=1; }
+rm -f "$SCRATCH.log"
 for f in opt/slurm/cloudvision/cvslurm opt/slurm/cloudvision/cvslurm-hook lib/systemd/system/cvslurm.service \
     etc/slurm/cloudvision.conf.example etc/logrotate.d/cvslurm usr/share/man/man8/cvslurm.8.gz \
     usr/share/man/man5/cloudvision.conf.5.gz usr/share/bash-completion/completions/cvslurm \

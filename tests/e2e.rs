@@ -86,6 +86,10 @@ fn fixture() -> &'static Fixture {
             chown_slurm(p);
         }
         let log_file = log_dir.join("cvjob.log");
+        // node_exporter's textfile directory, SlurmUser's to write (README: Monitoring).
+        let textfile = work.join("textfile");
+        fs::create_dir_all(&textfile).unwrap();
+        chown_slurm(&textfile);
         let conf = PathBuf::from("/etc/slurm/cloudvision.conf");
         fs::create_dir_all("/etc/slurm").unwrap();
         fs::write(
@@ -93,13 +97,14 @@ fn fixture() -> &'static Fixture {
             format!(
                 "# cvslurm end-to-end tests\nApiServer={}\nApiTokenFile={}\nCaFile={}\nStateDir={}\nLogFile={}\n\
                  LogLevel=debug\nHookTimeout=2\nPollInterval=2\nDiscoveryTimeout=30\nInterfacePhysicalOnly=no\n\
-                 ReconcileInterval=3\nSlurmBinDir={}\n",
+                 ReconcileInterval=3\nSlurmBinDir={}\nMetricsFile={}\n",
                 cv.server(),
                 token.display(),
                 ca.display(),
                 state_dir.display(),
                 log_file.display(),
-                slurm_bin_dir().display()
+                slurm_bin_dir().display(),
+                textfile.join("cvslurm.prom").display()
             ),
         )
         .unwrap();
@@ -1794,4 +1799,106 @@ fn prolog_only_set_up_ends_come_from_reconciliation() {
             "an epilog ran for job {id}"
         );
     }
+}
+
+/// The samples of a metrics file: series (with labels) to value.
+fn metric_samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(s, v)| (s.to_string(), v.parse::<f64>().unwrap_or(f64::NAN)))
+        .collect()
+}
+
+/// The service's metrics file (issue 21): valid for `promtool check metrics`, rewritten while
+/// it runs, its deliveries the ones CloudVision took, its inventory the cluster's nodes, the
+/// Slurm version detected.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn the_service_metrics_file_tells_what_cloudvision_received() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let path = Path::new(WORK).join("textfile/cvslurm.prom");
+    let read = || fs::read_to_string(&path).unwrap_or_default();
+    let delivered = |t: &str| metric_samples(t)["cvslurm_events_delivered_total"];
+    let taken = || f.cv.accepted("JobConfig").len() + f.cv.accepted("NodeConfig").len();
+    // A quiet outbox first: the figures then move only with this test's job.
+    wait_until(
+        "an empty outbox in the metrics file",
+        Duration::from_secs(60),
+        || {
+            let m = metric_samples(&read());
+            m.get("cvslurm_outbox_events") == Some(&0.0)
+        },
+    );
+    let (before, taken_before) = (delivered(&read()), taken());
+    let id = sbatch(&["-J", "e2e-metrics", "--wrap", "true"]);
+    wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+    // Rewritten within 15 s (SERVICE_EVERY): wait for the job's two events in it.
+    wait_until(
+        "the job's events in the metrics file",
+        Duration::from_secs(40),
+        || delivered(&read()) >= before + 2.0,
+    );
+    let text = read();
+    let out = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(text.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("promtool runs (tests/deps.sh installs it)");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = metric_samples(&text);
+    assert_eq!(
+        m["cvslurm_events_delivered_total"] - before,
+        (taken() - taken_before) as f64,
+        "deliveries counted = POSTs the stand-in took:\n{text}"
+    );
+    assert_eq!(m["cvslurm_service_running"], 1.0, "{text}");
+    assert_eq!(m["cvslurm_events_lost_total"], 0.0, "{text}");
+    assert_eq!(m["cvslurm_events_dropped_total"], 0.0, "{text}");
+    assert_eq!(
+        m["cvslurm_inventory_nodes{state=\"known\"}"], NODES as f64,
+        "{text}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for t in [
+        "cvslurm_last_delivery_timestamp_seconds",
+        "cvslurm_last_inventory_timestamp_seconds",
+        "cvslurm_last_reconcile_timestamp_seconds",
+    ] {
+        assert!(now - m[t] < 60.0, "{t} is old: {text}");
+    }
+    let (major, minor) = slurm_version();
+    let version = format!("slurm_version=\"{major}.{minor:02}.");
+    assert!(
+        m.keys()
+            .any(|k| k.starts_with("cvslurm_build_info{") && k.contains(&version)),
+        "{version}: {text}"
+    );
+    // `cvslurm status --json` shows the same counters.
+    let out = Command::new(&f.bin)
+        .args(["status", "--json", "--offline"])
+        .output()
+        .unwrap();
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        st["metrics"]["counters"]["events_delivered"].as_f64()
+            >= Some(m["cvslurm_events_delivered_total"]),
+        "{st}"
+    );
 }

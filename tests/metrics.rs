@@ -271,6 +271,34 @@ fn a_metrics_file_in_a_missing_directory_is_refused_in_one_line() {
     );
 }
 
+#[test]
+fn check_says_whether_slurm_user_can_write_the_metrics_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let cv = Standin::start();
+    let (site, textfile, _metrics) = site_with_metrics(&cv, "");
+    let dir = textfile.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(dir, Some(0), Some(0)).unwrap();
+    let slurm_conf = "ClusterName=c\nSlurmUser=nobody\n";
+    let out = site.check_with_slurm_conf(slurm_conf);
+    assert!(
+        out.contains(&format!(
+            "MetricsFile directory {} is not writable by SlurmUser nobody: run: chgrp",
+            dir.display()
+        )),
+        "{out}"
+    );
+    std::os::unix::fs::chown(dir, Some(65534), None).unwrap();
+    let out = site.check_with_slurm_conf(slurm_conf);
+    assert!(
+        out.contains(&format!(
+            "MetricsFile directory {} is writable by SlurmUser nobody",
+            dir.display()
+        )),
+        "{out}"
+    );
+}
+
 /// The shipped rules: valid, and each alert fires on the series that must fire it and not on
 /// the others (packaging/prometheus/cvslurm-alerts.test.yml).
 #[test]

@@ -614,6 +614,31 @@ fn state_dir(ctx: &mut Context, r: &mut Report) {
         if cfg.state_dir.is_dir() {
             check_state_dir_private(r, &cfg.state_dir, u);
         }
+        if let Some(file) = &cfg.metrics_file {
+            check_metrics_dir(r, file, u);
+        }
+    }
+}
+
+/// The service (SlurmUser) replaces `MetricsFile` by a rename in its directory: it must be
+/// able to write there (the config already refused a directory that does not exist).
+fn check_metrics_dir(r: &mut Report, file: &Path, u: &SlurmUser) {
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() && writable_by(&m, u.uid, u.gid) => r.ok(&format!(
+            "MetricsFile directory {} is writable by SlurmUser {}",
+            dir.display(),
+            u.name
+        )),
+        _ => r.fail(&format!(
+            "MetricsFile directory {} is not writable by SlurmUser {}: run: chgrp {} {} && \
+             chmod g+w {} (node_exporter only reads it)",
+            dir.display(),
+            u.name,
+            u.gid,
+            dir.display(),
+            dir.display()
+        )),
     }
 }
 
