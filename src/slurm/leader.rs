@@ -237,6 +237,7 @@ pub fn is_this_host(controller: &Controller, hostname: &str) -> bool {
 mod tests {
     use super::*;
     use crate::slurm_conf::parse_slurm_conf;
+    use std::path::PathBuf;
 
     fn conf(text: &str) -> SlurmConf {
         let t = text.to_string();
@@ -252,6 +253,14 @@ mod tests {
         controllers(&conf(
             "SlurmctldHost=ctl1(10.99.0.2)\nSlurmctldHost=ctl2(10.99.0.3)\n",
         ))
+    }
+
+    fn fixture(ver: &str, name: &str) -> Vec<u8> {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(format!("slurm-{ver}"))
+            .join(name);
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     }
 
     fn be(time: u64, index: u64) -> Vec<u8> {
@@ -408,5 +417,65 @@ mod tests {
         let one = conf("SlurmctldHost=ctl1\n");
         assert!(matches!(leader(&one, now), Leader::Unknown(w) if w.contains("no backup")));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The heartbeats real slurmctlds wrote (tests/cluster/measure-controllers.sh), copied
+    /// after each change of control: `heartbeat-<step>-<ctlK>.bin`, ctlK the controller then in
+    /// control (ctl1 = index 0, ctl2 = index 1).
+    #[test]
+    fn real_heartbeats_name_their_writer() {
+        let list = pair();
+        for ver in ["22.05"] {
+            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(format!("slurm-{ver}"));
+            let mut files: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("heartbeat-") && n.ends_with(".bin"))
+                .collect();
+            files.sort();
+            for must in ["heartbeat-initial-ctl1.bin", "heartbeat-takeover-ctl2.bin"] {
+                assert!(files.iter().any(|f| f == must), "{ver}: no {must}");
+            }
+            for file in &files {
+                let name = file.trim_end_matches(".bin").rsplit('-').next().unwrap();
+                let index: u64 = match name {
+                    "ctl1" => 0,
+                    "ctl2" => 1,
+                    other => panic!("{ver} {file}: in control: {other}?"),
+                };
+                let bytes = fixture(ver, file);
+                let hb = parse_heartbeat(&bytes).unwrap();
+                assert_eq!(hb.index, index, "{ver} {file}");
+                // written in 2026 by the test cluster's clock
+                assert!(
+                    (1_767_225_600..1_798_761_600).contains(&hb.time),
+                    "{ver} {file}"
+                );
+                assert_eq!(
+                    leader_from(&bytes, &list, hb.time + 3, 10),
+                    Leader::InControl {
+                        index: index as usize,
+                        name: name.into(),
+                        age_s: 3
+                    },
+                    "{ver} {file}"
+                );
+                // the same bytes read SlurmctldTimeout + 1 s later: stale
+                assert!(
+                    matches!(leader_from(&bytes, &list, hb.time + 11, 10), Leader::Unknown(w) if w.contains("11 s old")),
+                    "{ver} {file}"
+                );
+                // a slurm.conf with one SlurmctldHost: the backup's index is out of range
+                if index == 1 {
+                    assert!(matches!(
+                        leader_from(&bytes, &list[..1], hb.time, 10),
+                        Leader::Unknown(w) if w.contains("index 1")
+                    ));
+                }
+            }
+        }
     }
 }
