@@ -1194,6 +1194,13 @@ cmd_takeover() {
     wait_in_control ctl2 30 || die "30 s after scontrol takeover the heartbeat says: $(heartbeat_owner || echo nothing)"
     o="$(heartbeat_owner)"
     log "takeover: ${before% *} -> ${o% *}; heartbeat names it after $((($(date +%s%N) - t0) / 1000000)) ms"
+    # the old controller may exit (measured on 22.05) or stay as a standby
+    sleep 1
+    if pid_alive "$(cat "$(ctl_pidfile ctl1)" 2>/dev/null || true)"; then
+        log "takeover: ctl1's slurmctld still runs (standby)"
+    else
+        log "takeover: ctl1's slurmctld exited; start-slurmctld ctl1 brings it back (and it takes control back)"
+    fi
 }
 
 cmd_power_off() {

@@ -45,11 +45,18 @@ wait_owner() { # index timeout_s [t0] -> prints ms since t0 (default: now)
     echo "never (after $2 s)"
     return 1
 }
+readyz() { # GET /readyz on both controllers (slurmctld serves HTTP on its port from 25.11)
+    local k
+    for k in 1 2; do
+        printf 'GET http://10.99.0.%d:6817/readyz (ctl%d): %s\n' $((k + 1)) "$k" \
+            "$(curl -s -m 3 -o /dev/null -w '%{http_code}' "http://10.99.0.$((k + 1)):6817/readyz" 2>&1 || true)"
+    done
+}
 job() { # run one batch job to its end; print where its hooks ran
     local id
     : >"$M/hook.log"
     chmod 0666 "$M/hook.log"
-    id="$("$W/bin/sbatch" --parsable -N1 --wrap 'sleep 1')" || { echo "  sbatch failed"; return 0; }
+    id="$("$W/bin/sbatch" --parsable -N1 -o /dev/null --wrap 'sleep 1')" || { echo "  sbatch failed"; return 0; }
     for ((i = 0; i < 300; i++)); do
         [[ "$(grep -c " $id\$" "$M/hook.log" || true)" -ge 2 ]] && break
         sleep 0.1
@@ -73,6 +80,7 @@ grep -E '^SlurmctldHost|^SlurmctldTimeout' /etc/slurm/slurm.conf
 say "scontrol ping, ctl1 in control"
 "$W/bin/scontrol" ping
 save initial
+readyz
 say "a job with ctl1 in control"
 job
 
@@ -86,6 +94,7 @@ for ((i = 0; i < 100; i++)); do "$W/bin/squeue" -h >/dev/null 2>&1 && break; sle
 echo "squeue answers $(ms "$t1") ms later"
 "$W/bin/scontrol" ping || true
 save takeover
+readyz
 say "a job with ctl2 in control"
 job
 say "does ctl1 take control back by itself? (watch 30 s)"
