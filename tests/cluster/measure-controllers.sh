@@ -148,6 +148,14 @@ say "power-on ctl2"
 "$C" power-on ctl2
 "$W/bin/scontrol" ping || true
 "$C" in-control
+say "the harness's own commands: takeover, start-slurmctld ctl1 (failback), stop/start ctl2"
+"$C" takeover
+"$C" start-slurmctld ctl1
+"$C" in-control
+"$C" stop-slurmctld ctl2
+"$W/bin/scontrol" ping || true
+"$C" start-slurmctld ctl2
+"$C" in-control
 say "ctl1's own directories vs ctl2's"
 "$C" exec ctl1 sh -c 'hostname; ls /run /var/log; cat /run/slurmctld.pid'
 "$C" exec ctl2 sh -c 'hostname; ls /run /var/log; cat /run/slurmctld.pid'
