@@ -425,7 +425,7 @@ mod tests {
     #[test]
     fn real_heartbeats_name_their_writer() {
         let list = pair();
-        for ver in ["22.05", "24.11"] {
+        for ver in ["22.05", "24.11", "26.05"] {
             let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/fixtures")
                 .join(format!("slurm-{ver}"));
