@@ -398,19 +398,25 @@ chmod 600 "$WORK/auth-header"
 unset TOKEN API_TOKEN
 
 # CloudVision answers with the token? (token via a header file, never on the command line)
+# The probe is cvslurm's own (src/cloudvision.rs `probe`): a GetOne of a JobConfig key no job
+# has. CloudVision needs a full key for a GET of JobConfig, so 404 (no such job) is the answer
+# that proves the server and the token; 200 is as good.
 check_cloudvision() {
     local -a tls=()
-    local code
+    local code why
     if ((INSECURE)); then tls=(--insecure); elif [[ -n "$CA" ]]; then tls=(--cacert "$CA"); fi
     command -v curl >/dev/null 2>&1 || { echo "curl is not installed"; return 1; }
-    code="$(curl -sS -o /dev/null -w '%{http_code}' --connect-timeout 5 --max-time 15 "${tls[@]}" \
+    code="$(curl -sS -o "$WORK/probe.body" -w '%{http_code}' --connect-timeout 5 --max-time 15 "${tls[@]}" \
         -H @"$WORK/auth-header" -H 'Accept: application/json' \
-        "https://$SERVER/api/resources/computejob/v1/JobConfig" 2>"$WORK/curl.err")" || true
+        "https://$SERVER/api/resources/computejob/v1/JobConfig?key.id=cvslurm-probe-key-that-no-job-has" \
+        2>"$WORK/curl.err")" || true
+    # the server's message, one line, printable only
+    why="$(head -c 2000 "$WORK/probe.body" 2>/dev/null | sed -n 's/.*"message" *: *"\([^"]*\)".*/\1/p' | head -n 1 | tr -cd '[:print:]' | head -c 300 || true)"
     case "$code" in
-        2??) return 0 ;;
-        401 | 403) echo "CloudVision $SERVER refused the token (HTTP $code): use a service-account token with JobConfig/NodeConfig permission" ;;
+        2?? | 404) return 0 ;;
+        401 | 403) echo "CloudVision $SERVER refused the token (HTTP $code${why:+: $why}): use a service-account token with JobConfig/NodeConfig permission" ;;
         000 | "") echo "CloudVision $SERVER is not reachable: $(head -c 300 "$WORK/curl.err" | tr '\n' ' ')(check the name, port, firewall and --ca-file)" ;;
-        *) echo "CloudVision $SERVER answered HTTP $code to GET JobConfig: is it CloudVision with the computejob API?" ;;
+        *) echo "CloudVision $SERVER answered HTTP $code${why:+ ($why)} to a GetOne of JobConfig: is it CloudVision with the computejob API?" ;;
     esac
     return 1
 }

@@ -5,7 +5,7 @@
 //! refused) and what CloudVision will never take (other 4xx).
 
 use crate::config::{Config, Token};
-use crate::payload::{JobConfig, NodeConfig};
+use crate::payload::{JobConfig, NodeConfig, NodeKeys};
 use crate::tls::{TlsConnector, TrustSpec};
 use rustls::pki_types::CertificateDer;
 use std::fmt;
@@ -25,6 +25,9 @@ pub const JOB_CONFIG_PATH: &str = "/api/resources/computejob/v1/JobConfig";
 pub const NODE_CONFIG_PATH: &str = "/api/resources/computejob/v1/NodeConfig";
 /// The most of a response body that is read (CloudVision's error messages are short).
 pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024;
+/// The most of a GetOne answer for a NodeConfig that is read: a node's record may be up to
+/// [`crate::node_record::MAX_RECORD_BYTES`], and its NodeConfig about as long.
+pub const MAX_NODE_ANSWER_BYTES: u64 = 4 * 1024 * 1024;
 /// The most characters of a server's error message that are kept (on one line).
 pub const MAX_MESSAGE_CHARS: usize = 300;
 
@@ -187,6 +190,8 @@ pub struct Client {
     auth: String,
     job_url: String,
     node_url: String,
+    /// How node names are written in keys (`QualifyNodeNames`), applied to every record sent.
+    node_keys: NodeKeys,
 }
 
 /// The system-bundle + `CaFile` agent, built on first need.
@@ -339,6 +344,7 @@ impl Client {
                 .unwrap_or_default(),
             job_url: format!("{base}{JOB_CONFIG_PATH}"),
             node_url: format!("{base}{NODE_CONFIG_PATH}"),
+            node_keys: NodeKeys::default(),
             base,
             timeout: opts.timeout,
         })
@@ -359,7 +365,7 @@ impl Client {
         self.node_url.clone()
     }
 
-    /// The URL that deletes one NodeConfig.
+    /// The URL of one NodeConfig (`?key.id=`): what GetOne reads and Delete deletes.
     pub fn node_delete_url(&self, node: &str) -> String {
         format!(
             "{}{NODE_CONFIG_PATH}?key.id={}",
@@ -368,30 +374,77 @@ impl Client {
         )
     }
 
-    /// Sends one JobConfig, within `deadline` if given.
+    /// This client, writing node keys as `keys` says (`QualifyNodeNames`).
+    pub fn with_node_keys(mut self, keys: NodeKeys) -> Client {
+        self.node_keys = keys;
+        self
+    }
+
+    /// CloudVision's key of `node` of `cluster` as this client writes it.
+    pub fn node_key(&self, node: &str, cluster: Option<&str>) -> String {
+        self.node_keys.key(node, cluster)
+    }
+
+    /// Sends one JobConfig, within `deadline` if given; its node names as
+    /// [`Client::with_node_keys`] says.
     pub fn post_job(
         &self,
         job: &JobConfig,
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
         job.validate().map_err(SendError::Invalid)?;
-        let body = serde_json::to_vec(job).expect("JobConfig serializes");
+        let job = self.node_keys.job(job);
+        let body = serde_json::to_vec(job.as_ref()).expect("JobConfig serializes");
         self.call("POST", &self.job_url, Some(&body), deadline)
     }
 
-    /// Sends one NodeConfig.
+    /// Sends one NodeConfig; its key as [`Client::with_node_keys`] says.
     pub fn post_node(
         &self,
         node: &NodeConfig,
         deadline: Option<Instant>,
     ) -> Result<Answer, SendError> {
-        let body = serde_json::to_vec(node).expect("NodeConfig serializes");
+        let node = self.node_keys.node(node);
+        let body = serde_json::to_vec(node.as_ref()).expect("NodeConfig serializes");
         self.call("POST", &self.node_url, Some(&body), deadline)
     }
 
-    /// Deletes one NodeConfig. A 404 (already gone) counts as success.
-    pub fn delete_node(&self, node: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
-        match self.call("DELETE", &self.node_delete_url(node), None, deadline) {
+    /// Asks CloudVision for the NodeConfig whose `key.id` is `id` (GetOne,
+    /// `GET …/NodeConfig?key.id=<id>`, as [`Client::get_node`], its answer read up to
+    /// [`MAX_NODE_ANSWER_BYTES`]): its stored `value` (lowerCamelCase names), `None` when
+    /// CloudVision has none (404). An answer that is not `{"value":{…}}` is a server failure
+    /// (worth asking again), never taken as "absent".
+    pub fn get_node_value(
+        &self,
+        id: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<serde_json::Value>, SendError> {
+        let url = self.node_key_url(id);
+        let a = match self.call_capped("GET", &url, None, deadline, MAX_NODE_ANSWER_BYTES) {
+            Err(SendError::Rejected { status: 404, .. }) => return Ok(None),
+            other => other?,
+        };
+        let mut v: serde_json::Value =
+            serde_json::from_str(&a.body).map_err(|_| SendError::Server {
+                status: a.status,
+                message: format!(
+                    "NodeConfig {id}: the answer is not JSON: {}",
+                    error_message(&a.body)
+                ),
+            })?;
+        match v.get_mut("value").map(serde_json::Value::take) {
+            Some(value @ serde_json::Value::Object(_)) => Ok(Some(value)),
+            _ => Err(SendError::Server {
+                status: a.status,
+                message: format!("NodeConfig {id}: the answer holds no \"value\" object"),
+            }),
+        }
+    }
+
+    /// Deletes the NodeConfig whose `key.id` is `id` (as [`Client::node_key`] writes it). A
+    /// 404 (already gone) counts as success.
+    pub fn delete_node(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        match self.call("DELETE", &self.node_delete_url(id), None, deadline) {
             Err(SendError::Rejected {
                 status: 404,
                 message,
@@ -404,9 +457,64 @@ impl Client {
         }
     }
 
-    /// Asks CloudVision for JobConfig with the token: proves reachability, TLS and the token.
+    /// Proves reachability, TLS and the token with one read that changes nothing: a GetOne of
+    /// the JobConfig [`PROBE_KEY`], a key no job has.
+    ///
+    /// Why a GetOne of a key that cannot exist: in CloudVision's REST mapping a `GET …/JobConfig`
+    /// is a GetOne, which needs a fully specified key (a GET without one may be refused with
+    /// 400), and GetAll (`…/all`) streams every job. A GetOne of a missing key is answered 404
+    /// (or 200 with an empty body by a lenient server) once the token is accepted: see
+    /// [`judge_probe`].
     pub fn probe(&self, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        judge_probe(self.get_job(PROBE_KEY, deadline))
+    }
+
+    /// The URL of one JobConfig (GetOne and Delete take the key as a query parameter).
+    pub fn job_key_url(&self, id: &str) -> String {
+        format!("{}?key.id={}", self.job_url, url_encode(id))
+    }
+
+    /// The URL of one NodeConfig (GetOne).
+    pub fn node_key_url(&self, id: &str) -> String {
+        self.node_delete_url(id)
+    }
+
+    /// GetOne of the JobConfig `id`. A missing key is `Err(Rejected { status: 404, .. })`.
+    pub fn get_job(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        self.call("GET", &self.job_key_url(id), None, deadline)
+    }
+
+    /// GetOne of the NodeConfig `id`. A missing key is `Err(Rejected { status: 404, .. })`.
+    pub fn get_node(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        self.call("GET", &self.node_key_url(id), None, deadline)
+    }
+
+    /// Sends a JobConfig (`kind` `JobConfig`) or NodeConfig body exactly as given, without
+    /// [`JobConfig::validate`]: for `check --contract`, whose questions include requests
+    /// cvslurm never makes otherwise (an unknown field, an empty list beside the other one).
+    pub fn post_raw(
+        &self,
+        kind: Kind,
+        body: &serde_json::Value,
+        deadline: Option<Instant>,
+    ) -> Result<Answer, SendError> {
+        let url = match kind {
+            Kind::Job => &self.job_url,
+            Kind::Node => &self.node_url,
+        };
+        let bytes = serde_json::to_vec(body).expect("JSON serializes");
+        self.call("POST", url, Some(&bytes), deadline)
+    }
+
+    /// `GET …/JobConfig` without a key (what cvslurm's probe sent before it was a GetOne).
+    pub fn get_job_without_key(&self, deadline: Option<Instant>) -> Result<Answer, SendError> {
         self.call("GET", &self.job_url, None, deadline)
+    }
+
+    /// Deletes one JobConfig (`DELETE …/JobConfig?key.id=`). Unlike [`Client::delete_node`],
+    /// a 404 is returned as the error it is: the caller tells "gone" from "not supported".
+    pub fn delete_job(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
+        self.call("DELETE", &self.job_key_url(id), None, deadline)
     }
 
     /// Sends one request and classifies the outcome.
@@ -416,6 +524,18 @@ impl Client {
         url: &str,
         body: Option<&[u8]>,
         deadline: Option<Instant>,
+    ) -> Result<Answer, SendError> {
+        self.call_capped(method, url, body, deadline, MAX_RESPONSE_BYTES)
+    }
+
+    /// [`Client::call`], reading at most `cap` bytes of the answer.
+    fn call_capped(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<&[u8]>,
+        deadline: Option<Instant>,
+        cap: u64,
     ) -> Result<Answer, SendError> {
         let start = Instant::now();
         let budget = match deadline {
@@ -469,7 +589,7 @@ impl Client {
         let _ = resp
             .body_mut()
             .as_reader()
-            .take(MAX_RESPONSE_BYTES)
+            .take(cap)
             .read_to_string(&mut text);
         let elapsed = start.elapsed();
         if (200..300).contains(&status) {
@@ -546,6 +666,36 @@ impl Client {
     }
 }
 
+/// The two resources of `arista.computejob.v1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// JobConfig.
+    Job,
+    /// NodeConfig.
+    Node,
+}
+
+/// The JobConfig key the probe reads: no Slurm job id looks like it (those are
+/// `<number>@<cluster>`), and nothing of cvslurm ever writes it.
+pub const PROBE_KEY: &str = "cvslurm-probe-key-that-no-job-has";
+
+/// What a probe's GetOne says: 200 or 404 (the key does not exist, as intended) mean
+/// CloudVision is reachable and took the token; 401/403 stay [`SendError::TokenRefused`];
+/// anything else stays the error it is, with its status and the server's message.
+pub fn judge_probe(r: Result<Answer, SendError>) -> Result<Answer, SendError> {
+    match r {
+        Err(SendError::Rejected {
+            status: 404,
+            message,
+        }) => Ok(Answer {
+            status: 404,
+            elapsed: Duration::ZERO,
+            body: message,
+        }),
+        other => other,
+    }
+}
+
 /// Picks CloudVision's `message` out of a JSON error body, else a short excerpt of the text.
 fn error_message(body: &str) -> String {
     let json = serde_json::from_str::<serde_json::Value>(body).ok();
@@ -614,6 +764,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn probe_judgement() {
+        let ok = |status| {
+            Ok(Answer {
+                status,
+                elapsed: Duration::ZERO,
+                body: String::new(),
+            })
+        };
+        let rejected = |status: u16| SendError::Rejected {
+            status,
+            message: "m".into(),
+        };
+        // 200 and 404 (the key does not exist): reachable, token accepted.
+        assert_eq!(judge_probe(ok(200)).map(|a| a.status), Ok(200));
+        assert_eq!(judge_probe(Err(rejected(404))).map(|a| a.status), Ok(404));
+        // 401/403: the token.
+        let refused = SendError::TokenRefused {
+            status: 403,
+            message: "denied".into(),
+        };
+        assert_eq!(
+            judge_probe(Err(refused.clone())).unwrap_err(),
+            refused.clone()
+        );
+        assert!(refused.to_string().contains("refused the token"));
+        // Anything else: named with its status and message.
+        let e = judge_probe(Err(rejected(400))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "CloudVision rejected the request: HTTP 400: m"
+        );
+        let e = judge_probe(Err(SendError::Server {
+            status: 502,
+            message: "bad gateway".into(),
+        }))
+        .unwrap_err();
+        assert_eq!(e.to_string(), "CloudVision failed: HTTP 502: bad gateway");
+    }
+
+    #[test]
     fn encodes_query_values() {
         assert_eq!(url_encode("gpu-node-1"), "gpu-node-1");
         assert_eq!(url_encode("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
@@ -671,7 +861,7 @@ mod tests {
         let _ = server.kill();
         let _ = server.wait();
         let _ = std::fs::remove_dir_all(&root);
-        assert_eq!(good.map(|a| a.status).map_err(|e| e.to_string()), Ok(200));
+        assert_eq!(good.map(|a| a.status).map_err(|e| e.to_string()), Ok(404));
         let bad = bad.unwrap_err().to_string();
         assert!(
             bad.contains("TLS: the server's certificate does not verify"),

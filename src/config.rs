@@ -93,6 +93,37 @@ impl JobInterfaces {
     }
 }
 
+/// `NodeHostname`: what NodeConfig's `hostname` carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeHostname {
+    /// The Slurm node name (`key.id` without a cluster qualifier), as Arista's own clients
+    /// send it (and Arista's fake server requires).
+    #[default]
+    NodeName,
+    /// The worker's own host name up to the first dot (what `discover` reports), for sites
+    /// where CloudVision matches LLDP neighbours by system name and NodeName differs from it.
+    HostName,
+}
+
+impl NodeHostname {
+    /// Parses `nodename` or `hostname` (any case).
+    pub fn parse(v: &str) -> Result<NodeHostname, String> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "nodename" => Ok(NodeHostname::NodeName),
+            "hostname" => Ok(NodeHostname::HostName),
+            _ => Err(format!("{v:?} is not one of nodename, hostname")),
+        }
+    }
+
+    /// The configuration word.
+    pub fn word(self) -> &'static str {
+        match self {
+            NodeHostname::NodeName => "nodename",
+            NodeHostname::HostName => "hostname",
+        }
+    }
+}
+
 /// Everything cvslurm can be told by `cloudvision.conf` and the environment.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -170,6 +201,12 @@ pub struct Config {
     /// `JobInterfaces`: node names (`nodes`, the default) or, for jobs sharing a node's GPUs,
     /// the MACs of the NICs nearest their GPUs (`gpu`, `auto`).
     pub job_interfaces: JobInterfaces,
+    /// `NodeHostname`: NodeConfig `hostname` is the Slurm node name (`nodename`, the default)
+    /// or the worker's own host name (`hostname`).
+    pub node_hostname: NodeHostname,
+    /// `QualifyNodeNames`: node keys in CloudVision (NodeConfig `key.id`, a job's
+    /// `nodes.values`) are `<node>@<cluster>`, for several clusters on one CloudVision.
+    pub qualify_node_names: bool,
 }
 
 impl Default for Config {
@@ -207,6 +244,8 @@ impl Default for Config {
             node_reassert_interval: Duration::from_secs(86_400),
             outbox_max_events: 100_000,
             job_interfaces: JobInterfaces::Nodes,
+            node_hostname: NodeHostname::NodeName,
+            qualify_node_names: false,
         }
     }
 }
@@ -463,6 +502,22 @@ pub const KEYS: &[Key] = &[
         default: "nodes",
         set: |c, v| {
             c.job_interfaces = JobInterfaces::parse(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "NodeHostname",
+        default: "nodename",
+        set: |c, v| {
+            c.node_hostname = NodeHostname::parse(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "QualifyNodeNames",
+        default: "no",
+        set: |c, v| {
+            c.qualify_node_names = parse_bool(v)?;
             Ok(())
         },
     },
@@ -935,6 +990,33 @@ mod tests {
         assert!(c.discovery_bcast);
         let c = parse("DiscoveryBcast=no\n").unwrap();
         assert!(!c.discovery_bcast && c.discovery_bcast_dir.is_none());
+    }
+
+    /// NodeHostname and QualifyNodeNames (issue 18, points 4 and 5): the reference's bytes
+    /// by default; a bad value is one line naming the file, line, key and the choices.
+    #[test]
+    fn node_hostname_and_qualify_node_names() {
+        let origin = Path::new("/etc/slurm/cloudvision.conf");
+        let c = Config::default();
+        assert_eq!(c.node_hostname, NodeHostname::NodeName);
+        assert!(!c.qualify_node_names);
+        let c = parse("NodeHostname=HostName\nQualifyNodeNames=yes\n").unwrap();
+        assert_eq!(c.node_hostname, NodeHostname::HostName);
+        assert!(c.qualify_node_names);
+        let c = parse("nodehostname = nodename\nqualifynodenames=no\n").unwrap();
+        assert_eq!(c.node_hostname, NodeHostname::NodeName);
+        assert!(!c.qualify_node_names);
+        let c = Config::parse_lenient("NodeHostname=fqdn\nQualifyNodeNames=cluster\n", origin);
+        assert_eq!(c.node_hostname, NodeHostname::NodeName);
+        assert!(!c.qualify_node_names);
+        let problems: Vec<&str> = c.problems.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(
+            problems,
+            [
+                "/etc/slurm/cloudvision.conf:1: NodeHostname: \"fqdn\" is not one of nodename, hostname",
+                "/etc/slurm/cloudvision.conf:2: QualifyNodeNames: \"cluster\" is not yes or no",
+            ]
+        );
     }
 
     #[test]

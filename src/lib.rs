@@ -20,6 +20,7 @@ pub mod payload;
 pub(crate) mod mode;
 
 pub(crate) mod attribution;
+pub(crate) mod contract;
 pub(crate) mod delivery;
 pub(crate) mod hook_facts;
 pub(crate) mod hostlist;

@@ -2,6 +2,7 @@
 //! type, its validation (every byte of it comes from a worker, and is hostile until checked),
 //! and the `cvslurm-part` lines that carry long records through srun.
 
+use crate::config::NodeHostname;
 use crate::payload::{is_mac, DataInterface, Key, NodeConfig};
 use crate::topology::Topology;
 use serde::{Deserialize, Serialize};
@@ -151,14 +152,22 @@ impl DiscoverRecord {
         Ok(())
     }
 
-    /// The NodeConfig for CloudVision.
-    pub fn to_node_config(&self, cluster: &str) -> NodeConfig {
+    /// The NodeConfig for CloudVision. Its `hostname` is decided here, the one place:
+    /// the Slurm node name (`NodeHostname=nodename`, as Arista's clients send), or the
+    /// worker's own host name (`hostname`; the node name when the worker reported none).
+    /// The key is the bare node name; a cluster qualifier is added as it is sent
+    /// ([`crate::payload::NodeKeys`]).
+    pub fn to_node_config(&self, cluster: &str, hostname: NodeHostname) -> NodeConfig {
+        let hostname = match hostname {
+            NodeHostname::HostName if !self.hostname.is_empty() => &self.hostname,
+            _ => &self.node_name,
+        };
         NodeConfig {
             key: Key {
                 id: self.node_name.clone(),
             },
             location: Some(cluster.to_string()),
-            hostname: Some(self.hostname.clone()),
+            hostname: Some(hostname.clone()),
             data_interfaces: self
                 .interfaces
                 .iter()
@@ -301,12 +310,34 @@ impl RecordReader {
 mod tests {
     use super::*;
 
+    /// NodeConfig `hostname` (issue 18, point 4): the Slurm node name by default, as Arista's
+    /// clients send it and their fake server requires (`hostname == key.id`), even where the
+    /// worker's host name differs; `NodeHostname=hostname` sends the worker's host name.
+    #[test]
+    fn node_config_hostname_is_the_node_name_unless_asked() {
+        let line = r#"{"node_name":"gpu7","hostname":"r12-u3","location":"c","interfaces":[]}"#;
+        let r = DiscoverRecord::parse_line(line).unwrap();
+        let n = r.to_node_config("c", NodeHostname::default());
+        assert_eq!(n.key.id, "gpu7");
+        assert_eq!(n.hostname.as_deref(), Some("gpu7"));
+        let n = r.to_node_config("c", NodeHostname::HostName);
+        assert_eq!(n.key.id, "gpu7");
+        assert_eq!(n.hostname.as_deref(), Some("r12-u3"));
+        // A worker that reported no host name: its node name, whatever the setting.
+        let line = r#"{"node_name":"gpu7","hostname":"","location":"c","interfaces":[]}"#;
+        let r = DiscoverRecord::parse_line(line).unwrap();
+        let n = r.to_node_config("c", NodeHostname::HostName);
+        assert_eq!(n.hostname.as_deref(), Some("gpu7"));
+    }
+
     #[test]
     fn record_validation() {
         let ok = r#"{"node_name":"n1","hostname":"n1","location":"c","interfaces":[{"name":"eth0","mac_address":"02:99:00:00:01:01","ip_addresses":["10.99.0.11"]}]}"#;
         let r = DiscoverRecord::parse_line(ok).unwrap();
         assert_eq!(
-            r.to_node_config("c").data_interfaces.values[0]
+            r.to_node_config("c", NodeHostname::NodeName)
+                .data_interfaces
+                .values[0]
                 .ip_addresses
                 .values,
             ["10.99.0.11"]
@@ -490,8 +521,8 @@ mod tests {
         let plain_line = serde_json::to_string(&plain).unwrap();
         assert!(!plain_line.contains("topology"));
         assert_eq!(
-            serde_json::to_vec(&rec.to_node_config("c")).unwrap(),
-            serde_json::to_vec(&plain.to_node_config("c")).unwrap()
+            serde_json::to_vec(&rec.to_node_config("c", NodeHostname::NodeName)).unwrap(),
+            serde_json::to_vec(&plain.to_node_config("c", NodeHostname::NodeName)).unwrap()
         );
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         let bad = |f: &dyn Fn(&mut serde_json::Value)| {

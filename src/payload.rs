@@ -4,6 +4,7 @@
 //! `/api/resources/computejob/v1/JobConfig` and `/api/resources/computejob/v1/NodeConfig`.
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fmt;
 
 /// A resource key: `{"id": "..."}`.
@@ -133,37 +134,62 @@ pub struct JobConfig {
     /// Who configured the record; absent for hook records.
     #[serde(rename = "type", skip_serializing_if = "Option::is_none", default)]
     pub job_type: Option<JobType>,
-    /// The node names (exactly one of `nodes` and `interfaces` is set).
+    /// The node names. At most one of `nodes` and `interfaces` is non-empty; the other is
+    /// absent, or present and empty (`{"values":[]}`) to clear what an earlier request of the
+    /// job stored ([`JobConfig::clear_other_list`]).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub nodes: Option<Values<String>>,
-    /// The interface MAC addresses, for tenant jobs placed by interface.
+    /// The interface MAC addresses (tenant jobs placed by interface; `JobInterfaces=gpu|auto`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub interfaces: Option<Values<String>>,
 }
 
 impl JobConfig {
     /// Checks what CloudVision would refuse with a 400: an empty key, both `nodes` and
-    /// `interfaces`, a MAC that is not `aa:bb:cc:dd:ee:ff`, an ended job without `end_time`.
+    /// `interfaces` non-empty, a MAC that is not `aa:bb:cc:dd:ee:ff`, an ended job without
+    /// `end_time`. An empty list next to the other is the request clearing it: valid.
     pub fn validate(&self) -> Result<(), String> {
         let id = &self.key.id;
         if id.trim().is_empty() {
             return Err("empty key.id".into());
         }
-        match (&self.nodes, &self.interfaces) {
-            (Some(_), Some(_)) => return Err(format!("job {id}: both nodes and interfaces")),
-            (None, Some(i)) => {
-                if let Some(bad) = i.values.iter().find(|m| !is_mac(m)) {
-                    return Err(format!(
-                        "job {id}: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
-                    ));
-                }
+        let nodes = self.nodes.as_ref().is_some_and(|n| !n.values.is_empty());
+        if let Some(i) = self.interfaces.as_ref().filter(|i| !i.values.is_empty()) {
+            if nodes {
+                return Err(format!("job {id}: both nodes and interfaces"));
             }
-            _ => {}
+            if let Some(bad) = i.values.iter().find(|m| !is_mac(m)) {
+                return Err(format!(
+                    "job {id}: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
+                ));
+            }
         }
         if self.state.is_terminal() && self.end_time.is_none() {
             return Err(format!("job {id}: {} without end_time", self.state.word()));
         }
         Ok(())
+    }
+
+    /// True when the job is sent by interface MACs (a non-empty `interfaces`).
+    pub fn by_interfaces(&self) -> bool {
+        self.interfaces
+            .as_ref()
+            .is_some_and(|i| !i.values.is_empty())
+    }
+
+    /// Makes the request name the list the job does not use, empty, so that CloudVision's Set
+    /// (a partial update: an absent field keeps its stored value) clears what an earlier
+    /// request of the same job stored the other way. A job sent by interfaces always gets
+    /// `"nodes":{"values":[]}`; a job sent by node names gets `"interfaces":{"values":[]}` when
+    /// `either_way` (`JobInterfaces=gpu|auto`: another of its events may go by interfaces).
+    /// With `JobInterfaces=nodes` a job by node names keeps the reference's bytes (only
+    /// `nodes`).
+    pub fn clear_other_list(&mut self, either_way: bool) {
+        if self.by_interfaces() {
+            self.nodes = Some(Vec::new().into());
+        } else if either_way && self.nodes.as_ref().is_some_and(|n| !n.values.is_empty()) {
+            self.interfaces = Some(Vec::new().into());
+        }
     }
 
     /// The job id part of `key.id` (before the last `@`).
@@ -207,6 +233,53 @@ pub struct NodeConfig {
     pub hostname: Option<String>,
     /// The node's data interfaces.
     pub data_interfaces: Values<DataInterface>,
+}
+
+/// How node names are written where CloudVision keys nodes (`QualifyNodeNames`): NodeConfig
+/// `key.id`, a job's `nodes.values` and the key a NodeConfig delete names. The one place that
+/// qualifies them: applied as a record goes out ([`crate::cloudvision::Client`], dry runs);
+/// inside cvslurm (StateDir, the outbox, hostlists, Slurm) node names stay bare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeKeys {
+    /// `QualifyNodeNames`: `<node>@<cluster>` instead of `<node>` (several clusters on one CloudVision).
+    pub qualify: bool,
+}
+
+impl NodeKeys {
+    /// CloudVision's key of `node` of `cluster`: `<node>@<cluster>` when qualifying (and the
+    /// cluster is known), else the node name.
+    pub fn key(self, node: &str, cluster: Option<&str>) -> String {
+        match cluster.filter(|c| self.qualify && !c.is_empty()) {
+            Some(c) => format!("{node}@{c}"),
+            None => node.to_string(),
+        }
+    }
+
+    /// The JobConfig as sent: a Slurm job's node names with its `location` as qualifier. A
+    /// tenant job's nodes (`send --tenant --nodes`) go as given: its caller names the nodes
+    /// as CloudVision knows them, and its location need not be this cluster.
+    pub fn job(self, job: &JobConfig) -> Cow<'_, JobConfig> {
+        if !self.qualify || job.nodes.is_none() || job.job_type == Some(JobType::Tenant) {
+            return Cow::Borrowed(job);
+        }
+        let mut out = job.clone();
+        if let Some(n) = &mut out.nodes {
+            for v in &mut n.values {
+                *v = self.key(v, job.location.as_deref());
+            }
+        }
+        Cow::Owned(out)
+    }
+
+    /// The NodeConfig as sent: `key.id` with its `location` as qualifier.
+    pub fn node(self, node: &NodeConfig) -> Cow<'_, NodeConfig> {
+        if !self.qualify {
+            return Cow::Borrowed(node);
+        }
+        let mut out = node.clone();
+        out.key.id = self.key(&node.key.id, node.location.as_deref());
+        Cow::Owned(out)
+    }
 }
 
 /// The RUNNING record of a job Slurm lists as running, on `nodes`, started at `start` (epoch
@@ -327,6 +400,71 @@ mod tests {
         assert_eq!(v["type"], "JOB_TYPE_CONFIGURED");
     }
 
+    fn job_on(nodes: Option<&[&str]>, macs: Option<&[&str]>) -> JobConfig {
+        let list = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>().into();
+        JobConfig {
+            key: Key { id: "7@c".into() },
+            name: Some("j".into()),
+            state: JobState::Running,
+            start_time: Some("2025-12-05T10:30:00Z".into()),
+            end_time: None,
+            location: Some("c".into()),
+            job_type: None,
+            nodes: nodes.map(list),
+            interfaces: macs.map(list),
+        }
+    }
+
+    /// The bytes of each representation: with `JobInterfaces=nodes` a job by node names is the
+    /// reference's (only `nodes`); where a job may go either way, the other list is sent
+    /// present and empty so that CloudVision's partial update clears it; a job by interfaces
+    /// always clears `nodes`.
+    #[test]
+    fn the_list_a_job_does_not_use_is_sent_empty_where_it_may_go_either_way() {
+        let bytes = |j: &JobConfig| serde_json::to_string(j).unwrap();
+        let head = r#"{"key":{"id":"7@c"},"name":"j","state":"JOB_STATE_RUNNING","start_time":"2025-12-05T10:30:00Z","location":"c""#;
+        let mut j = job_on(Some(&["n1", "n2"]), None);
+        j.clear_other_list(false);
+        assert_eq!(
+            bytes(&j),
+            format!(r#"{head},"nodes":{{"values":["n1","n2"]}}}}"#)
+        );
+        j.clear_other_list(true);
+        assert_eq!(
+            bytes(&j),
+            format!(r#"{head},"nodes":{{"values":["n1","n2"]}},"interfaces":{{"values":[]}}}}"#)
+        );
+        assert_eq!(j.validate(), Ok(()));
+        for either_way in [false, true] {
+            let mut m = job_on(None, Some(&["02:00:00:00:00:01"]));
+            m.clear_other_list(either_way);
+            assert_eq!(
+                bytes(&m),
+                format!(
+                    r#"{head},"nodes":{{"values":[]}},"interfaces":{{"values":["02:00:00:00:00:01"]}}}}"#
+                )
+            );
+            assert_eq!(m.validate(), Ok(()));
+            assert!(m.by_interfaces());
+        }
+        // An empty list read back (an event file) is still there to clear, and serializes
+        // again as it came.
+        let back: JobConfig = serde_json::from_str(&bytes(&j)).unwrap();
+        assert_eq!(back, j);
+        // Both lists non-empty is what CloudVision would refuse; a bad MAC too.
+        let both = job_on(Some(&["n1"]), Some(&["02:00:00:00:00:01"]));
+        assert_eq!(
+            both.validate(),
+            Err("job 7@c: both nodes and interfaces".into())
+        );
+        let bad = job_on(Some(&[]), Some(&["02:00:00:00:00:0G"]));
+        assert!(bad.validate().unwrap_err().contains("is not a MAC"));
+        // Neither list non-empty: nothing to clear with.
+        let mut none = job_on(Some(&[]), None);
+        none.clear_other_list(true);
+        assert_eq!(none.interfaces, None);
+    }
+
     #[test]
     fn node_config_matches_seed_example() {
         let node = NodeConfig {
@@ -346,6 +484,54 @@ mod tests {
             "hostname":"gpu-node-1","data_interfaces":{"values":[{"name":"eth0",
             "mac_address":"aa:bb:cc:dd:ee:01","ip_addresses":{"values":["192.168.1.11"]}}]}});
         assert_eq!(serde_json::to_value(&node).unwrap(), seed);
+    }
+
+    /// QualifyNodeNames (issue 18, point 5): off, every record goes as built (the
+    /// reference's bytes); on, a Slurm job's nodes and a NodeConfig's key get the record's
+    /// location as qualifier, a tenant job's nodes go as given.
+    #[test]
+    fn node_keys_qualify_nodes_and_node_keys_with_the_location() {
+        let job = JobConfig {
+            key: Key {
+                id: "7@west".into(),
+            },
+            name: None,
+            state: JobState::Running,
+            start_time: Some("2025-12-05T10:30:00Z".into()),
+            end_time: None,
+            location: Some("west".into()),
+            job_type: None,
+            nodes: Some(vec!["n1".to_string(), "n2".to_string()].into()),
+            interfaces: None,
+        };
+        let node = NodeConfig {
+            key: Key { id: "n1".into() },
+            location: Some("west".into()),
+            hostname: Some("n1".into()),
+            data_interfaces: Vec::new().into(),
+        };
+        let off = NodeKeys::default();
+        assert!(matches!(off.job(&job), Cow::Borrowed(_)));
+        assert!(matches!(off.node(&node), Cow::Borrowed(_)));
+        assert_eq!(off.key("n1", Some("west")), "n1");
+        let on = NodeKeys { qualify: true };
+        assert_eq!(on.key("n1", Some("west")), "n1@west");
+        assert_eq!(on.key("n1", Some("")), "n1");
+        assert_eq!(on.key("n1", None), "n1");
+        let sent = serde_json::to_value(on.job(&job).as_ref()).unwrap();
+        assert_eq!(sent["nodes"], json!({"values": ["n1@west", "n2@west"]}));
+        assert_eq!(sent["key"]["id"], "7@west");
+        let sent = serde_json::to_value(on.node(&node).as_ref()).unwrap();
+        assert_eq!(sent["key"]["id"], "n1@west");
+        assert_eq!(sent["hostname"], "n1");
+        assert_eq!(sent["location"], "west");
+        let mut tenant = job.clone();
+        tenant.job_type = Some(JobType::Tenant);
+        assert_eq!(on.job(&tenant).as_ref(), &tenant);
+        let mut by_macs = job.clone();
+        by_macs.nodes = None;
+        by_macs.interfaces = Some(vec!["aa:bb:cc:dd:ee:01".to_string()].into());
+        assert_eq!(on.job(&by_macs).as_ref(), &by_macs);
     }
 
     #[test]

@@ -713,3 +713,53 @@ fn status_names_the_controllers_and_the_one_in_control() {
     let text = status("SlurmctldHost=ctl1(10.99.0.2)\n");
     assert!(!text.contains("controllers:"), "{text}");
 }
+
+/// Issue 18: `check` and `status` probe CloudVision with a GetOne of a JobConfig key no job
+/// has: a strict CloudVision (a GET of JobConfig without a key is 400, an unknown key 404)
+/// counts as reachable with the token accepted; a bad token is named as the token. The old
+/// probe (a GET without a key) got 400 here and failed `check` with a good token.
+#[test]
+fn check_and_status_probe_a_strict_cloudvision() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let cv_line = |site: &Site| {
+        let out = stdout(&site.run(&["check"]));
+        out.lines()
+            .find(|l| l.contains(&format!("CloudVision {}", cv.server())))
+            .unwrap_or_else(|| panic!("no CloudVision line: {out}"))
+            .to_string()
+    };
+    let line = cv_line(&site);
+    assert!(
+        line.starts_with("ok   ") && line.contains("answers with the token (HTTP 404"),
+        "{line}"
+    );
+    let out = site.run(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["cloudvision"], "ok", "{v}");
+    // Every probe was a GetOne (a key given), and wrote nothing.
+    let reqs = cv.requests();
+    assert!(!reqs.is_empty());
+    for r in &reqs {
+        assert_eq!(r["method"], "GET", "{r}");
+        assert!(r["query"]["key.id"].is_string(), "{r}");
+    }
+    assert_eq!(cv.state(), json!({"jobs": {}, "nodes": {}}));
+    // A refused token is named as the token.
+    std::fs::write(&site.token_file, "bad\n").unwrap();
+    let line = cv_line(&site);
+    assert!(
+        line.starts_with("FAIL ")
+            && line.contains("refused the token")
+            && line.contains("HTTP 401"),
+        "{line}"
+    );
+    // Anything else is named with its status and CloudVision's message.
+    std::fs::write(&site.token_file, format!("{}\n", common::TOKEN)).unwrap();
+    cv.set_mode(json!({"mode": "status", "status": 400, "message": "no such API"}));
+    let line = cv_line(&site);
+    assert!(
+        line.starts_with("FAIL ") && line.contains("HTTP 400: no such API"),
+        "{line}"
+    );
+}

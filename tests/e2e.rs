@@ -558,8 +558,8 @@ fn requeued_job_ends_right() {
     let (f, _g) = exclusive();
     f.cv.set_mode(json!({"mode": "ok"}));
     // The first run outlives the node's death (slurmstepd would report a short job's end by
-    // itself); the rerun after the requeue ends at once.
-    let script = r#"if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 1; else sleep 300; fi"#;
+    // itself); the rerun after the requeue runs long enough to look at its record.
+    let script = r#"if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 15; else sleep 300; fi"#;
     let id = sbatch(&[
         "-J",
         "e2e-requeue",
@@ -577,9 +577,25 @@ fn requeued_job_ends_right() {
         let s = stdout(&slurm("scontrol", &["show", "job", "-o", &id]));
         s.contains("Restarts=1") || s.contains("JobState=PENDING")
     });
+    // The first run's end reaches CloudVision (FAILED: a node failure), with its end time.
+    let first = wait_job(f, &id, "JOB_STATE_FAILED", Duration::from_secs(60));
+    assert!(first["end_time"].is_string(), "{first}");
     cluster_sh(&["start-slurmd", "n4"], &[]);
-    // Slurm holds a requeued job about 2 minutes before it may run again.
-    let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(300));
+    // Slurm holds a requeued job about 2 minutes before it may run again. While the rerun
+    // runs, its record holds no end time: the earlier run's record was deleted before its
+    // RUNNING (CloudVision's Set would keep the absent end_time).
+    let rerun = wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(300));
+    let stored = f.cv.stored_job(&key(&id)).unwrap_or(rerun);
+    assert_eq!(stored["state"], "JOB_STATE_RUNNING", "{stored}");
+    assert!(stored.get("end_time").is_none(), "{stored}");
+    assert!(
+        f.cv.requests()
+            .iter()
+            .any(|r| r["method"] == "DELETE"
+                && r["path"].as_str().unwrap_or("").contains("JobConfig")),
+        "no DELETE of the earlier run's record"
+    );
+    let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(120));
     check_times(&v);
     let states: Vec<String> = job_events(f, &id)
         .iter()
@@ -758,6 +774,151 @@ fn monitor_follows_nodes_that_appear_leave_and_return() {
         log.contains("node n5: left the cluster; deleting its NodeConfig"),
         "{log}"
     );
+}
+
+/// `QualifyNodeNames=yes` through a real inventory (issue 18, point 5): every NodeConfig's
+/// key is `<node>@<cluster>`, its hostname the node name, and the dry run prints the same
+/// keys. The bare keys the service sent stay as they were.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn inventory_qualifies_node_keys_with_the_cluster() {
+    use cvslurm::cloudvision::{Client, ClientOptions};
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    wait_until(
+        "the service's first inventory",
+        Duration::from_secs(60),
+        || (1..=NODES).all(|i| f.cv.stored_node(&format!("n{i}")).is_some()),
+    );
+    let conf = Scratch::new("qualify");
+    let path = conf.path().join("cv.conf");
+    fs::write(
+        &path,
+        format!(
+            "{}QualifyNodeNames=yes\n",
+            fs::read_to_string(&f.conf).unwrap()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--dry-run", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for i in 1..=NODES {
+        assert!(
+            stdout(&out).contains(&format!("\"id\": \"n{i}@{CLUSTER}\"")),
+            "{}",
+            stdout(&out)
+        );
+    }
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let client = Client::new(ClientOptions {
+        server: f.cv.server(),
+        token: cvslurm::config::Token::new(TOKEN),
+        ca_file: Some(f.cv.ca()),
+        pins: Vec::new(),
+        insecure: false,
+        timeout: Duration::from_secs(10),
+    })
+    .unwrap();
+    for i in 1..=NODES {
+        let id = format!("n{i}@{CLUSTER}");
+        let n =
+            f.cv.stored_node(&id)
+                .unwrap_or_else(|| panic!("no NodeConfig {id}"));
+        assert_eq!(n["key"]["id"], id.as_str());
+        assert_eq!(n["hostname"], format!("n{i}"));
+        assert_eq!(n["location"], CLUSTER);
+        assert_eq!(
+            n["data_interfaces"]["values"],
+            expected_interfaces(i),
+            "{id}"
+        );
+        // The service's own NodeConfig of the node is still there, under its bare name.
+        assert!(f.cv.stored_node(&format!("n{i}")).is_some(), "n{i}");
+        client.delete_node(&id, None).unwrap();
+    }
+}
+
+/// The service deletes a node that left the cluster only when CloudVision's record of it is
+/// this cluster's (issue 18, point 5): a NodeConfig another cluster (same node name, no
+/// QualifyNodeNames) wrote over is asked for (GetOne), found with the other location, and
+/// left alone with a warning.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn monitor_leaves_a_node_another_cluster_holds_alone() {
+    use cvslurm::cloudvision::{Client, ClientOptions};
+    use cvslurm::payload::{Key, NodeConfig};
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let nodes = |f: &Fixture| f.cv.state()["nodes"].clone();
+    wait_until(
+        "the service's first inventory",
+        Duration::from_secs(60),
+        || (1..=NODES).all(|i| nodes(f)[format!("n{i}")].is_object()),
+    );
+    cluster_sh(&["add-node", "n6"], &[]);
+    let _cleanup = Restore(&["del-node", "n6"]);
+    wait_until("n6's NodeConfig", Duration::from_secs(60), || {
+        nodes(f)["n6"].is_object()
+    });
+    // Another cluster's n6 (its own location) replaces this one's in CloudVision.
+    let other = Client::new(ClientOptions {
+        server: f.cv.server(),
+        token: cvslurm::config::Token::new(TOKEN),
+        ca_file: Some(f.cv.ca()),
+        pins: Vec::new(),
+        insecure: false,
+        timeout: Duration::from_secs(10),
+    })
+    .unwrap();
+    other
+        .post_node(
+            &NodeConfig {
+                key: Key { id: "n6".into() },
+                location: Some("othercluster".into()),
+                hostname: Some("n6".into()),
+                data_interfaces: Vec::new().into(),
+            },
+            None,
+        )
+        .unwrap();
+    cluster_sh(&["del-node", "n6"], &[]);
+    wait_until(
+        "the service to leave n6 alone",
+        Duration::from_secs(60),
+        || {
+            fs::read_to_string(&f.log_file).unwrap_or_default().contains(
+                "node n6: not deleted: the NodeConfig CloudVision holds is cluster \"othercluster\"'s",
+            )
+        },
+    );
+    assert_eq!(nodes(f)["n6"]["location"], "othercluster");
+    assert!(
+        !f.cv
+            .requests()
+            .iter()
+            .any(|r| r["method"] == "DELETE" && r["query"]["key.id"] == "n6"),
+        "n6 was deleted"
+    );
+    assert!(
+        f.cv.requests()
+            .iter()
+            .any(|r| r["method"] == "GET" && r["query"]["key.id"] == "n6"),
+        "CloudVision was not asked for n6"
+    );
+    other.delete_node("n6", None).unwrap();
 }
 
 #[test]

@@ -351,6 +351,96 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     );
     let whole = cv.state()["jobs"][key(&c)].clone();
     assert_eq!(strings(&whole["nodes"]["values"]), ["n2"], "{whole}");
+    // The service keeps the MACs each RUNNING went with, for the job's end.
+    let kept = fs::read_to_string(site.state_dir.join(layout::JOB_MACS).join(key(&a))).unwrap();
+    assert_eq!(kept.lines().collect::<Vec<_>>(), new_a, "{kept}");
+    drop(svc);
+
+    // One representation per job (issue 18): CloudVision's Set keeps the fields a request
+    // leaves out, so every switch between node names and MACs must clear the other list.
+    // The service is down (its socket bound by nobody): a hook sends job a's RUNNING itself,
+    // by node names, and the MACs stored before are cleared.
+    let hook_vars = |ctx: &'static str, id: &str, name: &'static str| -> Vec<(String, String)> {
+        [
+            ("SLURM_SCRIPT_CONTEXT", ctx.to_string()),
+            ("SLURM_JOB_ID", id.to_string()),
+            ("SLURM_CLUSTER_NAME", CLUSTER.to_string()),
+            ("SLURM_JOB_NAME", name.to_string()),
+            ("SLURM_JOB_PARTITION", partition.clone()),
+            ("SLURM_JOB_NODELIST", "n1".to_string()),
+            ("SLURM_JOB_EXIT_CODE2", "0:0".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    };
+    let run_hook = |site: &Site, vars: Vec<(String, String)>| {
+        let v: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let (out, _) = site.hook(&v);
+        assert_eq!(out.status.code(), Some(0));
+    };
+    let stored = |id: &str| cv.stored_job(&key(id)).unwrap_or(Value::Null);
+    let only = |job: &Value, field: &str, other: &str| {
+        assert!(job[field]["values"].is_array(), "{job}");
+        assert!(
+            job.get(other)
+                .is_none_or(|l| l["values"].as_array().is_some_and(|v| v.is_empty())),
+            "both lists stored: {job}"
+        );
+    };
+    assert!(stored(&a)["interfaces"]["values"].is_array());
+    run_hook(&site, hook_vars("prolog_slurmctld", &a, "share-a"));
+    let j = stored(&a);
+    assert_eq!(j["state"], "JOB_STATE_RUNNING", "{}", site.log());
+    only(&j, "nodes", "interfaces");
+    assert_eq!(strings(&j["nodes"]["values"]), ["n1"]);
+    // The service is back: the end it sends goes by the MACs of the job's GPUs (slurmctld
+    // still knows the job here), and the node names are cleared.
+    let svc = Service::start(&site);
+    run_hook(&site, hook_vars("epilog_slurmctld", &a, "share-a"));
+    let until = Instant::now() + Duration::from_secs(30);
+    while stored(&a)["state"] == "JOB_STATE_RUNNING" {
+        assert!(Instant::now() < until, "no end of {a}: {}", site.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let j = stored(&a);
+    only(&j, "interfaces", "nodes");
+    assert_eq!(strings(&j["interfaces"]["values"]), new_a, "{j}");
+    drop(svc);
+
+    // A resend after a node's first inventory: a site whose StateDir has no record of n1
+    // yet. A hook without the service sends job b's RUNNING by node names (the MACs stored
+    // before are cleared); the service, started, inventories n1 for the first time and sends
+    // b again by the MACs of its GPUs, clearing the node names.
+    let fresh = Site::new(
+        &cv.server(),
+        &cv.ca(),
+        &format!("SlurmBinDir={CLUSTER_DIR}/bin\nJobInterfaces=auto\nInterfaceRequireIp=no\nDiscoveryTimeout=30\n\
+         PollInterval=1"),
+    );
+    run_hook(&fresh, hook_vars("prolog_slurmctld", &b, "share-b"));
+    let j = stored(&b);
+    only(&j, "nodes", "interfaces");
+    let svc = Service::start(&fresh);
+    let until = Instant::now() + Duration::from_secs(60);
+    while !stored(&b)["interfaces"]["values"].is_array() {
+        assert!(
+            Instant::now() < until,
+            "{b} not resent by MACs: {}",
+            fresh.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let j = stored(&b);
+    only(&j, "interfaces", "nodes");
+    assert_eq!(strings(&j["interfaces"]["values"]), new_b, "{j}");
+    assert!(
+        fresh
+            .log()
+            .contains(&format!("job {b_key}: the inventory of n1 changed")),
+        "{}",
+        fresh.log()
+    );
     drop(svc);
 
     let _ = slurm_cmd("scancel").args([&a, &b, &c]).status();

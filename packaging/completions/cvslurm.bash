@@ -9,7 +9,7 @@ _cvslurm_mode_opts() {
         discover) echo "--node-name --interface-regex --physical-only --require-ip --sys-class-net --sys-root --topology --expect-sha256 --help" ;;
         flush) echo "--config --no-reconcile --verbose -v --help" ;;
         status) echo "--config --json --max-age --offline --help" ;;
-        check) echo "--config --slurm-facts --hook --slurm-version --help" ;;
+        check) echo "--config --contract --slurm-facts --hook --slurm-version --help" ;;
     esac
 }
 

@@ -59,7 +59,7 @@ impl Inventory<'_> {
                     if let Some(o) = &outbox {
                         save_record(o, rec);
                     }
-                    ok_nodes.push(rec.to_node_config(&self.cluster))
+                    ok_nodes.push(rec.to_node_config(&self.cluster, self.cfg.node_hostname))
                 }
                 Err(e) => {
                     log::error!("node {name}: discovery failed: {e}");
@@ -77,7 +77,14 @@ impl Inventory<'_> {
                         }
                         None => println!("POST {}", crate::cloudvision::NODE_CONFIG_PATH),
                     }
-                    println!("{}", serde_json::to_string_pretty(n).expect("serializes"));
+                    let n = crate::payload::NodeKeys {
+                        qualify: self.cfg.qualify_node_names,
+                    }
+                    .node(n);
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(n.as_ref()).expect("serializes")
+                    );
                 }
             }
             Some(c) => {

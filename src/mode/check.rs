@@ -252,7 +252,13 @@ const CHECKS: &[Check] = &[
 
 /// The long flags of `cvslurm check` (`--help` aside), for `cvslurm --list-flags check`, the
 /// completion and the documentation tests; a unit test in [`crate::cli`] holds it to [`Args`].
-pub const FLAGS: &[&str] = &["--config", "--slurm-facts", "--hook", "--slurm-version"];
+pub const FLAGS: &[&str] = &[
+    "--config",
+    "--contract",
+    "--slurm-facts",
+    "--hook",
+    "--slurm-version",
+];
 
 /// Check the set-up: config, token, CloudVision, slurm.conf hooks, StateDir and LogFile.
 #[derive(FromArgs, Debug)]
@@ -261,6 +267,11 @@ pub struct Args {
     /// config file (default $CVSLURM_CONF or /etc/slurm/cloudvision.conf)
     #[argh(option)]
     config: Option<PathBuf>,
+    /// WRITES to CloudVision: asks it the questions of README's "CloudVision compatibility"
+    /// with a throw-away JobConfig and NodeConfig (deleted at the end) and says whether
+    /// cvslurm's assumptions hold (exit 0), do not (1), or could not be asked (2)
+    #[argh(switch)]
+    contract: bool,
     /// print what install.sh needs to know about slurm.conf and Slurm as key=value lines
     /// (see crate::slurm_facts) instead of checking
     #[argh(switch)]
@@ -278,6 +289,9 @@ pub fn run(a: Args) -> i32 {
     if a.slurm_facts {
         return slurm_facts(&a);
     }
+    if a.contract {
+        return contract(&a);
+    }
     let mut ctx = Context {
         config_arg: a.config,
         slurm_conf_path: crate::slurm_conf::slurm_conf_path(),
@@ -288,6 +302,61 @@ pub fn run(a: Args) -> i32 {
         check(&mut ctx, &mut r);
     }
     finish(r)
+}
+
+/// `--contract`: the questions of [`crate::contract`] against the configured CloudVision,
+/// the throw-away keys qualified by slurm.conf's ClusterName (else `no-cluster`).
+fn contract(a: &Args) -> i32 {
+    use super::startup::{ClientNeed, Options, StartError, Startup};
+    let startup = Startup {
+        options: Options {
+            config: a.config.clone(),
+            ..Options::default()
+        },
+        log: None,
+        client: ClientNeed::Required,
+        drop_privileges: false,
+    };
+    let started = startup.start();
+    let client = match started
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|s| s.client())
+    {
+        Ok(Some(c)) => c,
+        Ok(None) => unreachable!("a client is required"),
+        Err(StartError::Failed(m)) => {
+            println!(
+                "FAIL {}: nothing was written; run cvslurm check",
+                escape_control(&m)
+            );
+            return crate::contract::EXIT_COULD_NOT_RUN;
+        }
+        Err(e) => {
+            e.report();
+            return crate::contract::EXIT_COULD_NOT_RUN;
+        }
+    };
+    let cluster = crate::slurm_conf::load_slurm_conf(&crate::slurm_conf::slurm_conf_path())
+        .ok()
+        .and_then(|sc| sc.last("ClusterName").map(|s| s.value.clone()))
+        .filter(|c| {
+            !c.is_empty()
+                && c.chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+        })
+        .unwrap_or_else(|| "no-cluster".to_string());
+    let cfg = &started.as_ref().expect("started").cfg;
+    let mut curl = match &cfg.api_token_file {
+        Some(f) => format!("-H \"Authorization: Bearer $(cat {})\"", f.display()),
+        None => "-H \"Authorization: Bearer $TOKEN\"".to_string(),
+    };
+    if cfg.insecure {
+        curl.push_str(" --insecure");
+    } else if let Some(ca) = &cfg.ca_file {
+        curl.push_str(&format!(" --cacert {}", ca.display()));
+    }
+    crate::contract::run(&client, &cluster, &curl)
 }
 
 /// `--slurm-facts`: exit 0 with the facts, 1 when slurm.conf cannot be read.

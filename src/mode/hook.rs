@@ -321,12 +321,33 @@ fn handle(
     let send_deadline = deadline
         .checked_sub(Duration::from_millis(50))
         .unwrap_or(deadline);
-    let result =
-        client_for(cfg, token, cfg.hook_timeout).and_then(|c| c.post_job(job, Some(send_deadline)));
+    // The list the job does not use goes empty where its events may go either way, and a
+    // re-run's RUNNING first deletes the earlier run's record (see the engine).
+    let mut job = job.clone();
+    let either_way = cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
+    // An end goes the way the service sent its RUNNING (by the MACs it recorded).
+    let macs = (either_way && state.is_terminal())
+        .then(|| outbox.job_macs.load(&key))
+        .flatten();
+    if let Some(macs) = macs {
+        job.nodes = None;
+        job.interfaces = Some(macs.into());
+    }
+    job.clear_other_list(either_way);
+    let rerun = event.starts_a_rerun();
+    let result = client_for(cfg, token, cfg.hook_timeout).and_then(|c| {
+        if rerun {
+            crate::service::engine::forget_earlier_run(&c, &job, Some(send_deadline))?;
+        }
+        c.post_job(&job, Some(send_deadline))
+    });
     match result {
         Ok(a) => {
             if env.phase == Phase::Epilog && !queued {
                 outbox.starts.forget(&key);
+            }
+            if state.is_terminal() {
+                outbox.job_macs.forget(&key);
             }
             if queued {
                 if let Err(e) = outbox.queue.remove_if_same(&event) {

@@ -4,6 +4,7 @@
 
 use super::startup::{usage, ClientNeed, Options, Startup};
 use crate::cloudvision::{Client, JOB_CONFIG_PATH};
+use crate::config::Config;
 use crate::hostlist;
 use crate::logging::Sink;
 use crate::payload::{JobConfig, JobState, JobType, Key};
@@ -110,7 +111,7 @@ pub fn run(a: Args) -> i32 {
     };
     let cfg = &started.cfg;
     let mut failed = 0;
-    let jobs: Vec<JobConfig> = match tenant_job {
+    let mut jobs: Vec<JobConfig> = match tenant_job {
         Some(j) => vec![j],
         None => {
             let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
@@ -157,8 +158,14 @@ pub fn run(a: Args) -> i32 {
         Ok(c) => c,
         Err(e) => return e.report(),
     };
+    // The list a job does not use goes empty where it may be sent either way (see
+    // `JobConfig::clear_other_list`).
+    let either_way = cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
+    for j in &mut jobs {
+        j.clear_other_list(either_way);
+    }
     for j in &jobs {
-        if !deliver(client.as_ref(), cfg.api_server.as_deref(), j) {
+        if !deliver(client.as_ref(), cfg, j) {
             failed += 1;
         }
     }
@@ -206,27 +213,37 @@ impl Args {
     }
 }
 
-/// Prints what a dry run would send: the full URL when the server is known.
-pub fn print_dry_run(job: &JobConfig, server: Option<&str>) {
-    match server {
+/// Prints what a dry run would send (node names as `QualifyNodeNames` says): the full URL
+/// when the server is known.
+pub fn print_dry_run(job: &JobConfig, cfg: &Config) {
+    match &cfg.api_server {
         Some(s) => println!("POST https://{s}{JOB_CONFIG_PATH}"),
         None => println!("POST {JOB_CONFIG_PATH}"),
     }
-    println!("{}", serde_json::to_string_pretty(job).expect("serializes"));
+    let job = crate::payload::NodeKeys {
+        qualify: cfg.qualify_node_names,
+    }
+    .job(job);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(job.as_ref()).expect("serializes")
+    );
 }
 
 /// Sends (or, without a client, prints) one JobConfig; returns whether it went out.
-pub fn deliver(client: Option<&Client>, server: Option<&str>, job: &JobConfig) -> bool {
+pub fn deliver(client: Option<&Client>, cfg: &Config, job: &JobConfig) -> bool {
     match client {
         None => {
-            print_dry_run(job, server);
+            print_dry_run(job, cfg);
             true
         }
         Some(c) => match c.post_job(job, None) {
             Ok(a) => {
                 let place = match (&job.nodes, &job.interfaces) {
-                    (_, Some(i)) => format!("{} interface(s)", i.values.len()),
-                    (n, None) => format!("{} node(s)", n.as_ref().map_or(0, |n| n.values.len())),
+                    (_, Some(i)) if job.by_interfaces() => {
+                        format!("{} interface(s)", i.values.len())
+                    }
+                    (n, _) => format!("{} node(s)", n.as_ref().map_or(0, |n| n.values.len())),
                 };
                 // A tenant job's id is the --tenant text as given.
                 let line = format!(

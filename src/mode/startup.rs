@@ -217,7 +217,13 @@ pub fn client_for(
     if cfg.insecure {
         log::warn!("TLS verification is off (Insecure=yes)");
     }
-    ClientOptions::from_config(cfg, token, timeout).and_then(Client::new)
+    ClientOptions::from_config(cfg, token, timeout)
+        .and_then(Client::new)
+        .map(|c| {
+            c.with_node_keys(crate::payload::NodeKeys {
+                qualify: cfg.qualify_node_names,
+            })
+        })
 }
 
 /// What [`start_hook`] found.

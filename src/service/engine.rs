@@ -118,7 +118,98 @@ pub fn send_item(
     match item {
         Item::Job { job } => client.post_job(job, deadline),
         Item::Node { node } => client.post_node(node, deadline),
-        Item::NodeDelete { name } => client.delete_node(name, deadline),
+        Item::NodeDelete { name, location } => {
+            delete_own_node(client, name, location.as_deref(), deadline)
+        }
+    }
+}
+
+/// Deletes the NodeConfig of `node`, which cluster `cluster` sent. CloudVision is asked
+/// first (GetOne): a node it no longer has needs nothing; one it stores with another
+/// `location` is another cluster's (same node name, no `QualifyNodeNames`) and is left
+/// alone, with a warning; a question that fails (5xx, timeout, an unreadable answer) keeps
+/// the delete for a later pass. A delete queued by an earlier version (no cluster) is sent
+/// as it is.
+pub fn delete_own_node(
+    client: &Client,
+    node: &str,
+    cluster: Option<&str>,
+    deadline: Option<Instant>,
+) -> Result<Answer, SendError> {
+    let id = client.node_key(node, cluster);
+    let Some(cluster) = cluster else {
+        return client.delete_node(&id, deadline);
+    };
+    let Some(stored) = client.get_node_value(&id, deadline)? else {
+        log::info!("node {id}: CloudVision has no NodeConfig of it; nothing to delete");
+        return Ok(Answer {
+            status: 404,
+            elapsed: Duration::ZERO,
+            body: String::new(),
+        });
+    };
+    match stored.get("location").and_then(serde_json::Value::as_str) {
+        Some(l) if l == cluster => client.delete_node(&id, deadline),
+        other => {
+            let whose = match other {
+                Some(l) => format!("cluster {:?}'s", l.chars().take(100).collect::<String>()),
+                None => "one without a location".to_string(),
+            };
+            log::warn!(
+                "node {id}: not deleted: the NodeConfig CloudVision holds is {whose}, not \
+                 cluster {cluster}'s; set QualifyNodeNames=yes on every cluster that shares \
+                 this CloudVision"
+            );
+            Ok(Answer {
+                status: 200,
+                elapsed: Duration::ZERO,
+                body: String::new(),
+            })
+        }
+    }
+}
+
+/// Set once CloudVision has answered that it cannot delete a JobConfig (warned once).
+static DELETE_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Before the RUNNING of a requeued job's later run ([`Event::starts_a_rerun`]): deletes the
+/// job's record, so that the earlier run's `end_time` (which a Set, a partial update, would
+/// keep) does not show the new run as ended. A record already gone (404) is fine. A
+/// CloudVision that cannot delete JobConfigs (405, 501) or refuses this delete otherwise
+/// (another 4xx) is warned about (once; logged each time after) and the RUNNING is sent
+/// anyway. What may pass with time (CloudVision unreachable or busy, the token refused) is
+/// returned: the event stays queued and is tried again, delete first.
+pub fn forget_earlier_run(
+    client: &Client,
+    job: &crate::payload::JobConfig,
+    deadline: Option<Instant>,
+) -> Result<(), SendError> {
+    let id = &job.key.id;
+    match client.delete_job(id, deadline) {
+        Ok(a) => {
+            log::debug!(
+                "job {id}: a re-run; the earlier run's record deleted first (HTTP {})",
+                a.status
+            );
+            Ok(())
+        }
+        Err(SendError::Rejected { status: 404, .. }) => {
+            log::debug!("job {id}: a re-run; CloudVision holds no earlier record (HTTP 404)");
+            Ok(())
+        }
+        Err(e @ SendError::Server { status: 501, .. }) | Err(e @ SendError::Rejected { .. }) => {
+            if !DELETE_UNSUPPORTED.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "job {id}: a re-run, but CloudVision did not delete the earlier run's record \
+                     ({e}); its RUNNING is sent anyway and may show the earlier run's end time \
+                     until the job ends"
+                );
+            } else {
+                log::info!("job {id}: the earlier run's record not deleted ({e}); RUNNING sent");
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -256,21 +347,51 @@ impl Engine {
         true
     }
 
-    /// With `JobInterfaces=gpu|auto`, the record of a Slurm job as it is sent: the MACs of the
-    /// NICs nearest the GPUs it holds on shared nodes (see [`crate::attribution::enrich`]).
-    /// Asked at send time, never in the hook. `None`: send the event as queued.
-    fn enrich(&self, item: &Item) -> Option<Item> {
+    /// The record of a job as it is sent. With `JobInterfaces=gpu|auto`, a Slurm job by node
+    /// names gets the MACs of the NICs nearest the GPUs it holds on shared nodes (see
+    /// [`crate::attribution::enrich`]; asked at send time, never in the hook); and the list
+    /// the job does not use is sent empty, so that the stored record holds one representation
+    /// whichever way its earlier events went ([`crate::payload::JobConfig::clear_other_list`]).
+    /// `None`: send the event as queued.
+    fn outgoing(&self, item: &Item) -> Option<Item> {
         let Item::Job { job } = item else {
             return None;
         };
-        if self.interfaces == JobInterfaces::Nodes
-            || job.nodes.is_none()
-            || job.job_type == Some(crate::payload::JobType::Tenant)
-        {
-            return None;
-        }
+        let either_way = self.interfaces != JobInterfaces::Nodes;
         let mut job = job.clone();
-        crate::attribution::enrich(self.interfaces, &self.slurm, &self.outbox, &mut job);
+        if either_way
+            && job.nodes.is_some()
+            && !job.by_interfaces()
+            && job.job_type != Some(crate::payload::JobType::Tenant)
+        {
+            // An end goes the way its RUNNING went: the MACs are those of the same GPUs, and
+            // slurmctld may have forgotten the job by now (its GPUs can no longer be asked).
+            match self
+                .outbox
+                .job_macs
+                .load(&job.key.id)
+                .filter(|_| job.state.is_terminal())
+            {
+                Some(macs) => {
+                    log::debug!(
+                        "job {}: interfaces: the {} MAC(s) its RUNNING was sent with",
+                        job.key.id,
+                        macs.len()
+                    );
+                    job.nodes = None;
+                    job.interfaces = Some(macs.into());
+                }
+                None => {
+                    crate::attribution::enrich(
+                        self.interfaces,
+                        &self.slurm,
+                        &self.outbox,
+                        &mut job,
+                    );
+                }
+            }
+        }
+        job.clear_other_list(either_way);
         Some(Item::Job { job })
     }
 
@@ -289,8 +410,15 @@ impl Engine {
             }
         };
         let what = taken.item.describe();
-        let enriched = self.enrich(&taken.item);
-        let result = send_item(&self.client, enriched.as_ref().unwrap_or(&taken.item), None);
+        let outgoing = self.outgoing(&taken.item);
+        let item = outgoing.as_ref().unwrap_or(&taken.item);
+        let result = match item {
+            Item::Job { job } if taken.starts_a_rerun() => {
+                forget_earlier_run(&self.client, job, None)
+                    .and_then(|()| send_item(&self.client, item, None))
+            }
+            _ => send_item(&self.client, item, None),
+        };
         let (finish, outcome) = match result {
             Ok(a) => {
                 self.account(|r| r.delivered += 1);
@@ -350,10 +478,34 @@ impl Engine {
                 (Finish::Reject(why), Outcome::Rejected)
             }
         };
+        // Before the key is free again: the job's next event (its end) may go out at once.
+        if let Item::Job { job } = item {
+            self.remember_macs(job, &outcome);
+        }
         if let Err(e) = self.outbox.queue.finish(&taken, finish) {
             log::error!("outbox: {e}");
         }
         outcome
+    }
+
+    /// With `JobInterfaces=gpu|auto`: keeps the MACs a delivered RUNNING went with (its end
+    /// goes the same way, see [`Engine::outgoing`]), forgets them when a RUNNING went by node
+    /// names or the job's end went out (or was refused).
+    fn remember_macs(&self, job: &crate::payload::JobConfig, outcome: &Outcome) {
+        if self.interfaces == JobInterfaces::Nodes {
+            return;
+        }
+        let store = &self.outbox.job_macs;
+        let key = &job.key.id;
+        match (outcome, job.state.is_terminal(), &job.interfaces) {
+            (Outcome::Delivered, false, Some(i)) if job.by_interfaces() => {
+                if let Err(e) = store.save(key, &i.values) {
+                    log::warn!("job {key}: cannot record the MACs its RUNNING went with: {e}");
+                }
+            }
+            (Outcome::Delivered, _, _) | (Outcome::Rejected, true, _) => store.forget(key),
+            _ => {}
+        }
     }
 }
 

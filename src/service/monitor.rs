@@ -36,6 +36,8 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
         inv.cfg.poll_interval.as_secs(),
     );
     let mut known: BTreeMap<String, Seen> = BTreeMap::new();
+    // The nodes whose NodeConfig this service queued: the only ones it ever deletes.
+    let mut ours: BTreeSet<String> = BTreeSet::new();
     let mut next_poll = Instant::now();
     let every = |d: Duration| (!d.is_zero()).then_some(d);
     let mut next_reconcile = Instant::now();
@@ -59,7 +61,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             next_poll = Instant::now();
         }
         if Instant::now() >= next_poll {
-            poll(inv, &mut known, outbox);
+            poll(inv, &mut known, &mut ours, outbox);
             if follow_records {
                 resend_on.extend(records.changed(outbox));
                 resend(inv, &mut resend_on, outbox);
@@ -68,6 +70,11 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             next_poll = Instant::now() + inv.cfg.poll_interval;
         }
         if !inv.cfg.reconcile_interval.is_zero() && Instant::now() >= next_reconcile {
+            // Interface records whose job's end never went out.
+            let pruned = outbox.job_macs.prune(crate::state::job_macs::MAX_AGE);
+            if pruned > 0 {
+                log::info!("{pruned} interface record(s) of jobs without an end removed");
+            }
             match reconcile::reconcile(inv.cfg, &inv.slurm, &inv.cluster, outbox) {
                 Ok(r) if r.started + r.ended + r.corrected > 0 => {
                     log::info!(
@@ -108,8 +115,16 @@ fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &StateDir) {
 }
 
 /// One monitor poll: discover nodes that appeared, came back or are due for re-assertion;
-/// delete nodes that left.
-fn poll(inv: &Inventory, known: &mut BTreeMap<String, Seen>, outbox: &StateDir) {
+/// delete nodes that left, if this service sent them (`ours`): a node it never sent (one
+/// that was never available while it ran) may be another cluster's of the same name, and
+/// is never deleted. The delete itself asks CloudVision whose the node is first
+/// ([`crate::service::engine::delete_own_node`]).
+fn poll(
+    inv: &Inventory,
+    known: &mut BTreeMap<String, Seen>,
+    ours: &mut BTreeSet<String>,
+    outbox: &StateDir,
+) {
     let nodes = match slurm::sinfo_nodes(&inv.slurm, COMMAND_TIMEOUT) {
         Ok(n) => n,
         Err(e) => {
@@ -126,8 +141,18 @@ fn poll(inv: &Inventory, known: &mut BTreeMap<String, Seen>, outbox: &StateDir) 
     for name in gone {
         known.remove(&name);
         outbox.nodes.forget(&name);
+        if !ours.remove(&name) {
+            log::info!("node {name}: left the cluster; it was never sent, nothing to delete");
+            continue;
+        }
         log::info!("node {name}: left the cluster; deleting its NodeConfig");
-        queue(outbox, Item::NodeDelete { name });
+        queue(
+            outbox,
+            Item::NodeDelete {
+                name,
+                location: Some(inv.cluster.clone()),
+            },
+        );
     }
     let mut to_discover = Vec::new();
     for n in &nodes {
@@ -164,12 +189,13 @@ fn poll(inv: &Inventory, known: &mut BTreeMap<String, Seen>, outbox: &StateDir) 
                     "node {name}: {verb}; sending NodeConfig ({} interface(s))",
                     rec.interfaces.len()
                 );
-                known.insert(name, Seen::Sent);
+                known.insert(name.clone(), Seen::Sent);
+                ours.insert(name);
                 crate::inventory::save_record(outbox, &rec);
                 queue(
                     outbox,
                     Item::Node {
-                        node: rec.to_node_config(&inv.cluster),
+                        node: rec.to_node_config(&inv.cluster, inv.cfg.node_hostname),
                     },
                 );
             }

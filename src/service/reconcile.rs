@@ -218,7 +218,7 @@ pub fn reconcile(
         log::info!("reconcile: job {key} runs but no hook reported it; sending RUNNING");
         outbox
             .queue
-            .enqueue(&Event::new(Item::Job { job }, (0, 0)))?;
+            .enqueue(&Event::new(Item::Job { job }, (j.restarts.unwrap_or(0), 0)))?;
         outbox.starts.save(&key, start)?;
         report.started += 1;
     }

@@ -25,8 +25,13 @@ pub enum Item {
     },
     /// DELETE a NodeConfig.
     NodeDelete {
-        /// The node name.
+        /// The node name (bare; the key CloudVision has is [`crate::payload::NodeKeys`]'s).
         name: String,
+        /// The cluster that sent the node (the monitor's): the delete leaves a NodeConfig
+        /// CloudVision stores with another location alone. Absent in events of earlier
+        /// versions, which are sent without that question.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        location: Option<String>,
     },
 }
 
@@ -36,7 +41,7 @@ impl Item {
         let (kind, key) = match self {
             Item::Job { job } => ("job", job.key.id.as_str()),
             Item::Node { node } => ("node", node.key.id.as_str()),
-            Item::NodeDelete { name } => ("node", name.as_str()),
+            Item::NodeDelete { name, .. } => ("node", name.as_str()),
         };
         format!("{kind}.{}.json", safe_name(key))
     }
@@ -46,7 +51,7 @@ impl Item {
         match self {
             Item::Job { job } => format!("job {} {}", job.key.id, job.state),
             Item::Node { node } => format!("node {}", node.key.id),
-            Item::NodeDelete { name } => format!("delete node {name}"),
+            Item::NodeDelete { name, .. } => format!("delete node {name}"),
         }
     }
 }
@@ -69,8 +74,10 @@ pub struct Event {
     pub v: u32,
     /// Queue order: nanoseconds since the epoch when it was made.
     pub seq: u128,
-    /// Supersession order within one key: `(restart count, phase)`, phase 0 running, 1 ended.
-    /// An event never replaces a pending one of higher rank.
+    /// Supersession order within one key: `(restart count, phase)`, phase 0 running, 1 ended
+    /// (2: an end corrected by reconciliation). An event never replaces a pending one of
+    /// higher rank. The restart count is Slurm's (`SLURM_JOB_RESTART_COUNT`, slurmctld's
+    /// `Restarts`): it also tells a re-run's RUNNING ([`Event::starts_a_rerun`]).
     pub rank: (u32, u8),
     /// Unix seconds when it was queued.
     pub queued_at: i64,
@@ -107,6 +114,17 @@ impl Event {
             then: None,
             item,
         }
+    }
+}
+
+impl Event {
+    /// True for the RUNNING of a requeued job's later run (restart count above 0): CloudVision
+    /// may still hold the earlier run's record, whose `end_time` a Set (a partial update)
+    /// would keep, so the record is deleted before this is sent
+    /// ([`crate::service::engine::forget_earlier_run`]).
+    pub fn starts_a_rerun(&self) -> bool {
+        self.rank.0 > 0
+            && matches!(&self.item, Item::Job { job } if job.state == crate::payload::JobState::Running)
     }
 }
 
@@ -167,5 +185,44 @@ pub fn decode_event(bytes: &[u8]) -> Result<Event, Undecodable> {
             Some(v) if newer(v).is_some() => Err(Undecodable::Newer(v)),
             _ => Err(Undecodable::Corrupt(e.to_string())),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::{JobConfig, JobState, Key};
+
+    /// A re-run's RUNNING is told by the restart count in the rank, which every event file
+    /// carries (format 1 included): no new field.
+    #[test]
+    fn a_reruns_running_is_told_by_its_rank() {
+        let job = |state| Item::Job {
+            job: JobConfig {
+                key: Key { id: "5@c".into() },
+                name: None,
+                state,
+                start_time: None,
+                end_time: Some("2025-01-01T00:00:00Z".into()).filter(|_| state.is_terminal()),
+                location: None,
+                job_type: None,
+                nodes: Some(vec!["n1".to_string()].into()),
+                interfaces: None,
+            },
+        };
+        assert!(!Event::new(job(JobState::Running), (0, 0)).starts_a_rerun());
+        assert!(Event::new(job(JobState::Running), (1, 0)).starts_a_rerun());
+        assert!(!Event::new(job(JobState::Completed), (1, 1)).starts_a_rerun());
+        let old = r#"{"seq":1,"rank":[2,0],"queued_at":1,"kind":"job","job":{"key":{"id":"5@c"},"state":"JOB_STATE_RUNNING","nodes":{"values":["n1"]}}}"#;
+        let ev = decode_event(old.as_bytes()).unwrap();
+        assert!(ev.starts_a_rerun());
+        assert!(!Event::new(
+            Item::NodeDelete {
+                name: "n1".into(),
+                location: None
+            },
+            (3, 0)
+        )
+        .starts_a_rerun());
     }
 }

@@ -8,6 +8,7 @@
 //! - `nodes/<node>.json` — the inventory's latest record of each node ([`nodes`]).
 //! - `jobs/<jobid>@<cluster>` — the start time a prolog saw ([`starts`]).
 //! - `verify/<jobid>@<cluster>` — an epilog's end to check against Slurm later ([`marks`]).
+//! - `macs/<jobid>@<cluster>` — the MACs a running job's RUNNING was sent with ([`job_macs`]).
 //! - `service-status.json` — the last drain passes, for `cvslurm status` ([`status`]).
 //! - `wake.sock` — the service's wake-up socket (see `crate::sender`).
 //!
@@ -16,6 +17,7 @@
 
 pub mod durable;
 pub mod event;
+pub mod job_macs;
 pub mod layout;
 pub mod marks;
 pub mod nodes;
@@ -41,6 +43,8 @@ pub struct StateDir {
     pub marks: marks::Marks,
     /// `service-status.json`.
     pub status: status::ServiceStatus,
+    /// The MACs running jobs' RUNNINGs were sent with.
+    pub job_macs: job_macs::JobMacs,
 }
 
 impl StateDir {
@@ -58,6 +62,7 @@ impl StateDir {
             starts,
             marks: marks::Marks::new(root, owner),
             status: status::ServiceStatus::new(root, owner),
+            job_macs: job_macs::JobMacs::new(root, owner),
         }
     }
 

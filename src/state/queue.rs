@@ -1302,7 +1302,10 @@ mod tests {
         let d = tmpdir("limit");
         let sd = StateDir::new(&d);
         let ob = &sd.queue;
-        let node = |n: &str| Item::NodeDelete { name: n.into() };
+        let node = |n: &str| Item::NodeDelete {
+            name: n.into(),
+            location: None,
+        };
         for ev in [
             Event::new(job("1@c", JobState::Completed), (0, 1)),
             Event::new(node("n1"), (0, 0)),

@@ -17,8 +17,9 @@
 #   del-node NAME        stop a dynamic node's slurmd, scontrol delete it, remove namespace
 #   stop-slurmd NAME     stop one node's slurmd (node becomes idle*/down* after SlurmdTimeout)
 #   start-slurmd NAME    start it again (ReturnToService=2 brings the node back)
-#   restart-slurmctld    stop slurmctld and start it again from /etc/slurm/slurm.conf; fails
-#                        (with its log) when it does not come up
+#   restart-slurmctld    stop slurmctld and start it again from /etc/slurm/slurm.conf; returns
+#                        once every node with a running slurmd answers it again; fails (with
+#                        its log) when it does not come up or a node does not come back
 #   exec NAME CMD...     run CMD inside NAME's namespace with NAME as hostname
 #   wait-idle [TIMEOUT]  wait until all static nodes are idle (default 60 s)
 #
@@ -729,6 +730,24 @@ wait_in_control() { # name timeout
     return 1
 }
 
+# Every node named answers slurmctld and is not DOWN: its state has no `*` (not responding)
+# and is not down/drained-down (it may run jobs: mixed, allocated, completing are fine).
+wait_nodes_responding() { # timeout nodes...
+    local timeout="$1" n st ok start
+    shift
+    start=$SECONDS
+    while :; do
+        ok=1
+        for n in "$@"; do
+            st="$(node_state "$n")"
+            [[ -n "$st" && "$st" != *'*' && "$st" != down* ]] || { ok=0; break; }
+        done
+        [[ $ok == 1 ]] && return 0
+        ((SECONDS - start < timeout)) || return 1
+        sleep 0.2
+    done
+}
+
 # ---------- config ----------
 write_configs() { # nnodes hook with_dbd
     local n="$1" hook="$2" dbd="$3" i gpu_from nodelines="" gpu=""
@@ -1138,11 +1157,38 @@ cmd_restart_slurmctld() {
         for c in $(ctl_names); do specs+=("$(ctl_pidfile "$c"):slurmctld"); done
         stop_pidfiles "${specs[@]}"
         for c in $(ctl_names); do start_ctl "$c"; done
-        return 0
+    else
+        [[ -f "$W/run/slurmctld.pid.ours" ]] || fail "cluster is not up"
+        stop_pidfiles "$W/run/slurmctld.pid.ours:slurmctld"
+        start_slurmctld
     fi
-    [[ -f "$W/run/slurmctld.pid.ours" ]] || fail "cluster is not up"
-    stop_pidfiles "$W/run/slurmctld.pid.ours:slurmctld"
-    start_slurmctld
+    # A restarted slurmctld reads each node's last response from its state file. Its first
+    # ping pass sets every node whose last response is older than SlurmdTimeout DOWN ("down",
+    # no star: seen in CI when a test ran 30 s between two restarts, and the next test's sinfo
+    # read n1-n3 "down"), then asks the nodes to register, and a registration brings a node
+    # back (ReturnToService=2). So the restart ends once the new slurmctld has counted a
+    # registration per running slurmd (sdiag's counters start with it; every DOWN it sets
+    # comes before) and every such node answers again.
+    local n up=() i
+    for n in $(all_nodes); do
+        pid_alive "$(cat "$W/run/slurmd-$n.pid.ours" 2>/dev/null || true)" && up+=("$n")
+    done
+    [[ ${#up[@]} -gt 0 ]] || return 0
+    for ((i = 0; i < 300; i++)); do
+        (($(registrations) >= ${#up[@]})) && break
+        sleep 0.2
+    done
+    (($(registrations) >= ${#up[@]})) || die "slurmctld counted $(registrations) node registrations in 60 s, wanted ${#up[@]}"
+    wait_nodes_responding 60 "${up[@]}" \
+        || die "nodes not back 60 s after the restart: $(inroot sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+    log "slurmctld restarted; nodes registered and responding: ${up[*]}"
+}
+
+# Node registrations slurmctld has counted since it started (sdiag; 0 before the first).
+registrations() {
+    inroot sdiag 2>/dev/null | awk '/MESSAGE_NODE_REGISTRATION_STATUS/ {
+        for (i = 1; i <= NF; i++) if ($i ~ /^count:/) { sub(/^count:/, "", $i); print $i + 0; exit } }
+        END { }' | grep . || echo 0
 }
 
 # ---------- commands on one controller of a pair ----------

@@ -185,6 +185,25 @@ impl Standin {
     pub fn reset(&self) {
         self.control("POST", "reset", Some(serde_json::json!({})));
     }
+
+    /// Switches some of the stand-in's behaviours away from the contract (see
+    /// tests/standin/README.md, "Behaviours"); a test that does so says why.
+    pub fn set_behaviour(&self, behaviour: Value) {
+        let now = self.control("POST", "behaviour", Some(behaviour.clone()));
+        for (k, v) in behaviour.as_object().expect("a behaviour is a JSON object") {
+            assert_eq!(&now[k], v, "the stand-in took behaviour {k}: {now}");
+        }
+    }
+
+    /// The stored JobConfig `id` (what a GetOne would answer, in the requests' snake_case).
+    pub fn stored_job(&self, id: &str) -> Option<Value> {
+        self.state()["jobs"].get(id).cloned()
+    }
+
+    /// The stored NodeConfig `id`, in the requests' snake_case.
+    pub fn stored_node(&self, id: &str) -> Option<Value> {
+        self.state()["nodes"].get(id).cloned()
+    }
 }
 
 impl Drop for Standin {

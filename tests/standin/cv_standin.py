@@ -6,10 +6,16 @@ computejob service (JobConfig / NodeConfig), records every request, and lets
 tests inject faults (error status, 429 with Retry-After, hang, close, delay)
 through a small control API under /_standin/.
 
+It is as strict as the contract (README.md, "CloudVision compatibility") by
+default: a Set merges the fields present into the stored record, GetOne needs key.id (400 without, 404 for an unknown key), unknown
+fields are refused.  Each of these can be switched to another behaviour with
+/_standin/behaviour or --behaviour (see BEHAVIOURS).
+
 This is the only fake the project allows.  See tests/standin/README.md.
 
 Run:  python3 tests/standin/cv_standin.py --dir DIR [--port 0] [--host 127.0.0.1]
-          [--token TOKEN | --token-file F] [--delay-ms N] [--mode ok] [--record FILE] [-v]
+          [--token TOKEN | --token-file F] [--delay-ms N] [--mode ok] [--record FILE]
+          [--behaviour JSON] [-v]
 """
 
 import argparse
@@ -53,6 +59,30 @@ TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 
 MAX_BODY = 4 * 1024 * 1024
+
+# How the stand-in answers where CloudVision's behaviour is not settled: name -> (default,
+# allowed values).  The defaults are the contract; the others are what a test (or the
+# contract check's tests) switches to.
+BEHAVIOURS = {
+    # "merge": a Set updates only the fields present; "replace": the whole record (old stand-in)
+    "set": ("merge", ("merge", "replace")),
+    # an empty {"values":[]} wrapper in a merging Set: "clears" the stored list, or "keeps" it
+    "empty_list": ("clears", ("clears", "keeps")),
+    # GET of a resource without key.id: 400 (GetOne needs a full key) or 200 (GetAll stream)
+    "get_without_key": (400, (400, 200)),
+    # GetOne of an unknown key: 404 {"code":5,...} or 200 {}
+    "get_unknown_key": (404, (404, 200)),
+    # a field the schema does not know: "reject" (400) or "ignore" (dropped, not stored)
+    "unknown_fields": ("reject", ("reject", "ignore")),
+    # NodeConfig hostname: "any", or "must_match_key" (Arista's stub: hostname == key.id)
+    "hostname": ("any", ("any", "must_match_key")),
+    # DELETE ...JobConfig?key.id=: "allowed" (404 if absent) or "unsupported" (405)
+    "delete_job": ("allowed", ("allowed", "unsupported")),
+}
+
+
+def default_behaviour():
+    return {k: v[0] for k, v in BEHAVIOURS.items()}
 
 # HTTP status -> gRPC code, as grpc-gateway maps them.
 GRPC_CODE = {
@@ -174,11 +204,18 @@ def _present(obj, k):
     return k in obj and obj[k] is not None
 
 
+# Under the stand-in's lock: True while validating with "unknown_fields":"ignore".
+_IGNORE_UNKNOWN = [False]
+
+
 def _check_only(obj, allowed, where):
     if not isinstance(obj, dict):
         raise Invalid("%s: expected a JSON object" % where)
-    for k in obj:
+    for k in list(obj):
         if k not in allowed:
+            if _IGNORE_UNKNOWN[0]:
+                del obj[k]
+                continue
             raise Invalid('%s: unknown field "%s"' % (where, k))
 
 
@@ -242,19 +279,30 @@ def validate_job(body):
     _check_str(body, "location", w)
     if _present(body, "type") and body["type"] not in JOB_TYPES:
         raise Invalid("JobConfig.type: invalid value %r" % (body["type"],))
-    if _present(body, "nodes") and _present(body, "interfaces"):
-        raise Invalid("JobConfig: only one of nodes or interfaces may be set")
     _check_str_list(body, "nodes", w)
     _check_str_list(body, "interfaces", w)
+    # Arista's clients send one of them; an empty wrapper beside the other (to clear a list
+    # stored earlier) is a partial update's way to switch.
+    if _wrapper_values(body, "nodes") and _wrapper_values(body, "interfaces"):
+        raise Invalid("JobConfig: only one of nodes or interfaces may be set")
     return kid
 
 
-def validate_node(body):
+def _wrapper_values(body, k):
+    """The values of a present {"values":[...]} wrapper, [] for an empty one, None if absent."""
+    if not _present(body, k):
+        return None
+    return body[k].get("values") or []
+
+
+def validate_node(body, hostname_must_match=False):
     w = "NodeConfig"
     _check_only(body, NODE_FIELDS, w)
     kid = _check_key(body, w)
     _check_str(body, "location", w)
     _check_str(body, "hostname", w)
+    if hostname_must_match and _present(body, "hostname") and body["hostname"] != kid:
+        raise Invalid("NodeConfig.hostname %r must equal key.id %r" % (body["hostname"], kid))
     if _present(body, "data_interfaces"):
         di = body["data_interfaces"]
         _check_only(di, {"values"}, w + ".data_interfaces")
@@ -290,6 +338,37 @@ def validate_node(body):
     return kid
 
 
+def merge_set(old, body, empty_list):
+    """A Set as CloudVision's resource API documents it: the fields present (not null) in
+    `body` replace the stored ones, absent fields keep theirs.  A present {"values":[]}
+    wrapper clears the stored list (the field is removed) unless empty_list == "keeps"."""
+    rec = dict(old or {})
+    for k, v in body.items():
+        if v is None:
+            continue
+        if isinstance(v, dict) and set(v) <= {"values"} and k != "key":
+            if not v.get("values"):
+                if empty_list == "keeps":
+                    continue
+                rec.pop(k, None)
+                continue
+        rec[k] = v
+    return rec
+
+
+def camel(obj):
+    """snake_case field names to CloudVision's lowerCamelCase answers (recursively)."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            parts = k.split("_")
+            out[parts[0] + "".join(p[:1].upper() + p[1:] for p in parts[1:])] = camel(v)
+        return out
+    if isinstance(obj, list):
+        return [camel(v) for v in obj]
+    return obj
+
+
 # --------------------------------------------------------------------------
 # shared state
 # --------------------------------------------------------------------------
@@ -308,6 +387,7 @@ class Standin:
         self.seq = 0
         self.jobs = {}
         self.nodes = {}
+        self.behaviour = default_behaviour()
         self.stopping = False
         self.record_path = record
         self.record = open(record, "w", buffering=1 << 16) if record else None
@@ -380,6 +460,21 @@ class Standin:
             self.cond.notify_all()
             return self.mode_view()
 
+    def set_behaviour(self, req):
+        """Apply a /_standin/behaviour body (any subset of BEHAVIOURS); raises Invalid.
+        Returns the whole behaviour now in force."""
+        if not isinstance(req, dict):
+            raise Invalid("behaviour body must be a JSON object")
+        for k, v in req.items():
+            if k not in BEHAVIOURS:
+                raise Invalid("unknown behaviour %r (%s)" % (k, "|".join(BEHAVIOURS)))
+            if v not in BEHAVIOURS[k][1] or isinstance(v, bool):
+                raise Invalid("behaviour %s: %r is not one of %s"
+                              % (k, v, ", ".join(repr(x) for x in BEHAVIOURS[k][1])))
+        with self.cond:
+            self.behaviour.update(req)
+            return dict(self.behaviour)
+
     def take_fault(self):
         """Called under lock for each API request: the fault to apply (or None)."""
         if self.fault["mode"] == "ok":
@@ -420,6 +515,7 @@ class Standin:
                 self.remaining = None
                 self.delay_ms = 0
                 self.token = self.initial_token
+                self.behaviour = default_behaviour()
                 self.generation += 1
                 self.cond.notify_all()
 
@@ -555,8 +651,14 @@ class Handler(BaseHTTPRequestHandler):
                     data = json.dumps({"jobs": st.jobs, "nodes": st.nodes}, separators=(",", ":"))
                 self.answer(200, raw=data.encode())
             elif name == "reset" and m == "POST":
-                st.reset(everything=bool(isinstance(body, dict) and body.get("all")))
+                st.reset(everything=bool(isinstance(body, dict)
+                                         and (body.get("all") or body.get("everything"))))
                 self.answer(200, {"ok": True})
+            elif name == "behaviour" and m == "POST":
+                self.answer(200, st.set_behaviour(body))
+            elif name == "behaviour" and m == "GET":
+                with st.lock:
+                    self.answer(200, dict(st.behaviour))
             elif name == "mode" and m == "POST":
                 self.answer(200, st.set_mode(body))
             elif name == "mode" and m == "GET":
@@ -657,17 +759,27 @@ class Handler(BaseHTTPRequestHandler):
         if not auth_ok:
             return 401, err_body(401)
         m = self.command
+        b = st.behaviour
         if m == "GET" or m == "HEAD":
-            # GetAll-style stream: one {"result":{...}} JSON object per line;
-            # `{}` when nothing matches.  Always 200 (used as health/token check).
             kid = query.get("key.id")
-            items = [(k, v) for k, v in store.items() if kid is None or k == kid]
-            if not items:
-                return 200, b"{}\n"
-            t = now_rfc3339()
-            lines = [json.dumps({"result": {"value": v, "time": t, "type": "INITIAL"}},
-                                separators=(",", ":")) for _, v in items]
-            return 200, ("\n".join(lines) + "\n").encode()
+            if getall or (kid is None and b["get_without_key"] == 200):
+                # GetAll: one {"result":{...}} JSON object per line; `{}` when nothing matches.
+                items = [(k, v) for k, v in store.items() if kid is None or k == kid]
+                if not items:
+                    return 200, b"{}\n"
+                t = now_rfc3339()
+                lines = [json.dumps({"result": {"value": camel(v), "time": t, "type": "INITIAL"}},
+                                    separators=(",", ":")) for _, v in items]
+                return 200, ("\n".join(lines) + "\n").encode()
+            # GetOne: the key must be fully specified.
+            if not isinstance(kid, str) or not kid:
+                return 400, err_body(400, "%s: GetOne needs key.id (a fully specified key); "
+                                          "GetAll is %s/all" % (kind, p))
+            if kid not in store:
+                if b["get_unknown_key"] == 200:
+                    return 200, {}
+                return 404, err_body(404, "%s %r not found" % (kind, kid))
+            return 200, {"value": camel(store[kid]), "time": now_rfc3339()}
         if getall:
             return 405, err_body(405, "Method Not Allowed")
         if m == "POST" or m == "PUT":
@@ -675,13 +787,24 @@ class Handler(BaseHTTPRequestHandler):
                 body = json.loads(raw)
             except ValueError as e:
                 return 400, err_body(400, "invalid JSON: proto: syntax error: %s" % e)
+            _IGNORE_UNKNOWN[0] = b["unknown_fields"] == "ignore"
             try:
-                kid = validate(body)
+                if kind == "NodeConfig":
+                    kid = validate_node(body, b["hostname"] == "must_match_key")
+                else:
+                    kid = validate(body)
             except Invalid as e:
                 return 400, err_body(400, str(e))
-            store[kid] = body
-            return 200, {"value": body, "time": now_rfc3339()}
+            finally:
+                _IGNORE_UNKNOWN[0] = False
+            if b["set"] == "replace":
+                store[kid] = body
+            else:
+                store[kid] = merge_set(store.get(kid), body, b["empty_list"])
+            return 200, {"value": camel(body), "time": now_rfc3339()}
         if m == "DELETE":
+            if kind == "JobConfig" and b["delete_job"] == "unsupported":
+                return 405, err_body(405, "Method Not Allowed")
             kid = query.get("key.id")
             if not isinstance(kid, str) or not kid:
                 return 400, err_body(400, "%s: key.id query parameter is required" % kind)
@@ -762,6 +885,8 @@ def main(argv=None):
     ap.add_argument("--cert", default=None,
                     help="serve this certificate (PEM) instead of DIR/server.pem (with --key)")
     ap.add_argument("--key", default=None, help="the key of --cert")
+    ap.add_argument("--behaviour", default=None,
+                    help='JSON object of behaviours, e.g. {"set":"replace"} (see BEHAVIOURS)')
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     VERBOSE = a.verbose
@@ -794,6 +919,12 @@ def main(argv=None):
             st.set_mode(req)
         except Invalid as e:
             ap.error(str(e))
+
+    if a.behaviour is not None:
+        try:
+            st.set_behaviour(json.loads(a.behaviour))
+        except (ValueError, Invalid) as e:
+            ap.error("--behaviour: %s" % e)
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2

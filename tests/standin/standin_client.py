@@ -97,9 +97,26 @@ class Standin:
         self._call("POST", "/_standin/token", {"token": token})
         self.token = token
 
+    def behaviour(self):
+        """The behaviours in force (see README.md, "Behaviours")."""
+        return self._call("GET", "/_standin/behaviour")
+
+    def set_behaviour(self, **kw):
+        """set_behaviour(set="replace", get_without_key=200, ...); returns all in force."""
+        return self._call("POST", "/_standin/behaviour", kw)
+
+    def stored_job(self, kid):
+        """The stored JobConfig (snake_case, after merging), or None."""
+        return self.state()["jobs"].get(kid)
+
+    def stored_node(self, kid):
+        """The stored NodeConfig (snake_case), or None."""
+        return self.state()["nodes"].get(kid)
+
     def reset(self, everything=False):
-        """Clear log and state; everything=True also resets mode, delay and token."""
-        self._call("POST", "/_standin/reset", {"all": True} if everything else {})
+        """Clear log and state; everything=True also resets mode, delay, token and
+        behaviours."""
+        self._call("POST", "/_standin/reset", {"everything": True} if everything else {})
 
     def wait_for(self, predicate, timeout=10.0, interval=0.05):
         """Poll the log until predicate(requests) is true; returns the log."""
@@ -229,6 +246,7 @@ if __name__ == "__main__":
     with start(d) as cv:
         print("up at", cv.url, "ca", cv.ca)
         print("mode", cv.mode())
+        print("behaviour", cv.behaviour())
         print("state", cv.state())
         print("requests", cv.requests())
     print("stopped, exit code", cv.proc.returncode)
