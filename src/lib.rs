@@ -76,6 +76,13 @@ pub mod internals {
         pub mod json {
             pub use crate::slurm::json::parse_jobs;
         }
+        /// From `crate::slurm::leader`.
+        pub mod leader {
+            pub use crate::slurm::leader::{
+                controllers, is_this_host, leader, leader_from, parse_controller, parse_heartbeat,
+                slurmctld_timeout_s, stale_after_s, Controller, Heartbeat, Leader, HEARTBEAT_LEN,
+            };
+        }
     }
     /// From `crate::state`.
     pub mod state {

@@ -655,6 +655,65 @@ fn status_cannot_know_when_state_dir_cannot_be_read() {
     assert!(stdout(&out).contains("outbox:           0 event(s) waiting"));
 }
 
+/// Issue 19: with two `SlurmctldHost`s in slurm.conf, `status` names both and the one whose
+/// heartbeat (StateSaveLocation/heartbeat) is fresh; a stale or hostile heartbeat is "unknown",
+/// and a single controller prints no such line.
+#[test]
+fn status_names_the_controllers_and_the_one_in_control() {
+    use std::fs;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let save = site.dir.path().join("statesave");
+    fs::create_dir_all(&save).unwrap();
+    let slurm_conf = site.dir.path().join("slurm.conf");
+    let status = |conf: &str| {
+        fs::write(&slurm_conf, conf).unwrap();
+        let out = Command::new(bin())
+            .args(["status", "--offline"])
+            .env("CVSLURM_CONF", &site.conf)
+            .env("SLURM_CONF", &slurm_conf)
+            .output()
+            .unwrap();
+        stdout(&out)
+    };
+    let pair = format!(
+        "SlurmctldHost=ctl1(10.99.0.2)\nSlurmctldHost=ctl2(10.99.0.3)\nSlurmctldTimeout=10\n\
+         StateSaveLocation={}\n",
+        save.display()
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let heartbeat = |time: u64, index: u64| {
+        let mut b = time.to_be_bytes().to_vec();
+        b.extend_from_slice(&index.to_be_bytes());
+        fs::write(save.join("heartbeat"), b).unwrap();
+    };
+    heartbeat(now - 1, 1);
+    let text = status(&pair);
+    assert!(
+        text.contains("controllers:      ctl1, ctl2 (in control)\n"),
+        "{text}"
+    );
+    heartbeat(now - 60, 0);
+    let text = status(&pair);
+    assert!(
+        text.contains(
+            "controllers:      ctl1, ctl2 (in control: unknown: the heartbeat of ctl1 is 60 s old"
+        ),
+        "{text}"
+    );
+    fs::write(save.join("heartbeat"), b"\x1b[31mnot a heartbeat").unwrap();
+    let text = status(&pair);
+    assert!(
+        text.contains("(in control: unknown: the heartbeat is 17 bytes, not 16)"),
+        "{text}"
+    );
+    let text = status("SlurmctldHost=ctl1(10.99.0.2)\n");
+    assert!(!text.contains("controllers:"), "{text}");
+}
+
 /// Issue 18: `check` and `status` probe CloudVision with a GetOne of a JobConfig key no job
 /// has: a strict CloudVision (a GET of JobConfig without a key is 400, an unknown key 404)
 /// counts as reachable with the token accepted; a bad token is named as the token. The old

@@ -64,6 +64,15 @@ pub struct Status {
     pub service_running: bool,
     /// The figures of the metrics file (`MetricsFile`), from the same StateDir.
     pub metrics: crate::metrics::Figures,
+    /// With two or more `SlurmctldHost` lines in slurm.conf: the controllers, in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controllers: Option<Vec<String>>,
+    /// The controller in control (from StateSaveLocation/heartbeat).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_control: Option<String>,
+    /// Why the controller in control cannot be told (two or more controllers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_control_unknown: Option<String>,
 }
 
 /// Prints the status; exit 1 when the oldest event is older than `max_age` seconds or
@@ -141,8 +150,12 @@ pub fn run(a: Args) -> i32 {
         last_error_at: None,
         service_running: crate::service::sender::connect(&cfg.state_dir).is_some(),
         metrics: crate::metrics::Figures::gather(&outbox, cfg.poll_interval),
+        controllers: None,
+        in_control: None,
+        in_control_unknown: None,
     };
     let mut st = st;
+    controllers(&mut st);
     if let Some(v) = outbox.status.read() {
         st.last_delivery = v["last_delivery"].as_i64();
         st.last_error = v["last_error"].as_str().map(String::from);
@@ -196,6 +209,12 @@ pub fn run(a: Args) -> i32 {
             ),
             None => println!("last error:       none"),
         }
+        if let Some(list) = &st.controllers {
+            println!(
+                "controllers:      {}",
+                controllers_line(list, &st.in_control, &st.in_control_unknown)
+            );
+        }
         println!(
             "CloudVision:      {} ({})",
             escape_control(st.api_server.as_deref().unwrap_or("not configured")),
@@ -210,6 +229,49 @@ pub fn run(a: Args) -> i32 {
         EXIT_PROBLEM
     } else {
         EXIT_OK
+    }
+}
+
+/// Fills in the controllers and the one in control when slurm.conf names two or more
+/// `SlurmctldHost`s (an unreadable slurm.conf or a single controller: nothing).
+fn controllers(st: &mut Status) {
+    use crate::slurm::leader::{self, Leader};
+    let Ok(conf) = crate::slurm_conf::load_slurm_conf(&crate::slurm_conf::slurm_conf_path()) else {
+        return;
+    };
+    let list = leader::controllers(&conf);
+    if list.len() < 2 {
+        return;
+    }
+    let now = u64::try_from(crate::timefmt::now_epoch()).unwrap_or(0);
+    match leader::leader(&conf, now) {
+        Leader::InControl { name, .. } => st.in_control = Some(name),
+        Leader::Unknown(why) => st.in_control_unknown = Some(why),
+    }
+    st.controllers = Some(list.into_iter().map(|c| c.name).collect());
+}
+
+/// `ctl1 (in control), ctl2`, or `ctl1, ctl2 (in control: unknown: why)`; names come from
+/// slurm.conf, escaped.
+fn controllers_line(
+    list: &[String],
+    in_control: &Option<String>,
+    unknown: &Option<String>,
+) -> String {
+    let names: Vec<String> = list
+        .iter()
+        .map(|n| match in_control {
+            Some(c) if c == n => format!("{} (in control)", escape_control(n)),
+            _ => escape_control(n).into_owned(),
+        })
+        .collect();
+    match unknown {
+        Some(why) => format!(
+            "{} (in control: unknown: {})",
+            names.join(", "),
+            one_line(why, 300)
+        ),
+        None => names.join(", "),
     }
 }
 

@@ -2,7 +2,8 @@
 # Real multi-node Slurm test cluster on one machine (one network namespace per node).
 #
 # Usage: tests/cluster/cluster.sh <command> [args]
-#   up [--reuse] [N]     full `down`, then start munged, (MariaDB + slurmdbd), slurmctld and
+#   up [--reuse] [--controllers 2] [N]
+#                        full `down`, then start munged, (MariaDB + slurmdbd), slurmctld and
 #                        N static nodes n1..nN (default 4), wait until they are idle.
 #                        --reuse: keep the running cluster instead when it was brought up with
 #                        the same settings (N, SLURM and the variables below) and is still as
@@ -21,6 +22,28 @@
 #                        its log) when it does not come up or a node does not come back
 #   exec NAME CMD...     run CMD inside NAME's namespace with NAME as hostname
 #   wait-idle [TIMEOUT]  wait until all static nodes are idle (default 60 s)
+#
+# Two controllers (`up --controllers 2 [N]`, a Slurm HA pair; the default is one, as above):
+#   ctl1 (primary) and ctl2 (backup) are two "hosts": each its own network namespace
+#   (cvslurm-ctlK, eth0 10.99.0.(1+K) on the bridge), hostname, munged and slurmctld, and its
+#   own local /opt, /var/spool, /run, /var/log and /etc/hosts (bind mounts of
+#   $CVSLURM_CLUSTER_DIR/hosts/ctlK/* in a private mount namespace, made again for every
+#   process started in it: what one controller writes there the other never sees).
+#   StateSaveLocation ($CVSLURM_CLUSTER_DIR/state) is one directory both see, as NFS gives
+#   them; SlurmctldTimeout is 10 s (as with one controller). slurmctld's log:
+#   hosts/ctlK/log/slurm/slurmctld.log. `up --reuse` always brings a pair up afresh.
+#   in-control           print the controller in control (from StateSaveLocation/heartbeat)
+#   stop-slurmctld CTL   stop CTL's slurmctld gracefully (SIGTERM; the other one takes over
+#                        after SlurmctldTimeout)
+#   kill-slurmctld CTL   kill -9 CTL's slurmctld (slurmscriptd and running hooks die with it)
+#   start-slurmctld CTL  start CTL's slurmctld (and its munged); wait until it answers ping
+#   takeover             `scontrol takeover` (the backup takes control); wait until the
+#                        heartbeat names it, print how long that took
+#   power-off CTL        kill -9 every process in CTL's namespaces (slurmctld, munged, hooks,
+#                        whatever `exec CTL` started), as a power cut
+#   power-on CTL         start CTL's munged and slurmctld again (same local directories)
+#   exec CTL CMD...      run CMD as on that host (its namespaces, hostname, directories)
+#   restart-slurmctld    stop both, start ctl1 then ctl2
 #
 # Environment:
 #   CVSLURM_CLUSTER_DIR  work dir (default /var/tmp/cvslurm-cluster)
@@ -75,6 +98,18 @@ readonly ENTER='h=$0 r=$1; shift; hostname "$h" || exit 112
 [ -z "$r" ] && exec "$@"
 mount -t sysfs sysfs "$r/sys" || exit 111
 exec chroot "$r" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/root "$@"'
+# sh -c script used to enter a controller of a pair ($0 = hostname, $1 = root filesystem or "",
+# $2 = the controller's own directory): as ENTER, after binding its local directories over
+# /opt, /var/spool, /run, /var/log and /etc/hosts (in the private mount namespace of
+# `ip netns exec`, so only this process and its children see them)
+# shellcheck disable=SC2016
+readonly ENTER_CTL='h=$0 r=$1 d=$2; shift 2; hostname "$h" || exit 112
+mount --bind "$d/opt" "$r/opt" && mount --bind "$d/spool" "$r/var/spool" &&
+mount --bind "$d/run" "$r/run" && mount --bind "$d/log" "$r/var/log" &&
+mount --bind "$d/hosts" "$r/etc/hosts" || exit 113
+[ -z "$r" ] && exec "$@"
+mount -t sysfs sysfs "$r/sys" || exit 111
+exec chroot "$r" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/root "$@"'
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 readonly REPO
 readonly CLIENTS="sbatch squeue scontrol sacct srun salloc sinfo scancel sacctmgr sstat sprio sshare sreport"
@@ -83,10 +118,13 @@ CTLD_HOST="$(hostname -s)"
 SLURM_VER="${SLURM:-22.05}"
 # R: the root filesystem the daemons run in ("" = the host's own Slurm 22.05)
 R=""
+# NCTL: how many controllers (1, or 2 with `up --controllers 2`)
+NCTL=1
 if [[ "${1:-}" != up ]]; then
     [[ -s "$W/run/cluster.name" ]] && CLUSTER_NAME="$(cat "$W/run/cluster.name")"
     [[ -s "$W/run/slurm.version" ]] && SLURM_VER="$(cat "$W/run/slurm.version")"
     [[ -s "$W/run/rootfs" ]] && R="$(cat "$W/run/rootfs")"
+    [[ -s "$W/run/controllers" ]] && NCTL="$(cat "$W/run/controllers")"
 fi
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 unset SLURM_CONF SLURM
@@ -103,7 +141,7 @@ warn() { printf '[cluster] WARNING: %s\n' "$*" >&2; }
 
 show_logs() {
     local f
-    for f in "$W/log/slurmctld.log" "$W/log/slurmdbd.log" "$W/log"/slurmd-*.log "$W/log/mariadb.out" "$W/mariadb/mariadb.log"; do
+    for f in "$W/log/slurmctld.log" "$W"/hosts/ctl*/log/slurm/slurmctld.log "$W/log/slurmdbd.log" "$W/log"/slurmd-*.log "$W/log/mariadb.out" "$W/mariadb/mariadb.log"; do
         [[ -s "$f" ]] || continue
         printf '===== tail %s =====\n' "$f" >&2
         grep -v -e 'mpi/pmix' -e 'MPI: Cannot create context' "$f" | tail -n 12 >&2 || true
@@ -188,9 +226,26 @@ NODE_${n}_ENS2_MAC=$(node_mac "$idx" 04)
        {\"name\": \"ens2\", \"mac\": \"$(node_mac "$idx" 04)\", \"ipv4\": []}
      ]}"
     done
+    local ctls="" c k
+    if ((NCTL > 1)); then
+        # a pair: the controllers, in SlurmctldHost order (the host keeps CTLD_HOST/CTLD_ADDR)
+        env+="CONTROLLERS=\"$(ctl_names | tr '\n' ' ' | sed 's/ $//')\"
+"
+        for c in $(ctl_names); do
+            k="${c#ctl}"
+            env+="CTL_${c}_INDEX=$((k - 1))
+CTL_${c}_ADDR=$(ctl_ip "$k")
+CTL_${c}_NETNS=$(ctl_ns "$c")
+CTL_${c}_DIR=$(ctl_dir "$c")
+"
+            ctls+="${ctls:+, }{\"host\": \"$c\", \"addr\": \"$(ctl_ip "$k")\", \"netns\": \"$(ctl_ns "$c")\", \"dir\": \"$(ctl_dir "$c")\"}"
+        done
+        ctls="
+  \"controllers\": [$ctls],"
+    fi
     printf '%s' "$env" >"$W/nodes.env.tmp" && mv "$W/nodes.env.tmp" "$W/nodes.env"
-    printf '{\n  "cluster_name": "%s",\n  "controller": {"host": "%s", "addr": "%s"},\n  "bridge": "%s",\n  "with_dbd": %s,\n  "nodes": [%s\n  ]\n}\n' \
-        "$CLUSTER_NAME" "$CTLD_HOST" "$BRIDGE_IP" "$BRIDGE" "$([[ $(dbd_active) == 1 ]] && echo true || echo false)" "$json" \
+    printf '{\n  "cluster_name": "%s",\n  "controller": {"host": "%s", "addr": "%s"},%s\n  "bridge": "%s",\n  "with_dbd": %s,\n  "nodes": [%s\n  ]\n}\n' \
+        "$CLUSTER_NAME" "$CTLD_HOST" "$BRIDGE_IP" "$ctls" "$BRIDGE" "$([[ $(dbd_active) == 1 ]] && echo true || echo false)" "$json" \
         >"$W/nodes.json.tmp" && mv "$W/nodes.json.tmp" "$W/nodes.json"
 }
 
@@ -243,6 +298,7 @@ mount_rootfs() {
         echo "$BRIDGE_IP $CTLD_HOST"
         local i
         for ((i = 1; i <= 64; i++)); do echo "$(node_ip "$i") n$i"; done
+        for ((i = 1; i <= NCTL && NCTL > 1; i++)); do echo "$(ctl_ip "$i") ctl$i"; done
     } >"$R/etc/hosts"
 }
 
@@ -561,6 +617,119 @@ wait_nodes_idle() { # timeout nodes...
     done
 }
 
+# ---------- two controllers (up --controllers 2) ----------
+ctl_names() { local i; for ((i = 1; i <= NCTL && NCTL > 1; i++)); do echo "ctl$i"; done; }
+ctl_ip() { printf '10.99.0.%d' $((1 + $1)); }
+ctl_ns() { printf '%s%s' "$NS_PREFIX" "$1"; }
+ctl_dir() { printf '%s/hosts/%s' "$W" "$1"; }
+ctl_pidfile() { printf '%s/run/slurmctld-%s.pid.ours' "$W" "$1"; }
+is_ctl() { ctl_names | grep -qxF -- "$1"; }
+need_ctl() { # name
+    ((NCTL > 1)) || fail "the cluster has one controller (bring it up with: up --controllers 2)"
+    is_ctl "${1:-}" || fail "unknown controller '${1:-}' (want one of: $(ctl_names | tr '\n' ' '))"
+}
+
+# CTL's own local directories and its network namespace (eth0 on the bridge, no data links)
+create_ctl() { # name
+    local name="$1" k="${1#ctl}" ns d f
+    ns="$(ctl_ns "$name")"; d="$(ctl_dir "$name")"
+    install -d -m 0755 "$d" "$d/opt" "$d/spool" "$d/run" "$d/log"
+    inroot install -d -o slurm -g slurm -m 0755 "$d/log/slurm"
+    inroot install -d -o munge -g munge -m 0700 "$d/log/munge"
+    inroot install -d -o munge -g munge -m 0755 "$d/run/munge"
+    # its own /etc/hosts: the host's (or the root filesystem's) names, then the cluster's
+    if [[ -n "$R" ]]; then f="$R/etc/hosts"; else f=/etc/hosts; fi
+    {
+        grep -vxF "$MARKER" "$f" | grep -v -E '^10\.99\.0\.' || true
+        echo "$MARKER"
+        echo "$BRIDGE_IP $CTLD_HOST"
+        for ((k = 1; k <= NCTL; k++)); do echo "$(ctl_ip "$k") ctl$k"; done
+        for ((k = 1; k <= 64; k++)); do echo "$(node_ip "$k") n$k"; done
+    } >"$d/hosts"
+    chmod 0644 "$d/hosts"
+    k="${name#ctl}"
+    ip netns del "$ns" 2>/dev/null || true
+    ip link del "cvc$k" 2>/dev/null || true
+    ip netns add "$ns"
+    ip link add "cvc$k" type veth peer name "cvt$k"
+    ip link set "cvc$k" master "$BRIDGE"
+    ip link set "cvc$k" up
+    ip link set "cvt$k" netns "$ns"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set "cvt$k" name eth0
+    ip -n "$ns" link set eth0 address "$(printf '02:99:00:01:%02x:01' "$k")"
+    ip -n "$ns" addr add "$(ctl_ip "$k")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+}
+
+# ctl_run CTL CMD...: CMD on that controller (its namespaces, hostname and local directories)
+ctl_run() {
+    local name="$1"
+    shift
+    ip netns exec "$(ctl_ns "$name")" unshare --uts -- sh -c "$ENTER_CTL" "$name" "$R" "$(ctl_dir "$name")" "$@"
+}
+
+ctl_munge_ok() { ctl_run "$1" sh -c 'munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1'; }
+
+start_ctl_munged() { # name: the controller's own munged (same key), socket in its own /run
+    local name="$1" d i
+    d="$(ctl_dir "$name")"
+    if pid_alive "$(cat "$d/run/munge/munged.pid" 2>/dev/null || true)" && ctl_munge_ok "$name"; then return 0; fi
+    rm -f "$d/run/munge/munged.pid"
+    ctl_run "$name" setpriv --reuid=munge --regid=munge --init-groups /usr/sbin/munged --force </dev/null 9>&- ||
+        die "munged did not start on $name (see $d/log/munge/munged.log)"
+    for ((i = 0; i < 50; i++)); do
+        [[ -s "$d/run/munge/munged.pid" ]] && ctl_munge_ok "$name" && return 0
+        sleep 0.1
+    done
+    die "munged did not start on $name (see $d/log/munge/munged.log)"
+}
+
+# does CTL's slurmctld answer `scontrol ping` (as primary/backup, in control or standby)?
+ctl_answers() { inroot scontrol ping 2>/dev/null | grep -q "at $1 is UP"; }
+
+start_ctl() { # name: munged, then slurmctld; wait until it answers ping
+    local name="$1" pf i
+    pf="$(ctl_pidfile "$name")"
+    start_ctl_munged "$name"
+    if pid_alive "$(cat "$pf" 2>/dev/null || true)"; then
+        log "slurmctld on $name already running"
+        return 0
+    fi
+    setsid ip netns exec "$(ctl_ns "$name")" unshare --uts -- sh -c "$ENTER_CTL" "$name" "$R" "$(ctl_dir "$name")" \
+        /usr/sbin/slurmctld -D -s </dev/null >>"$W/log/slurmctld-$name.out" 2>&1 9>&- &
+    echo $! >"$pf"
+    for ((i = 0; i < 300; i++)); do
+        ctl_answers "$name" && break
+        pid_alive "$(cat "$pf")" || die "slurmctld on $name exited (log: $(ctl_dir "$name")/log/slurm/slurmctld.log)"
+        sleep 0.1
+    done
+    ctl_answers "$name" || die "slurmctld on $name did not answer ping"
+    log "slurmctld on $name started (pid $(cat "$pf"))"
+}
+
+# The controller in control, from StateSaveLocation/heartbeat (16 bytes: big-endian u64 Unix
+# time, big-endian u64 index into the SlurmctldHost list): "ctlK AGE" (AGE in s), or fails.
+heartbeat_owner() {
+    local f="$W/state/heartbeat" hex t k
+    [[ -f "$f" && "$(stat -c %s "$f")" == 16 ]] || return 1
+    hex="$(od -An -v -tx1 "$f" | tr -d ' \n')"
+    t=$((16#${hex:0:16})); k=$((16#${hex:16:16}))
+    ((k >= 0 && k < NCTL)) || return 1
+    printf 'ctl%d %d\n' $((k + 1)) $(($(date +%s) - t))
+}
+
+# wait until the heartbeat names CTL and is fresh (written within 5 s); timeout in s
+wait_in_control() { # name timeout
+    local t0=$SECONDS o
+    while ((SECONDS - t0 < $2)); do
+        o="$(heartbeat_owner || true)"
+        [[ "${o% *}" == "$1" && "${o#* }" -le 5 ]] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
 # Every node named answers slurmctld and is not DOWN: its state has no `*` (not responding)
 # and is not down/drained-down (it may run jobs: mixed, allocated, completing are fine).
 wait_nodes_responding() { # timeout nodes...
@@ -590,6 +759,17 @@ write_configs() { # nnodes hook with_dbd
         nodelines+="NodeName=n$i NodeAddr=$(node_ip "$i") CPUs=8 RealMemory=1000 State=UNKNOWN
 "
     done
+    # one controller: this host; a pair: ctl1 then ctl2, each writing its pid file and log into
+    # its own local /run and /var/log, and reaching slurmdbd on the host through the bridge
+    local ctlds="SlurmctldHost=$CTLD_HOST($BRIDGE_IP)" ctld_pid="$W/run/slurmctld.pid"
+    local ctld_log="$W/log/slurmctld.log" dbd_host=localhost c
+    if ((NCTL > 1)); then
+        ctlds=""
+        for c in $(ctl_names); do ctlds+="${ctlds:+$'\n'}SlurmctldHost=$c($(ctl_ip "${c#ctl}"))"; done
+        ctld_pid=/run/slurmctld.pid
+        ctld_log=/var/log/slurm/slurmctld.log
+        dbd_host="$BRIDGE_IP"
+    fi
     gpu_from=$((n > 1 ? n - 1 : 1))
     for ((i = gpu_from; i <= n; i++)); do gpu+="${gpu:+,}n$i"; done
     {
@@ -597,7 +777,7 @@ write_configs() { # nnodes hook with_dbd
         printf '# generated %s for CVSLURM_CLUSTER_DIR=%s; do not edit\n' "$(date -u +%FT%TZ)" "$W"
         cat <<EOF
 ClusterName=$CLUSTER_NAME
-SlurmctldHost=$CTLD_HOST($BRIDGE_IP)
+$ctlds
 SlurmUser=slurm
 SlurmdUser=root
 SlurmctldPort=6817
@@ -606,9 +786,9 @@ AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation=$W/state
 SlurmdSpoolDir=$W/spool/%n
-SlurmctldPidFile=$W/run/slurmctld.pid
+SlurmctldPidFile=$ctld_pid
 SlurmdPidFile=$W/run/slurmd-%n.pid
-SlurmctldLogFile=$W/log/slurmctld.log
+SlurmctldLogFile=$ctld_log
 SlurmdLogFile=$W/log/slurmd-%n.log
 SlurmctldDebug=${SLURMCTLD_DEBUG:-info}
 SlurmdDebug=info
@@ -638,7 +818,7 @@ EOF
         # switch/none is gone in 23.11+ (no SwitchType means none)
         [[ "$SLURM_VER" == 22.05 ]] && printf 'SwitchType=switch/none\n'
         if [[ "$dbd" == 1 ]]; then
-            printf 'AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\nAccountingStoragePort=6819\n'
+            printf 'AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=%s\nAccountingStoragePort=6819\n' "$dbd_host"
         else
             printf 'AccountingStorageType=accounting_storage/none\n'
         fi
@@ -702,6 +882,7 @@ up_description() { # nnodes
     printf 'CVSLURM_HOOKS=%s\nMIN_JOB_AGE=%s\nSLURMD_TIMEOUT=%s\nSLURMCTLD_DEBUG=%s\n' \
         "${CVSLURM_HOOKS:-both}" "${MIN_JOB_AGE:-5}" "${SLURMD_TIMEOUT:-5}" "${SLURMCTLD_DEBUG:-info}"
     printf 'CVSLURM_SHARE=%s\nREPO=%s\n' "${CVSLURM_SHARE:-}" "$REPO"
+    if ((NCTL > 1)); then printf 'CONTROLLERS=%s\n' "$NCTL"; fi
 }
 
 # The cluster as `up` left it ($W/run/up.snapshot): the managed files in /etc/slurm, the nodes
@@ -780,6 +961,7 @@ do_down() {
     local n ns
     local -a specs=()
     for n in $(all_nodes); do specs+=("$W/run/slurmd-$n.pid.ours:slurmd"); done
+    for n in "$W"/run/slurmctld-ctl*.pid.ours; do [[ -f "$n" ]] && specs+=("$n:slurmctld"); done
     stop_pidfiles "${specs[@]}" "$W/run/slurmctld.pid.ours:slurmctld"
     for n in $(all_nodes); do delete_node_netns "$n"; done
     # leftovers from runs whose state was lost
@@ -787,7 +969,7 @@ do_down() {
         kill_netns_pids "$ns"
         ip netns del "$ns" 2>/dev/null || true
     done
-    for n in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^cvh[0-9]+$' || true); do
+    for n in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^cv[hc][0-9]+$' || true); do
         ip link del "$n" 2>/dev/null || true
     done
     rm -f "$W"/run/slurmd-*.pid.ours
@@ -802,7 +984,7 @@ do_down() {
     local root
     for root in "${CVSLURM_ROOTFS_CACHE:-/var/cache/cvslurm-rootfs}"/*; do umount_rootfs "$root"; done
     [[ -z "$R" ]] || umount_rootfs "$R"
-    rm -rf "$W/state" "$W/spool" "$W/run" "$W/nodes" "$W/nodes.env" "$W/nodes.json" "$W/mariadb" "$W/bin"
+    rm -rf "$W/state" "$W/spool" "$W/run" "$W/nodes" "$W/nodes.env" "$W/nodes.json" "$W/mariadb" "$W/bin" "$W/hosts"
 }
 
 cmd_down() {
@@ -813,17 +995,28 @@ cmd_down() {
 }
 
 cmd_up() {
-    local reuse=0 why
-    if [[ "${1:-}" == --reuse ]]; then
-        reuse=1
-        shift
-    fi
+    local reuse=0 why c
+    while [[ "${1:-}" == --* ]]; do
+        case "$1" in
+            --reuse) reuse=1; shift ;;
+            --controllers)
+                [[ "${2:-}" == [12] ]] || fail "--controllers: want 1 or 2"
+                NCTL="$2"
+                shift 2
+                ;;
+            *) fail "up: unknown option $1" ;;
+        esac
+    done
     local n="${1:-4}" i t0=$SECONDS nodes=()
     if ! [[ "$n" =~ ^[0-9]+$ ]] || ((n < 1 || n > 32)); then fail "node count must be 1..32"; fi
     need_root
     take_lock
     [[ -z "${CVSLURM_HOOK:-}" || "${CVSLURM_HOOK}" == /* ]] || fail "CVSLURM_HOOK must be an absolute path"
     case "$SLURM_VER" in 22.05 | 24.11 | 26.05) ;; *) fail "SLURM=$SLURM_VER: want 22.05 (the host's), 24.11 or 26.05" ;; esac
+    if [[ $reuse == 1 && $NCTL -gt 1 ]]; then
+        log "--reuse: a pair of controllers is always brought up afresh"
+        reuse=0
+    fi
     if [[ $reuse == 1 ]]; then
         # the running cluster's root filesystem (the settings compared include the version)
         R="$(cat "$W/run/rootfs" 2>/dev/null || true)"
@@ -850,6 +1043,7 @@ cmd_up() {
     install -d -m 0755 "$W" "$W/run" "$W/spool"
     inroot install -d -o slurm -g slurm -m 0755 "$W/state" "$W/log"
     printf '%s\n' "$SLURM_VER" >"$W/run/slurm.version"
+    if ((NCTL > 1)); then printf '%s\n' "$NCTL" >"$W/run/controllers"; fi
     [[ -z "$R" ]] || printf '%s\n' "$R" >"$W/run/rootfs"
     write_wrappers
     WITH_DBD_ACTIVE="${WITH_DBD:-0}"
@@ -863,19 +1057,26 @@ cmd_up() {
         create_node_netns "n$i" "$i" 0
         nodes+=("n$i")
     done
+    for c in $(ctl_names); do create_ctl "$c"; done
     write_nodes_desc
     start_munged
     if [[ "$WITH_DBD_ACTIVE" == 1 ]]; then
         start_mariadb
         start_slurmdbd
     fi
-    start_slurmctld
+    if ((NCTL > 1)); then
+        # the primary first: a backup that starts alone takes control after SlurmctldTimeout
+        for c in $(ctl_names); do start_ctl "$c"; done
+        wait_in_control ctl1 15 || die "the heartbeat does not name ctl1 15 s after it started"
+    else
+        start_slurmctld
+    fi
     for i in "${nodes[@]}"; do start_slurmd "$i"; done
     log "slurmd started on ${nodes[*]}; waiting for idle"
     wait_nodes_idle 60 "${nodes[@]}" || die "nodes did not become idle: $(inroot sinfo -h -N -o '%N %T' | tr '\n' ' ')"
     up_description "$n" >"$W/run/up.env"
     cluster_snapshot >"$W/run/up.snapshot"
-    log "up: Slurm $SLURM_VER ($(inroot sinfo --version)), $n nodes idle in $((SECONDS - t0)) s; description in $W/nodes.env and $W/nodes.json"
+    log "up: Slurm $SLURM_VER ($(inroot sinfo --version)),$( ((NCTL > 1)) && printf ' controllers %s (ctl1 in control),' "$(ctl_names | tr '\n' ' ' | sed 's/ $//')") $n nodes idle in $((SECONDS - t0)) s; description in $W/nodes.env and $W/nodes.json"
 }
 
 cmd_status() {
@@ -890,6 +1091,10 @@ cmd_status() {
         pid="$(cat "$f")"
         if pid_alive "$pid"; then printf '%-16s pid %-8s running\n' "$name" "$pid"; else printf '%-16s pid %-8s DEAD\n' "$name" "$pid"; fi
     done
+    if ((NCTL > 1)); then
+        printf 'controllers: %s; in control (heartbeat): %s\n' "$(ctl_names | tr '\n' ' ')" "$(heartbeat_owner | sed 's/ \(.*\)/, written \1 s ago/' || echo unknown)"
+        inroot scontrol ping 2>&1 || true
+    fi
     printf 'namespaces: %s\n' "$(ip netns list | awk '{print $1}' | grep "^$NS_PREFIX" | tr '\n' ' ' || true)"
     printf 'Slurm %s%s, commands in %s/bin\n' "$SLURM_VER" "${R:+ (root filesystem $R)}" "$W"
     [[ ! -s "$W/run/up.env" ]] || printf 'brought up with: %s\n' "$(tr '\n' ' ' <"$W/run/up.env")"
@@ -946,9 +1151,17 @@ cmd_stop_slurmd() {
 cmd_restart_slurmctld() {
     need_root
     take_lock
-    [[ -f "$W/run/slurmctld.pid.ours" ]] || fail "cluster is not up"
-    stop_pidfiles "$W/run/slurmctld.pid.ours:slurmctld"
-    start_slurmctld
+    if ((NCTL > 1)); then
+        local c
+        local -a specs=()
+        for c in $(ctl_names); do specs+=("$(ctl_pidfile "$c"):slurmctld"); done
+        stop_pidfiles "${specs[@]}"
+        for c in $(ctl_names); do start_ctl "$c"; done
+    else
+        [[ -f "$W/run/slurmctld.pid.ours" ]] || fail "cluster is not up"
+        stop_pidfiles "$W/run/slurmctld.pid.ours:slurmctld"
+        start_slurmctld
+    fi
     # A restarted slurmctld reads each node's last response from its state file. Its first
     # ping pass sets every node whose last response is older than SlurmdTimeout DOWN ("down",
     # no star: seen in CI when a test ran 30 s between two restarts, and the next test's sinfo
@@ -978,6 +1191,90 @@ registrations() {
         END { }' | grep . || echo 0
 }
 
+# ---------- commands on one controller of a pair ----------
+cmd_in_control() {
+    local o
+    ((NCTL > 1)) || fail "the cluster has one controller (bring it up with: up --controllers 2)"
+    o="$(heartbeat_owner)" || fail "no readable heartbeat in $W/state"
+    printf '%s (heartbeat written %s s ago)\n' "${o% *}" "${o#* }"
+}
+
+cmd_stop_slurmctld() {
+    need_root
+    take_lock
+    need_ctl "${1:-}"
+    stop_pidfiles "$(ctl_pidfile "$1"):slurmctld"
+}
+
+cmd_kill_slurmctld() {
+    local pf pid i
+    need_root
+    take_lock
+    need_ctl "${1:-}"
+    pf="$(ctl_pidfile "$1")"
+    pid="$(cat "$pf" 2>/dev/null || true)"
+    pid_alive "$pid" || fail "slurmctld on $1 is not running"
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == slurmctld* ]] || fail "pid $pid from $pf is not slurmctld any more"
+    kill -KILL "$pid"
+    for ((i = 0; i < 50; i++)); do pid_alive "$pid" || break; sleep 0.1; done
+    rm -f "$pf"
+    log "kill-slurmctld $1: pid $pid killed (SIGKILL)"
+}
+
+cmd_start_slurmctld() {
+    need_root
+    take_lock
+    need_ctl "${1:-}"
+    start_ctl "$1"
+}
+
+cmd_takeover() {
+    local before t0 o
+    need_root
+    take_lock
+    ((NCTL > 1)) || fail "the cluster has one controller (bring it up with: up --controllers 2)"
+    before="$(heartbeat_owner || true)"
+    t0="$(date +%s%N)"
+    inroot scontrol takeover || die "scontrol takeover failed"
+    # the backup (ctl2) takes control; wait until its heartbeat says so
+    wait_in_control ctl2 30 || die "30 s after scontrol takeover the heartbeat says: $(heartbeat_owner || echo nothing)"
+    o="$(heartbeat_owner)"
+    log "takeover: ${before% *} -> ${o% *}; heartbeat names it after $((($(date +%s%N) - t0) / 1000000)) ms"
+    # the old controller may exit (measured on 22.05) or stay as a standby
+    sleep 1
+    if pid_alive "$(cat "$(ctl_pidfile ctl1)" 2>/dev/null || true)"; then
+        log "takeover: ctl1's slurmctld still runs (standby)"
+    else
+        log "takeover: ctl1's slurmctld exited; start-slurmctld ctl1 brings it back (and it takes control back)"
+    fi
+}
+
+cmd_power_off() {
+    local ns pids i
+    need_root
+    take_lock
+    need_ctl "${1:-}"
+    ns="$(ctl_ns "$1")"
+    for ((i = 0; i < 20; i++)); do
+        pids="$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')"
+        [[ -n "${pids// /}" ]] || break
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null || true
+        sleep 0.1
+    done
+    [[ -z "$(ip netns pids "$ns" 2>/dev/null)" ]] || die "processes left in $ns: $(ip netns pids "$ns" | tr '\n' ' ')"
+    rm -f "$(ctl_pidfile "$1")"
+    log "power-off $1: every process in its namespaces killed (SIGKILL)"
+}
+
+cmd_power_on() {
+    need_root
+    take_lock
+    need_ctl "${1:-}"
+    [[ -z "$(ip netns pids "$(ctl_ns "$1")" 2>/dev/null)" ]] || fail "$1 is not powered off (processes run in $(ctl_ns "$1"))"
+    start_ctl "$1"
+}
+
 cmd_start_slurmd() {
     local name="${1:?usage: start-slurmd NAME}" i st
     need_root
@@ -996,6 +1293,9 @@ cmd_exec() {
     local name="${1:?usage: exec NAME CMD...}"
     shift
     [[ $# -gt 0 ]] || fail "usage: exec NAME CMD..."
+    if ((NCTL > 1)) && is_ctl "$name"; then
+        exec ip netns exec "$(ctl_ns "$name")" unshare --uts -- sh -c "$ENTER_CTL" "$name" "$R" "$(ctl_dir "$name")" "$@"
+    fi
     node_exists "$name" || fail "unknown node $name"
     exec ip netns exec "$(node_get "$name" NS)" unshare --uts -- sh -c "$ENTER" "$name" "$R" "$@"
 }
@@ -1012,7 +1312,8 @@ main() {
     local cmd="${1:-}"
     [[ $# -gt 0 ]] && shift
     case "$cmd" in
-        up | down | add-node | del-node | stop-slurmd | start-slurmd | restart-slurmctld)
+        up | down | add-node | del-node | stop-slurmd | start-slurmd | restart-slurmctld | \
+            stop-slurmctld | kill-slurmctld | start-slurmctld | takeover | power-off | power-on)
             set -o errtrace
             trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
             ;;
@@ -1028,6 +1329,13 @@ main() {
         restart-slurmctld) cmd_restart_slurmctld ;;
         exec) cmd_exec "$@" ;;
         wait-idle) cmd_wait_idle "$@" ;;
+        in-control) cmd_in_control ;;
+        stop-slurmctld) cmd_stop_slurmctld "$@" ;;
+        kill-slurmctld) cmd_kill_slurmctld "$@" ;;
+        start-slurmctld) cmd_start_slurmctld "$@" ;;
+        takeover) cmd_takeover ;;
+        power-off) cmd_power_off "$@" ;;
+        power-on) cmd_power_on "$@" ;;
         *)
             sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
             exit 2

@@ -1,0 +1,481 @@
+//! Which controller of a Slurm HA pair is in control, as Slurm itself records it.
+//!
+//! With more than one `SlurmctldHost`, the slurmctld in control writes
+//! `StateSaveLocation/heartbeat` (Slurm 22.05 and later) every min(SlurmctldTimeout/4, 30) s,
+//! with fsync and rename: 16 bytes, a big-endian u64 Unix time and a big-endian u64 index of
+//! the writer in the `SlurmctldHost` list (0 = the first line). Measured on 22.05, 24.11 and
+//! 26.05 (`tests/cluster/FACTS-controllers.md`, fixtures `tests/fixtures/slurm-*/heartbeat-*`).
+//!
+//! The file is written by SlurmUser on a shared filesystem: every byte is hostile. A wrong
+//! size, a time too old or in the future, an index outside the list: the answer is
+//! [`Leader::Unknown`] with the reason, never a guess and never a panic.
+
+use crate::slurm_conf::SlurmConf;
+use std::path::Path;
+
+/// The heartbeat's file name inside StateSaveLocation.
+pub const HEARTBEAT_FILE: &str = "heartbeat";
+/// The heartbeat's size in bytes.
+pub const HEARTBEAT_LEN: usize = 16;
+/// SlurmctldTimeout when slurm.conf does not set it (slurm.conf(5)).
+pub const DEFAULT_SLURMCTLD_TIMEOUT_S: u64 = 120;
+/// How far in the future a heartbeat's time may be (the writer's clock runs ahead of ours)
+/// before it is not believed.
+pub const MAX_CLOCK_AHEAD_S: u64 = 10;
+
+/// One `SlurmctldHost` line: `name` or `name(address)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Controller {
+    /// The host name slurmctld compares with its own (`hostname -s`).
+    pub name: String,
+    /// The address in parentheses, if given.
+    pub addr: Option<String>,
+}
+
+/// The heartbeat file's two numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// When the controller in control last wrote it (Unix seconds, its clock).
+    pub time: u64,
+    /// The writer's index in the `SlurmctldHost` list.
+    pub index: u64,
+}
+
+/// Who is in control.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leader {
+    /// The controller at `index` of the `SlurmctldHost` list wrote the heartbeat `age_s`
+    /// seconds ago (negative: its clock runs a little ahead of ours).
+    InControl {
+        /// Index in the `SlurmctldHost` list (0 = primary).
+        index: usize,
+        /// Its `SlurmctldHost` name.
+        name: String,
+        /// Seconds since it wrote the heartbeat.
+        age_s: i64,
+    },
+    /// It cannot be told; the reason, one line.
+    Unknown(String),
+}
+
+/// The `SlurmctldHost` list in slurm.conf order; the pre-18.08 `ControlMachine` (with
+/// `ControlAddr`) and `BackupController` (with `BackupAddr`) when there is no SlurmctldHost.
+pub fn controllers(conf: &SlurmConf) -> Vec<Controller> {
+    let list: Vec<Controller> = conf
+        .all("SlurmctldHost")
+        .iter()
+        .filter_map(|s| parse_controller(&s.value))
+        .collect();
+    if !list.is_empty() {
+        return list;
+    }
+    let old = |host: &str, addr: &str| {
+        conf.last(host)
+            .and_then(|s| parse_controller(&s.value))
+            .map(|mut c| {
+                if c.addr.is_none() {
+                    c.addr = conf
+                        .last(addr)
+                        .map(|a| a.value.clone())
+                        .filter(|a| !a.is_empty());
+                }
+                c
+            })
+    };
+    old("ControlMachine", "ControlAddr")
+        .into_iter()
+        .chain(old("BackupController", "BackupAddr"))
+        .collect()
+}
+
+/// `name` or `name(address)` → a [`Controller`]; `None` when there is no name.
+pub fn parse_controller(value: &str) -> Option<Controller> {
+    let value = value.trim();
+    let (name, addr) = match value.split_once('(') {
+        Some((n, rest)) => {
+            let a = rest.strip_suffix(')').unwrap_or(rest).trim();
+            (n.trim(), (!a.is_empty()).then(|| a.to_string()))
+        }
+        None => (value, None),
+    };
+    (!name.is_empty()).then(|| Controller {
+        name: name.to_string(),
+        addr,
+    })
+}
+
+/// SlurmctldTimeout in seconds (slurm.conf's last value, else the default 120); `None` when
+/// the value is not a number.
+pub fn slurmctld_timeout_s(conf: &SlurmConf) -> Option<u64> {
+    match conf.last("SlurmctldTimeout") {
+        None => Some(DEFAULT_SLURMCTLD_TIMEOUT_S),
+        Some(s) => s.value.trim().parse().ok(),
+    }
+}
+
+/// How old a heartbeat may be and still name the controller in control: SlurmctldTimeout.
+///
+/// The controller in control rewrites the file every min(SlurmctldTimeout/4, 30) s, so a
+/// file that old has missed at least four writes: its writer is dead or hung. A standby
+/// takes control only after SlurmctldTimeout without an answer from it, so until then no
+/// other controller is in control either, and naming the old writer agrees with Slurm; past
+/// it, a takeover is due or under way and nobody can be named. At least 2 s (a SlurmctldTimeout
+/// of 0 or 1 would make every heartbeat stale).
+pub fn stale_after_s(slurmctld_timeout_s: u64) -> u64 {
+    slurmctld_timeout_s.max(2)
+}
+
+/// The heartbeat's bytes → its two numbers; the reason when they are not a heartbeat.
+pub fn parse_heartbeat(bytes: &[u8]) -> Result<Heartbeat, String> {
+    let b: &[u8; HEARTBEAT_LEN] = bytes.try_into().map_err(|_| {
+        format!(
+            "the heartbeat is {} bytes, not {HEARTBEAT_LEN}",
+            bytes.len()
+        )
+    })?;
+    let mut t = [0u8; 8];
+    let mut i = [0u8; 8];
+    t.copy_from_slice(&b[..8]);
+    i.copy_from_slice(&b[8..]);
+    Ok(Heartbeat {
+        time: u64::from_be_bytes(t),
+        index: u64::from_be_bytes(i),
+    })
+}
+
+/// Who is in control, from the heartbeat's bytes, the `SlurmctldHost` list, the current Unix
+/// time and SlurmctldTimeout.
+pub fn leader_from(
+    bytes: &[u8],
+    controllers: &[Controller],
+    now: u64,
+    slurmctld_timeout_s: u64,
+) -> Leader {
+    let hb = match parse_heartbeat(bytes) {
+        Ok(h) => h,
+        Err(e) => return Leader::Unknown(e),
+    };
+    let Some(c) = usize::try_from(hb.index)
+        .ok()
+        .and_then(|i| controllers.get(i).map(|c| (i, c)))
+    else {
+        return Leader::Unknown(format!(
+            "the heartbeat names controller index {}, but slurm.conf has {} SlurmctldHost line(s)",
+            hb.index,
+            controllers.len()
+        ));
+    };
+    let (index, controller) = c;
+    if hb.time > now.saturating_add(MAX_CLOCK_AHEAD_S) {
+        return Leader::Unknown(format!(
+            "the heartbeat of {} is dated {} s in the future: are the controllers' clocks synchronised?",
+            controller.name,
+            hb.time - now
+        ));
+    }
+    let stale = stale_after_s(slurmctld_timeout_s);
+    let age = now.saturating_sub(hb.time);
+    if age > stale {
+        return Leader::Unknown(format!(
+            "the heartbeat of {} is {age} s old (more than SlurmctldTimeout, {stale} s): no controller is in control, or a takeover is under way",
+            controller.name
+        ));
+    }
+    Leader::InControl {
+        index,
+        name: controller.name.clone(),
+        // both below i64::MAX here: `age` ≤ stale, and the time ahead ≤ MAX_CLOCK_AHEAD_S
+        age_s: if hb.time > now {
+            -((hb.time - now) as i64)
+        } else {
+            age as i64
+        },
+    }
+}
+
+/// Who is in control: reads `StateSaveLocation/heartbeat` (at most [`HEARTBEAT_LEN`] + 1
+/// bytes) from the state save location that slurm.conf names.
+pub fn leader(conf: &SlurmConf, now: u64) -> Leader {
+    let list = controllers(conf);
+    if list.len() < 2 {
+        return Leader::Unknown(format!(
+            "slurm.conf names {} SlurmctldHost: there is no backup controller and no heartbeat",
+            list.len()
+        ));
+    }
+    let Some(timeout) = slurmctld_timeout_s(conf) else {
+        return Leader::Unknown("SlurmctldTimeout in slurm.conf is not a number".to_string());
+    };
+    let Some(dir) = conf.last("StateSaveLocation").map(|s| s.value.clone()) else {
+        return Leader::Unknown("slurm.conf sets no StateSaveLocation".to_string());
+    };
+    let path = Path::new(&dir).join(HEARTBEAT_FILE);
+    match read_capped(&path, HEARTBEAT_LEN + 1) {
+        Ok(bytes) => leader_from(&bytes, &list, now, timeout),
+        Err(e) => Leader::Unknown(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// Reads at most `cap` bytes (a huge or endless file costs nothing).
+fn read_capped(path: &Path, cap: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    let mut out = Vec::with_capacity(cap);
+    f.take(cap as u64).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Is `controller` this host, as slurmctld decides it: its `SlurmctldHost` name equals the
+/// host's short name (`hostname -s`) or its full name; `localhost` stands for this host.
+pub fn is_this_host(controller: &Controller, hostname: &str) -> bool {
+    let short = hostname.split('.').next().unwrap_or("");
+    controller.name == "localhost"
+        || (!hostname.is_empty() && (controller.name == hostname || controller.name == short))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slurm_conf::parse_slurm_conf;
+    use std::path::PathBuf;
+
+    fn conf(text: &str) -> SlurmConf {
+        let t = text.to_string();
+        parse_slurm_conf(
+            Path::new("/etc/slurm/slurm.conf"),
+            &move |_| Ok(t.clone()),
+            &|_| Vec::new(),
+        )
+        .unwrap()
+    }
+
+    fn pair() -> Vec<Controller> {
+        controllers(&conf(
+            "SlurmctldHost=ctl1(10.99.0.2)\nSlurmctldHost=ctl2(10.99.0.3)\n",
+        ))
+    }
+
+    fn fixture(ver: &str, name: &str) -> Vec<u8> {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(format!("slurm-{ver}"))
+            .join(name);
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    fn be(time: u64, index: u64) -> Vec<u8> {
+        let mut v = time.to_be_bytes().to_vec();
+        v.extend_from_slice(&index.to_be_bytes());
+        v
+    }
+
+    #[test]
+    fn slurmctld_host_lines_in_order_with_addresses() {
+        let c = conf(
+            "SlurmctldHost=ctl1(10.99.0.2)\nslurmctldhost = ctl2\nSlurmctldHost=ctl3(10.0.0.3)\n",
+        );
+        assert_eq!(
+            controllers(&c),
+            vec![
+                Controller {
+                    name: "ctl1".into(),
+                    addr: Some("10.99.0.2".into())
+                },
+                Controller {
+                    name: "ctl2".into(),
+                    addr: None
+                },
+                Controller {
+                    name: "ctl3".into(),
+                    addr: Some("10.0.0.3".into())
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn old_control_machine_keys_when_no_slurmctld_host() {
+        let c = conf("ControlMachine=a\nControlAddr=10.0.0.1\nBackupController=b(10.0.0.2)\n");
+        assert_eq!(
+            controllers(&c),
+            vec![
+                Controller {
+                    name: "a".into(),
+                    addr: Some("10.0.0.1".into())
+                },
+                Controller {
+                    name: "b".into(),
+                    addr: Some("10.0.0.2".into())
+                },
+            ]
+        );
+        assert!(parse_controller("(10.0.0.1)").is_none());
+        assert!(parse_controller("  ").is_none());
+    }
+
+    #[test]
+    fn this_host_by_short_or_full_name() {
+        let c = parse_controller("ctl1(10.99.0.2)").unwrap();
+        assert!(is_this_host(&c, "ctl1"));
+        assert!(is_this_host(&c, "ctl1.example.com"));
+        assert!(!is_this_host(&c, "ctl2"));
+        assert!(!is_this_host(&c, "ctl10"));
+        assert!(!is_this_host(&c, ""));
+        let full = parse_controller("ctl1.example.com").unwrap();
+        assert!(is_this_host(&full, "ctl1.example.com"));
+        assert!(!is_this_host(&full, "ctl1"));
+        assert!(is_this_host(
+            &parse_controller("localhost").unwrap(),
+            "anything"
+        ));
+    }
+
+    #[test]
+    fn timeout_and_stale_bound() {
+        assert_eq!(slurmctld_timeout_s(&conf("ClusterName=x\n")), Some(120));
+        assert_eq!(
+            slurmctld_timeout_s(&conf("SlurmctldTimeout=10\n")),
+            Some(10)
+        );
+        assert_eq!(slurmctld_timeout_s(&conf("SlurmctldTimeout=ten\n")), None);
+        assert_eq!(stale_after_s(10), 10);
+        assert_eq!(stale_after_s(0), 2);
+    }
+
+    #[test]
+    fn hostile_heartbeats_cannot_tell_never_panic() {
+        let list = pair();
+        let now = 1_800_000_000;
+        let unknown = |bytes: &[u8]| match leader_from(bytes, &list, now, 10) {
+            Leader::Unknown(why) => why,
+            other => panic!("{bytes:?} taken for {other:?}"),
+        };
+        assert!(unknown(&[]).contains("0 bytes"), "{}", unknown(&[]));
+        assert!(unknown(&be(now, 0)[..15]).contains("15 bytes"));
+        let mut long = be(now, 0);
+        long.push(0);
+        assert!(unknown(&long).contains("17 bytes"));
+        assert!(unknown(&be(now, 2)).contains("index 2"));
+        assert!(unknown(&be(now, u64::MAX)).contains("index 18446744073709551615"));
+        assert!(unknown(&be(now + 11, 1)).contains("in the future"));
+        assert!(unknown(&be(u64::MAX, 0)).contains("in the future"));
+        assert!(unknown(&be(now - 11, 0)).contains("11 s old"));
+        assert!(unknown(&be(0, 1)).contains("old"));
+        // no controllers at all
+        assert!(matches!(
+            leader_from(&be(now, 0), &[], now, 10),
+            Leader::Unknown(_)
+        ));
+    }
+
+    #[test]
+    fn fresh_heartbeat_names_its_writer() {
+        let list = pair();
+        let now = 1_800_000_000;
+        assert_eq!(
+            leader_from(&be(now - 10, 1), &list, now, 10),
+            Leader::InControl {
+                index: 1,
+                name: "ctl2".into(),
+                age_s: 10
+            }
+        );
+        assert_eq!(
+            leader_from(&be(now + 10, 0), &list, now, 10),
+            Leader::InControl {
+                index: 0,
+                name: "ctl1".into(),
+                age_s: -10
+            }
+        );
+    }
+
+    #[test]
+    fn leader_reads_state_save_location_and_caps_the_read() {
+        let dir = std::env::temp_dir().join(format!("cvslurm-leader-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = format!(
+            "SlurmctldHost=ctl1(10.99.0.2)\nSlurmctldHost=ctl2(10.99.0.3)\nSlurmctldTimeout=10\nStateSaveLocation={}\n",
+            dir.display()
+        );
+        let c = conf(&text);
+        let now = 1_800_000_000;
+        assert!(matches!(leader(&c, now), Leader::Unknown(w) if w.contains("cannot read")));
+        std::fs::write(dir.join(HEARTBEAT_FILE), be(now - 2, 1)).unwrap();
+        assert_eq!(
+            leader(&c, now),
+            Leader::InControl {
+                index: 1,
+                name: "ctl2".into(),
+                age_s: 2
+            }
+        );
+        // a huge file is read only up to 17 bytes, and refused
+        std::fs::write(dir.join(HEARTBEAT_FILE), vec![0u8; 1 << 20]).unwrap();
+        assert!(matches!(leader(&c, now), Leader::Unknown(w) if w.contains("17 bytes")));
+        // one controller: no heartbeat to read
+        let one = conf("SlurmctldHost=ctl1\n");
+        assert!(matches!(leader(&one, now), Leader::Unknown(w) if w.contains("no backup")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The heartbeats real slurmctlds wrote (tests/cluster/measure-controllers.sh), copied
+    /// after each change of control: `heartbeat-<step>-<ctlK>.bin`, ctlK the controller then in
+    /// control (ctl1 = index 0, ctl2 = index 1).
+    #[test]
+    fn real_heartbeats_name_their_writer() {
+        let list = pair();
+        for ver in ["22.05", "24.11", "26.05"] {
+            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(format!("slurm-{ver}"));
+            let mut files: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("heartbeat-") && n.ends_with(".bin"))
+                .collect();
+            files.sort();
+            for must in ["heartbeat-initial-ctl1.bin", "heartbeat-takeover-ctl2.bin"] {
+                assert!(files.iter().any(|f| f == must), "{ver}: no {must}");
+            }
+            for file in &files {
+                let name = file.trim_end_matches(".bin").rsplit('-').next().unwrap();
+                let index: u64 = match name {
+                    "ctl1" => 0,
+                    "ctl2" => 1,
+                    other => panic!("{ver} {file}: in control: {other}?"),
+                };
+                let bytes = fixture(ver, file);
+                let hb = parse_heartbeat(&bytes).unwrap();
+                assert_eq!(hb.index, index, "{ver} {file}");
+                // written in 2026 by the test cluster's clock
+                assert!(
+                    (1_767_225_600..1_798_761_600).contains(&hb.time),
+                    "{ver} {file}"
+                );
+                assert_eq!(
+                    leader_from(&bytes, &list, hb.time + 3, 10),
+                    Leader::InControl {
+                        index: index as usize,
+                        name: name.into(),
+                        age_s: 3
+                    },
+                    "{ver} {file}"
+                );
+                // the same bytes read SlurmctldTimeout + 1 s later: stale
+                assert!(
+                    matches!(leader_from(&bytes, &list, hb.time + 11, 10), Leader::Unknown(w) if w.contains("11 s old")),
+                    "{ver} {file}"
+                );
+                // a slurm.conf with one SlurmctldHost: the backup's index is out of range
+                if index == 1 {
+                    assert!(matches!(
+                        leader_from(&bytes, &list[..1], hb.time, 10),
+                        Leader::Unknown(w) if w.contains("index 1")
+                    ));
+                }
+            }
+        }
+    }
+}
