@@ -20,13 +20,18 @@ use crate::state::StateDir;
 use crate::slurm::JobInfo;
 use crate::slurm::COMMAND_TIMEOUT;
 use crate::timefmt::format_epoch;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// Slurm's final record of each of `ids` that has ended: slurmctld's (from `listing`, the
 /// pass's own) when it names a final state, else accounting's, asked for all the others in
-/// one `sacct` call. Ids with no final record yet are absent.
-fn final_records(slurm: &Slurm, listing: &[JobInfo], ids: &[String]) -> HashMap<String, JobInfo> {
+/// bounded `sacct` batches ([`crate::slurm::sacct_jobs`]). Ids with no final record yet are
+/// absent from the map; the second part holds the ids a bound left unasked (asked next pass).
+fn final_records(
+    slurm: &Slurm,
+    listing: &[JobInfo],
+    ids: &[String],
+) -> (HashMap<String, JobInfo>, HashSet<String>) {
     let mut found: HashMap<String, JobInfo> = crate::slurm::pick(listing.to_vec(), ids)
         .into_iter()
         .filter(|(_, j)| j.ended())
@@ -36,13 +41,20 @@ fn final_records(slurm: &Slurm, listing: &[JobInfo], ids: &[String]) -> HashMap<
         .filter(|id| !found.contains_key(*id))
         .cloned()
         .collect();
+    let mut later = HashSet::new();
     if !ask.is_empty() {
         match crate::slurm::sacct_jobs(slurm, &ask, COMMAND_TIMEOUT) {
-            Ok(acct) => found.extend(acct.into_iter().filter(|(_, j)| j.ended())),
-            Err(e) => log::debug!("reconcile: accounting not asked ({e})"),
+            Ok(acct) => {
+                found.extend(acct.found.into_iter().filter(|(_, j)| j.ended()));
+                later.extend(acct.later);
+            }
+            Err(e) => log::warn!(
+                "reconcile: accounting could not be asked about {} job(s): {e}",
+                ask.len()
+            ),
         }
     }
-    found
+    (found, later)
 }
 
 /// Is the job on its nodes: running, suspended, configuring or completing.
@@ -94,17 +106,42 @@ pub fn verify_ends(slurm: &Slurm, outbox: &StateDir) -> Result<usize, String> {
         .iter()
         .map(|(j, _, _)| j.job_id().to_string())
         .collect();
-    let ctl = crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT).unwrap_or_default();
+    let ctl = match crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT) {
+        Ok(a) => a,
+        Err(e) => {
+            log::warn!(
+                "reconcile: slurmctld could not be asked about {} end(s) to verify: {e}",
+                ids.len()
+            );
+            crate::slurm::Answer::default()
+        }
+    };
+    let mut later: HashSet<String> = ctl.later.iter().cloned().collect();
+    let ctl = ctl.found;
     // Only the jobs slurmctld no longer holds, or holds without a final state, go to sacct.
     let ask_acct: Vec<String> = ids
         .iter()
-        .filter(|id| ctl.get(*id).is_none_or(|i| !final_state(i)))
+        .filter(|id| !later.contains(*id) && ctl.get(*id).is_none_or(|i| !final_state(i)))
         .cloned()
         .collect();
-    let acct = crate::slurm::sacct_jobs(slurm, &ask_acct, COMMAND_TIMEOUT).unwrap_or_default();
+    let acct = match crate::slurm::sacct_jobs(slurm, &ask_acct, COMMAND_TIMEOUT) {
+        Ok(a) => a,
+        Err(e) => {
+            log::warn!(
+                "reconcile: accounting could not be asked about {} end(s) to verify: {e}",
+                ask_acct.len()
+            );
+            crate::slurm::Answer::default()
+        }
+    };
+    later.extend(acct.later);
+    let acct = acct.found;
     let mut corrected = 0;
     for (job, restarts, age) in marks {
         let id = job.job_id().to_string();
+        if later.contains(&id) {
+            continue; // a bound left it unasked: the next pass asks
+        }
         let info = ctl
             .get(&id)
             .filter(|i| final_state(i))
@@ -235,12 +272,16 @@ pub fn reconcile(
         })
         .collect();
     let ids: Vec<String> = gone.iter().map(|g| g.3.to_string()).collect();
-    let finals = if ids.is_empty() {
-        HashMap::new()
+    let (finals, later) = if ids.is_empty() {
+        (HashMap::new(), HashSet::new())
     } else {
         final_records(slurm, &listing, &ids)
     };
     for (key, start, age, id) in gone {
+        if later.contains(id) {
+            report.unknown += 1; // a bound left it unasked: the next pass asks
+            continue;
+        }
         let Some(info) = finals.get(id) else {
             if age > GIVE_UP_AFTER {
                 log::warn!("reconcile: job {key} vanished and its end state is unknown after {} days; forgetting it", age.as_secs() / 86_400);
