@@ -216,6 +216,35 @@ pub fn all_jobs(slurm: &Slurm, timeout: Duration) -> Result<Vec<JobInfo>, String
     listing(slurm, reader, left)
 }
 
+/// Every job slurmctld holds, with its id and state only, where this Slurm offers that:
+/// `squeue --only-job-state --json` (24.11 and later; REQUEST_JOB_STATE, "reducing work
+/// required by slurmctld": about 50 bytes of JSON per job, so 100,000 jobs stay far below the
+/// output bound). `None` on older releases: ask [`all_jobs`] there. `--all` is not given:
+/// 26.05 refuses it with `--only-job-state`, which takes no partition filter.
+pub fn job_states(slurm: &Slurm, timeout: Duration) -> Result<Option<Vec<JobInfo>>, String> {
+    let (reader, left) = reader_within(slurm, timeout)?;
+    if !reader.only_job_state {
+        return Ok(None);
+    }
+    let args = ["--only-job-state", reader.json_flag];
+    let out = slurm.run_json("squeue", &args, left)?;
+    let shown = format!("squeue {}", args.join(" "));
+    if !out.success {
+        let why = json::error_of(&out.stdout)
+            .or_else(|| {
+                out.stderr
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .map(|l| l.trim().to_string())
+            })
+            .unwrap_or_default();
+        return Err(format!("{shown} failed ({}): {why}", out.status));
+    }
+    json::parse_job_states(&out.stdout)
+        .map(Some)
+        .map_err(|e| format!("{shown}: {e}"))
+}
+
 /// The one full listing: `scontrol --all --json show job`, or before 23.02 `squeue --all
 /// --json` (22.05 ignores squeue's filters with `--json`). `--all` includes hidden partitions.
 fn listing(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<JobInfo>, String> {
@@ -985,6 +1014,66 @@ mod tests {
                 checked += 1;
             }
             assert!(checked >= 12, "{v}: {checked}");
+        }
+    }
+
+    /// 24.11: `squeue --only-job-state --json` names the same jobs, in the same states, as
+    /// the full listing of the same moment; array task 1 of array 5 (itself job 6) comes as
+    /// `"6_1"`, and is job 6.
+    #[test]
+    fn only_job_state_24_11_agrees_with_the_listing() {
+        let states =
+            json::parse_job_states(&fixture_of("24.11", "by-id/only-job-state-all.json")).unwrap();
+        let full = jobs_of("24.11", "by-id/scontrol-json-all.json");
+        assert_eq!(states.len(), full.len());
+        for s in &states {
+            let f = full.iter().find(|j| j.job_id == s.job_id).unwrap();
+            assert_eq!((&f.states, &f.array_task_id), (&s.states, &s.array_task_id));
+            assert_eq!(s.ended(), f.ended());
+        }
+        let six = states.iter().find(|j| j.job_id == "6").unwrap();
+        assert_eq!(six.array_task_id.as_deref(), Some("1"));
+        let asked =
+            json::parse_job_states(&fixture_of("24.11", "by-id/only-job-state-ids.json")).unwrap();
+        let ids: Vec<&str> = asked.iter().map(|j| j.job_id.as_str()).collect();
+        assert_eq!(ids, ["1", "2", "3", "4", "5"]);
+        assert!(
+            json::parse_job_states(&fixture_of("24.11", "by-id/only-job-state-unknown.json"))
+                .unwrap()
+                .is_empty()
+        );
+        // Ids that are no job id are skipped, never passed on.
+        let odd = json::parse_job_states(
+            r#"{"jobs":[{"job_id":"1 2","state":["RUNNING"]},{"job_id":"-h"},{"job_id":"0"},
+               {"job_id":"7_x"},{"job_id":7,"state":"RUNNING"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(odd.len(), 1);
+        assert_eq!(
+            (odd[0].job_id.as_str(), odd[0].state.as_str()),
+            ("7", "RUNNING")
+        );
+        assert!(
+            json::parse_job_states("squeue: fatal: Option --only-job-state only works alone")
+                .is_err()
+        );
+    }
+
+    /// 24.11 and 26.05: one job by id (`scontrol --json show job ID`) is the record the
+    /// listing holds (the hostile name a JSON string, nothing more); an unknown id is an empty
+    /// list with exit 0, no error.
+    #[test]
+    fn by_id_answers_24_11_and_26_05() {
+        for v in ["24.11", "26.05"] {
+            let one = jobs_of(v, "by-id/scontrol-json-one.json");
+            assert_eq!(one.len(), 1, "{v}");
+            assert_eq!(one[0].name, "x\nJobId=1 JobState=FAILED NodeList=evil");
+            let all = jobs_of(v, "by-id/scontrol-json-all.json");
+            assert_eq!(all.iter().find(|j| j.job_id == "1"), Some(&one[0]), "{v}");
+            assert!(
+                jobs_of(v, "by-id/scontrol-json-unknown.json").is_empty(),
+                "{v}"
+            );
         }
     }
 

@@ -7,9 +7,12 @@
 //!   no EpilogSlurmctld at all: the PrologSlurmctld-only set-up) gets its end state from
 //!   slurmctld or accounting.
 //!
-//! One pass costs one slurmctld listing (every job it holds) and, for the ended jobs that
-//! slurmctld has already forgotten (older than `MinJobAge`), one `sacct` call: never a call
-//! per job, however many ended.
+//! One pass costs, on Slurm 24.11 and later, one `squeue --only-job-state` (every job's id and
+//! state only) and the records of the jobs it must act on by id (bounded per pass, see
+//! [`crate::slurm::jobs_by_id`]); before 24.11, one slurmctld listing (every job's record,
+//! bounded by the runner's output limit: past it the pass fails with a warning naming what to
+//! do). The ended jobs slurmctld has already forgotten (older than `MinJobAge`) are asked of
+//! accounting in bounded `sacct` batches.
 
 use crate::config::Config;
 use crate::payload::JobState;
@@ -220,7 +223,12 @@ pub fn reconcile(
     // here could reach CloudVision after the job's end. A job that ended since the listing
     // (its end delivered, its record gone) is in `recently_ended`.
     let records = outbox.starts.started_jobs();
-    let listing = crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?;
+    // slurmctld's view: every job's id and state (24.11 and later, cheap), else every job's
+    // whole record (one listing, whose size grows with the queue).
+    let (listing, full) = match crate::slurm::job_states(slurm, COMMAND_TIMEOUT)? {
+        Some(states) => (states, false),
+        None => (crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?, true),
+    };
     let running: Vec<&JobInfo> = listing.iter().filter(|j| is_running(j)).collect();
     // In this order: an epilog queues its end before it drops its record, and the sender
     // moves it outbox → in flight → delivered, so a job missing from one read is in a later.
@@ -235,11 +243,31 @@ pub fn reconcile(
     let mut report = Report::default();
     let key_of = |id: &str| format!("{id}@{cluster}");
 
-    for j in running.iter().copied() {
+    let unreported: Vec<&JobInfo> = running
+        .iter()
+        .copied()
+        .filter(|j| {
+            let key = key_of(&j.job_id);
+            !(recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key))
+                && running_settled(j)
+        })
+        .collect();
+    // With states only, the unreported running jobs' records are asked by id (bounded: the
+    // rest are asked in the next pass), and checked again (a job may have moved on since).
+    let records_of_unreported: Vec<JobInfo> = if full || unreported.is_empty() {
+        unreported.into_iter().cloned().collect()
+    } else {
+        let ids: Vec<String> = unreported.iter().map(|j| j.job_id.clone()).collect();
+        let mut v: Vec<JobInfo> = crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT)?
+            .found
+            .into_values()
+            .collect();
+        v.sort_by_key(|j| j.job_id.parse::<u64>().unwrap_or(u64::MAX));
+        v.dedup_by(|a, b| a.job_id == b.job_id);
+        v
+    };
+    for j in &records_of_unreported {
         let key = key_of(&j.job_id);
-        if recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key) {
-            continue;
-        }
         if !running_settled(j) {
             continue;
         }
@@ -274,15 +302,41 @@ pub fn reconcile(
     let ids: Vec<String> = gone.iter().map(|g| g.3.to_string()).collect();
     let (finals, later) = if ids.is_empty() {
         (HashMap::new(), HashSet::new())
-    } else {
+    } else if full {
         final_records(slurm, &listing, &ids)
+    } else {
+        // The ones slurmctld still holds with a final state: their records by id.
+        let ended_here: HashSet<&str> = listing
+            .iter()
+            .filter(|j| j.ended())
+            .map(|j| j.job_id.as_str())
+            .collect();
+        let held: Vec<String> = ids
+            .iter()
+            .filter(|id| ended_here.contains(id.as_str()))
+            .cloned()
+            .collect();
+        let by_id = match crate::slurm::jobs_by_id(slurm, &held, COMMAND_TIMEOUT) {
+            Ok(a) => a,
+            Err(e) => {
+                log::warn!(
+                    "reconcile: slurmctld could not be asked about {} ended job(s): {e}",
+                    held.len()
+                );
+                crate::slurm::Answer::default()
+            }
+        };
+        let records: Vec<JobInfo> = by_id.found.into_values().collect();
+        let (finals, mut later) = final_records(slurm, &records, &ids);
+        later.extend(by_id.later);
+        (finals, later)
     };
     for (key, start, age, id) in gone {
-        if later.contains(id) {
-            report.unknown += 1; // a bound left it unasked: the next pass asks
-            continue;
-        }
         let Some(info) = finals.get(id) else {
+            if later.contains(id) {
+                report.unknown += 1; // a bound left it unasked: the next pass asks
+                continue;
+            }
             if age > GIVE_UP_AFTER {
                 log::warn!("reconcile: job {key} vanished and its end state is unknown after {} days; forgetting it", age.as_secs() / 86_400);
                 outbox.starts.forget(key);
@@ -358,5 +412,18 @@ mod tests {
             ids(&jobs("24.11", "scontrol-json-show-job-finished.json")).len(),
             0
         );
+        // The state-only view (24.11 and later) finds the same running jobs as the full
+        // listing of the same moment, and the same settled ones.
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/slurm-24.11/by-id/only-job-state-all.json"
+        );
+        let states =
+            crate::slurm::json::parse_job_states(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let full = jobs("24.11", "by-id/scontrol-json-all.json");
+        assert_eq!(ids(&states), ids(&full));
+        assert_eq!(ids(&states), [1, 2, 5, 6]);
+        let settled = |v: &[JobInfo]| v.iter().filter(|j| running_settled(j)).count();
+        assert_eq!(settled(&states), settled(&full));
     }
 }
