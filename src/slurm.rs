@@ -1017,14 +1017,26 @@ mod tests {
         }
     }
 
-    /// 24.11: `squeue --only-job-state --json` names the same jobs, in the same states, as
-    /// the full listing of the same moment; array task 1 of array 5 (itself job 6) comes as
-    /// `"6_1"`, and is job 6.
+    /// 24.11 and 26.05: `squeue --only-job-state --json` names the same jobs, in the same
+    /// states, as the full listing of the same moment; array task 1 of array 5 (itself job 6)
+    /// comes as `"6_1"`, and is job 6.
     #[test]
-    fn only_job_state_24_11_agrees_with_the_listing() {
+    fn only_job_state_agrees_with_the_listing() {
+        for (v, all) in [
+            ("24.11", "scontrol-json-all.json"),
+            ("26.05", "scontrol-json-all-2.json"),
+        ] {
+            only_job_state_agrees_with_the_listing_of(v, all);
+        }
+        let c = json::parse_job_states(&fixture_of("26.05", "by-id/only-job-state-cancelled.json"))
+            .unwrap();
+        assert_eq!((c[0].job_id.as_str(), c[0].ended()), ("1", true));
+    }
+
+    fn only_job_state_agrees_with_the_listing_of(v: &str, all: &str) {
         let states =
-            json::parse_job_states(&fixture_of("24.11", "by-id/only-job-state-all.json")).unwrap();
-        let full = jobs_of("24.11", "by-id/scontrol-json-all.json");
+            json::parse_job_states(&fixture_of(v, "by-id/only-job-state-all.json")).unwrap();
+        let full = jobs_of(v, &format!("by-id/{all}"));
         assert_eq!(states.len(), full.len());
         for s in &states {
             let f = full.iter().find(|j| j.job_id == s.job_id).unwrap();
@@ -1034,7 +1046,7 @@ mod tests {
         let six = states.iter().find(|j| j.job_id == "6").unwrap();
         assert_eq!(six.array_task_id.as_deref(), Some("1"));
         let asked =
-            json::parse_job_states(&fixture_of("24.11", "by-id/only-job-state-ids.json")).unwrap();
+            json::parse_job_states(&fixture_of(v, "by-id/only-job-state-ids.json")).unwrap();
         let ids: Vec<&str> = asked.iter().map(|j| j.job_id.as_str()).collect();
         assert_eq!(ids, ["1", "2", "3", "4", "5"]);
         assert!(
