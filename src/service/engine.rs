@@ -199,6 +199,13 @@ impl Engine {
             later.len()
         );
         // An end a bound left unasked stays provisional in the outbox: the next look asks.
+        if !later.is_empty() {
+            self.outbox.status.record_slurm_warning(&format!(
+                "{} end(s) left for the next pass: slurmctld is asked about at most {} jobs per pass",
+                later.len(),
+                slurm::JOB_QUERIES_PER_PASS
+            ));
+        }
         let later: std::collections::HashSet<String> = later.into_iter().collect();
         provisional
             .into_iter()

@@ -60,6 +60,16 @@ fn final_records(
     (found, later)
 }
 
+/// Records in `status` that a bound left `n` jobs (`what`) for the next pass (the warning
+/// itself is logged where the bound is, [`crate::slurm::bounds`]).
+fn note_later(outbox: &StateDir, what: &str, n: usize) {
+    if n > 0 {
+        outbox.status.record_slurm_warning(&format!(
+            "reconcile: {n} {what} left for the next pass (a bound on the questions to Slurm)"
+        ));
+    }
+}
+
 /// Is the job on its nodes: running, suspended, configuring or completing.
 fn is_running(j: &JobInfo) -> bool {
     matches!(
@@ -138,6 +148,7 @@ pub fn verify_ends(slurm: &Slurm, outbox: &StateDir) -> Result<usize, String> {
         }
     };
     later.extend(acct.later);
+    note_later(outbox, "end(s) to verify", later.len());
     let acct = acct.found;
     let mut corrected = 0;
     for (job, restarts, age) in marks {
@@ -227,7 +238,17 @@ pub fn reconcile(
     // whole record (one listing, whose size grows with the queue).
     let (listing, full) = match crate::slurm::job_states(slurm, COMMAND_TIMEOUT)? {
         Some(states) => (states, false),
-        None => (crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?, true),
+        None => match crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT) {
+            Ok(all) => (all, true),
+            Err(e) => {
+                if crate::slurm::listing_too_big(&e) {
+                    outbox
+                        .status
+                        .record_slurm_warning(&format!("reconcile: {e}"));
+                }
+                return Err(e);
+            }
+        },
     };
     let running: Vec<&JobInfo> = listing.iter().filter(|j| is_running(j)).collect();
     // In this order: an epilog queues its end before it drops its record, and the sender
@@ -258,10 +279,13 @@ pub fn reconcile(
         unreported.into_iter().cloned().collect()
     } else {
         let ids: Vec<String> = unreported.iter().map(|j| j.job_id.clone()).collect();
-        let mut v: Vec<JobInfo> = crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT)?
-            .found
-            .into_values()
-            .collect();
+        let answer = crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT)?;
+        note_later(
+            outbox,
+            "running job(s) no hook reported",
+            answer.later.len(),
+        );
+        let mut v: Vec<JobInfo> = answer.found.into_values().collect();
         v.sort_by_key(|j| j.job_id.parse::<u64>().unwrap_or(u64::MAX));
         v.dedup_by(|a, b| a.job_id == b.job_id);
         v
@@ -331,6 +355,7 @@ pub fn reconcile(
         later.extend(by_id.later);
         (finals, later)
     };
+    note_later(outbox, "ended job(s)", later.len());
     for (key, start, age, id) in gone {
         let Some(info) = finals.get(id) else {
             if later.contains(id) {

@@ -147,6 +147,10 @@ pub fn resend_running_on(
     if !answer.later.is_empty() {
         // The nodes stay marked as changed: the next poll asks again (a job already queued
         // again is not queued twice).
+        outbox.status.record_slurm_warning(&format!(
+            "resend: {} job(s) on changed nodes left for the next poll",
+            answer.later.len()
+        ));
         return Err(format!(
             "{queued} job(s) queued again, {} more on the changed nodes left for the next poll (at most {} asked of slurmctld per poll)",
             answer.later.len(),

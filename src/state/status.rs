@@ -42,6 +42,18 @@ impl ServiceStatus {
         }
     }
 
+    /// Records a bound reached or a question Slurm could not answer for its size (a listing
+    /// past the runner's output bound, ids left for the next pass): `last_slurm_warning` and
+    /// its time, for `status`.
+    pub fn record_slurm_warning(&self, warning: &str) {
+        let mut v = self.read().unwrap_or_else(|| serde_json::json!({}));
+        v["last_slurm_warning"] = crate::text::one_line(warning, 1000).into();
+        v["last_slurm_warning_at"] = crate::timefmt::now_epoch().into();
+        if let Ok(bytes) = serde_json::to_vec(&v) {
+            let _ = durable::replace(&self.path, &bytes, self.owner);
+        }
+    }
+
     /// What the last drain passes recorded ([`record_drain`](Self::record_drain)), if anything.
     pub fn read(&self) -> Option<serde_json::Value> {
         durable::read_file(&self.path)
@@ -67,6 +79,15 @@ mod tests {
         assert!(v["last_delivery"].as_i64().is_some());
         assert_eq!(v["last_error"], "HTTP 503");
         assert!(v["last_drain"].as_i64() >= v["last_error_at"].as_i64());
+        status.record_slurm_warning("slurmctld (by job id): 70 jobs\nto ask about");
+        let v = status.read().unwrap();
+        assert_eq!(v["last_error"], "HTTP 503");
+        assert!(v["last_slurm_warning"]
+            .as_str()
+            .unwrap()
+            .starts_with("slurmctld (by job id): 70 jobs"));
+        assert!(!v["last_slurm_warning"].as_str().unwrap().contains('\n'));
+        assert!(v["last_slurm_warning_at"].as_i64().is_some());
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
