@@ -6,14 +6,16 @@
 //! partitions (admin-defined names) are read from `sinfo --all` text. Every parser here is fed
 //! real Slurm output in its tests (`tests/fixtures/slurm-<version>/`).
 
+pub mod bounds;
 pub mod json;
 pub mod leader;
 pub mod version;
 
 use crate::hostlist;
 use crate::runner::Slurm;
+pub use bounds::{Answer, JOB_QUERIES_PER_PASS, SACCT_CALLS_PER_PASS, SACCT_IDS_PER_CALL};
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 pub use version::{Ctl, Reader, Version};
 
 /// Budget of one scontrol/sacct/sinfo call outside the hook.
@@ -170,36 +172,124 @@ fn json_jobs(
     })
 }
 
-/// What slurmctld knows of these jobs, in one call: `scontrol --json show job` (one id: that
-/// job; several: every job), or on Slurm before 23.02 `squeue --all --json` (every job).
-/// Ids as users give them (`12345`, `12345_7`) → the job; ids slurmctld does not know, and
-/// strings that are no job id, are absent from the map.
-pub fn jobs_by_id(
-    slurm: &Slurm,
-    ids: &[String],
-    timeout: Duration,
-) -> Result<HashMap<String, JobInfo>, String> {
+/// What slurmctld knows of these jobs, asked job by job: `scontrol --all --json show job ID`
+/// for each id (REQUEST_JOB_INFO_SINGLE: slurmctld's cost does not grow with its queue), at
+/// most [`JOB_QUERIES_PER_PASS`] per call and within `timeout`; the ids past the bound or the
+/// time come back in [`Answer::later`] (a warning says so). Slurm before 23.02 has no single-job
+/// JSON: there one `squeue --all --json` listing answers for every id (see
+/// [`Ctl::Squeue`]). Ids as users give them (`12345`, `12345_7`) → the job; ids slurmctld does
+/// not know, and strings that are no job id, are absent from both.
+///
+/// An error when slurmctld cannot be asked at all (its first answer failed).
+pub fn jobs_by_id(slurm: &Slurm, ids: &[String], timeout: Duration) -> Result<Answer, String> {
     let ids = job_ids(ids);
     if ids.is_empty() {
-        return Ok(HashMap::new());
+        return Ok(Answer::default());
     }
+    let started = Instant::now();
     let (reader, left) = reader_within(slurm, timeout)?;
-    let one = match ids.as_slice() {
-        [one] => Some(one.as_str()),
-        _ => None,
-    };
-    Ok(pick(ctl_jobs(slurm, reader, one, left)?, &ids))
+    if reader.ctl == Ctl::Squeue {
+        let jobs = listing(slurm, reader, left)?;
+        return Ok(Answer {
+            found: pick(jobs, &ids),
+            later: Vec::new(),
+        });
+    }
+    bounds::ask_bounded(
+        &ids,
+        1,
+        JOB_QUERIES_PER_PASS,
+        timeout.saturating_sub(started.elapsed()),
+        "slurmctld (by job id)",
+        |one, left| {
+            let args = ["--all", reader.json_flag, "show", "job", one[0].as_str()];
+            json_jobs(slurm, "scontrol", &args, left)
+        },
+    )
 }
 
-/// Every job slurmctld holds (running, pending, and ended ones for `MinJobAge`), in one call.
+/// Every job slurmctld holds (running, pending, and ended ones for `MinJobAge`), in one call:
+/// one REQUEST_JOB_INFO, whose cost grows with the queue (about 6 KB of JSON per job). Past
+/// [`MAX_OUTPUT`](crate::runner::MAX_OUTPUT) of JSON (about 10,000 jobs) it fails, and the
+/// failure is a warning naming what to do (see [`listing_too_big`]).
 pub fn all_jobs(slurm: &Slurm, timeout: Duration) -> Result<Vec<JobInfo>, String> {
     let (reader, left) = reader_within(slurm, timeout)?;
-    ctl_jobs(slurm, reader, None, left)
+    listing(slurm, reader, left)
 }
 
-/// Only ids that can be jobs reach a command line (record names in StateDir are not trusted).
+/// Every job slurmctld holds, with its id and state only, where this Slurm offers that:
+/// `squeue --only-job-state --json` (24.11 and later; REQUEST_JOB_STATE, "reducing work
+/// required by slurmctld": about 50 bytes of JSON per job, so 100,000 jobs stay far below the
+/// output bound). `None` on older releases: ask [`all_jobs`] there. `--all` is not given:
+/// 26.05 refuses it with `--only-job-state`, which takes no partition filter.
+pub fn job_states(slurm: &Slurm, timeout: Duration) -> Result<Option<Vec<JobInfo>>, String> {
+    let (reader, left) = reader_within(slurm, timeout)?;
+    if !reader.only_job_state {
+        return Ok(None);
+    }
+    let args = ["--only-job-state", reader.json_flag];
+    let out = slurm.run_json("squeue", &args, left)?;
+    let shown = format!("squeue {}", args.join(" "));
+    if !out.success {
+        let why = json::error_of(&out.stdout)
+            .or_else(|| {
+                out.stderr
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .map(|l| l.trim().to_string())
+            })
+            .unwrap_or_default();
+        return Err(format!("{shown} failed ({}): {why}", out.status));
+    }
+    json::parse_job_states(&out.stdout)
+        .map(Some)
+        .map_err(|e| format!("{shown}: {e}"))
+}
+
+/// The one full listing: `scontrol --all --json show job`, or before 23.02 `squeue --all
+/// --json` (22.05 ignores squeue's filters with `--json`). `--all` includes hidden partitions.
+fn listing(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<JobInfo>, String> {
+    let out = match reader.ctl {
+        Ctl::Scontrol => json_jobs(
+            slurm,
+            "scontrol",
+            &["--all", reader.json_flag, "show", "job"],
+            timeout,
+        ),
+        Ctl::Squeue => json_jobs(slurm, "squeue", &["--all", reader.json_flag], timeout),
+    };
+    out.map_err(|e| {
+        if listing_too_big(&e) {
+            let e = format!(
+                "{e}: slurmctld holds more jobs than one listing may carry ({} MiB of JSON); lower MinJobAge in slurm.conf{}",
+                crate::runner::MAX_OUTPUT >> 20,
+                if reader.ctl == Ctl::Squeue {
+                    ", or upgrade Slurm to 23.02 or later (asked job by job there)"
+                } else {
+                    ""
+                }
+            );
+            log::warn!("{e}");
+            e
+        } else {
+            e
+        }
+    })
+}
+
+/// Did a listing fail because it passed the runner's output bound?
+pub fn listing_too_big(error: &str) -> bool {
+    error.contains("printed more than")
+}
+
+/// Only ids that can be jobs reach a command line (record names in StateDir are not trusted),
+/// each once.
 fn job_ids(ids: &[String]) -> Vec<String> {
-    ids.iter().filter(|i| valid_job_id(i)).cloned().collect()
+    let mut seen = std::collections::HashSet::new();
+    ids.iter()
+        .filter(|i| valid_job_id(i) && seen.insert(i.as_str()))
+        .cloned()
+        .collect()
 }
 
 /// The reader for this Slurm release, and what is left of `timeout` after asking for it.
@@ -209,49 +299,41 @@ fn reader_within(slurm: &Slurm, timeout: Duration) -> Result<(Reader, Duration),
     Ok((reader, timeout.saturating_sub(started.elapsed())))
 }
 
-/// slurmctld's JSON: `scontrol --all --json show job [ID]`, or before 23.02 `squeue --all
-/// --json` (every job: 22.05 ignores squeue's filters with `--json`). `--all` includes hidden
-/// partitions.
-fn ctl_jobs(
-    slurm: &Slurm,
-    reader: Reader,
-    one: Option<&str>,
-    timeout: Duration,
-) -> Result<Vec<JobInfo>, String> {
-    match reader.ctl {
-        Ctl::Scontrol => {
-            let mut args = vec!["--all", reader.json_flag, "show", "job"];
-            args.extend(one);
-            json_jobs(slurm, "scontrol", &args, timeout)
-        }
-        Ctl::Squeue => json_jobs(slurm, "squeue", &["--all", reader.json_flag], timeout),
-    }
-}
-
 /// What slurmctld knows of one job (see [`jobs_by_id`]); `None` when it does not know it.
 pub fn job_by_id(slurm: &Slurm, id: &str, timeout: Duration) -> Result<Option<JobInfo>, String> {
-    Ok(jobs_by_id(slurm, &[id.to_string()], timeout)?.remove(id))
+    Ok(jobs_by_id(slurm, &[id.to_string()], timeout)?
+        .found
+        .remove(id))
 }
 
-/// What the accounting database knows of these jobs, in one `sacct --json -j …` call.
-pub fn sacct_jobs(
-    slurm: &Slurm,
-    ids: &[String],
-    timeout: Duration,
-) -> Result<HashMap<String, JobInfo>, String> {
+/// What the accounting database knows of these jobs: `sacct --json -j <ids>` with at most
+/// [`SACCT_IDS_PER_CALL`] ids per call and at most [`SACCT_CALLS_PER_PASS`] calls; the ids past
+/// that, or past a failed call after the first, come back in [`Answer::later`] (with a
+/// warning). An error when the first call fails.
+pub fn sacct_jobs(slurm: &Slurm, ids: &[String], timeout: Duration) -> Result<Answer, String> {
     let ids = job_ids(ids);
     if ids.is_empty() {
-        return Ok(HashMap::new());
+        return Ok(Answer::default());
     }
     let (reader, left) = reader_within(slurm, timeout)?;
-    let list = ids.join(",");
-    let jobs = json_jobs(slurm, "sacct", &[reader.json_flag, "-j", &list], left)?;
-    Ok(pick(jobs, &ids))
+    bounds::ask_bounded(
+        &ids,
+        SACCT_IDS_PER_CALL,
+        SACCT_CALLS_PER_PASS,
+        left,
+        "accounting (sacct)",
+        |chunk, left| {
+            let list = chunk.join(",");
+            json_jobs(slurm, "sacct", &[reader.json_flag, "-j", &list], left)
+        },
+    )
 }
 
 /// What the accounting database knows of one job (see [`sacct_jobs`]).
 pub fn sacct_job(slurm: &Slurm, id: &str, timeout: Duration) -> Result<Option<JobInfo>, String> {
-    Ok(sacct_jobs(slurm, &[id.to_string()], timeout)?.remove(id))
+    Ok(sacct_jobs(slurm, &[id.to_string()], timeout)?
+        .found
+        .remove(id))
 }
 
 /// `ClusterName` from `scontrol show config`.
@@ -936,14 +1018,92 @@ mod tests {
         }
     }
 
+    /// 24.11 and 26.05: `squeue --only-job-state --json` names the same jobs, in the same
+    /// states, as the full listing of the same moment; array task 1 of array 5 (itself job 6)
+    /// comes as `"6_1"`, and is job 6.
+    #[test]
+    fn only_job_state_agrees_with_the_listing() {
+        for (v, all) in [
+            ("24.11", "scontrol-json-all.json"),
+            ("26.05", "scontrol-json-all-2.json"),
+        ] {
+            only_job_state_agrees_with_the_listing_of(v, all);
+        }
+        let c = json::parse_job_states(&fixture_of("26.05", "by-id/only-job-state-cancelled.json"))
+            .unwrap();
+        assert_eq!((c[0].job_id.as_str(), c[0].ended()), ("1", true));
+    }
+
+    fn only_job_state_agrees_with_the_listing_of(v: &str, all: &str) {
+        let states =
+            json::parse_job_states(&fixture_of(v, "by-id/only-job-state-all.json")).unwrap();
+        let full = jobs_of(v, &format!("by-id/{all}"));
+        assert_eq!(states.len(), full.len());
+        for s in &states {
+            let f = full.iter().find(|j| j.job_id == s.job_id).unwrap();
+            assert_eq!((&f.states, &f.array_task_id), (&s.states, &s.array_task_id));
+            assert_eq!(s.ended(), f.ended());
+        }
+        let six = states.iter().find(|j| j.job_id == "6").unwrap();
+        assert_eq!(six.array_task_id.as_deref(), Some("1"));
+        let asked =
+            json::parse_job_states(&fixture_of(v, "by-id/only-job-state-ids.json")).unwrap();
+        let ids: Vec<&str> = asked.iter().map(|j| j.job_id.as_str()).collect();
+        assert_eq!(ids, ["1", "2", "3", "4", "5"]);
+        assert!(
+            json::parse_job_states(&fixture_of("24.11", "by-id/only-job-state-unknown.json"))
+                .unwrap()
+                .is_empty()
+        );
+        // Ids that are no job id are skipped, never passed on.
+        let odd = json::parse_job_states(
+            r#"{"jobs":[{"job_id":"1 2","state":["RUNNING"]},{"job_id":"-h"},{"job_id":"0"},
+               {"job_id":"7_x"},{"job_id":7,"state":"RUNNING"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(odd.len(), 1);
+        assert_eq!(
+            (odd[0].job_id.as_str(), odd[0].state.as_str()),
+            ("7", "RUNNING")
+        );
+        assert!(
+            json::parse_job_states("squeue: fatal: Option --only-job-state only works alone")
+                .is_err()
+        );
+    }
+
+    /// 24.11 and 26.05: one job by id (`scontrol --json show job ID`) is the record the
+    /// listing holds (the hostile name a JSON string, nothing more); an unknown id is an empty
+    /// list with exit 0, no error.
+    #[test]
+    fn by_id_answers_24_11_and_26_05() {
+        for v in ["24.11", "26.05"] {
+            let one = jobs_of(v, "by-id/scontrol-json-one.json");
+            assert_eq!(one.len(), 1, "{v}");
+            assert_eq!(one[0].name, "x\nJobId=1 JobState=FAILED NodeList=evil");
+            let all = jobs_of(v, "by-id/scontrol-json-all.json");
+            assert_eq!(all.iter().find(|j| j.job_id == "1"), Some(&one[0]), "{v}");
+            assert!(
+                jobs_of(v, "by-id/scontrol-json-unknown.json").is_empty(),
+                "{v}"
+            );
+        }
+    }
+
     /// A string that is no job id never reaches a command line (no Slurm is asked at all:
     /// this runner has no scontrol).
     #[test]
     fn no_command_for_strings_that_are_no_job_id() {
         let none = Slurm::new(Some(std::path::Path::new("/nonexistent")));
         let bad: Vec<String> = ["-h", "1,2", "--all", "1 2", ""].map(String::from).to_vec();
-        assert!(jobs_by_id(&none, &bad, COMMAND_TIMEOUT).unwrap().is_empty());
-        assert!(sacct_jobs(&none, &bad, COMMAND_TIMEOUT).unwrap().is_empty());
+        assert_eq!(
+            jobs_by_id(&none, &bad, COMMAND_TIMEOUT).unwrap(),
+            Answer::default()
+        );
+        assert_eq!(
+            sacct_jobs(&none, &bad, COMMAND_TIMEOUT).unwrap(),
+            Answer::default()
+        );
         let e = jobs_by_id(&none, &["5".to_string()], COMMAND_TIMEOUT).unwrap_err();
         assert!(e.starts_with("scontrol not found"), "{e}");
     }

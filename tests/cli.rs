@@ -763,3 +763,42 @@ fn check_and_status_probe_a_strict_cloudvision() {
         "{line}"
     );
 }
+
+/// Issue 20: a bound the service reached asking Slurm (jobs left for the next pass, a listing
+/// past the output bound) is shown by `status`, escaped like everything read from StateDir.
+#[test]
+fn status_shows_the_last_slurm_warning() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let quiet = site.run(&["status", "--offline"]);
+    assert!(
+        !stdout(&quiet).contains("Slurm warning"),
+        "{}",
+        stdout(&quiet)
+    );
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    std::fs::create_dir_all(&site.state_dir).unwrap();
+    std::fs::write(
+        site.state_dir
+            .join(cvslurm::internals::state::layout::SERVICE_STATUS),
+        json!({
+            "last_slurm_warning": "reconcile: squeue --all --json: printed more than 64 MiB\u{1b}[2J",
+            "last_slurm_warning_at": at,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let out = site.run(&["status", "--offline"]);
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Slurm warning:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("printed more than 64 MiB\\x1b[2J"), "{line}");
+    let out = site.run(&["status", "--offline", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["last_slurm_warning_at"], at);
+}

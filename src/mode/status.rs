@@ -60,6 +60,11 @@ pub struct Status {
     pub last_error: Option<String>,
     /// Unix time of `last_error`.
     pub last_error_at: Option<i64>,
+    /// The last bound the service reached asking Slurm (jobs left for the next pass, a
+    /// listing too big to read), and when.
+    pub last_slurm_warning: Option<String>,
+    /// Unix time of `last_slurm_warning`.
+    pub last_slurm_warning_at: Option<i64>,
     /// The cvslurm service listens on `StateDir/wake.sock`: hooks hand it their events.
     pub service_running: bool,
     /// The figures of the metrics file (`MetricsFile`), from the same StateDir.
@@ -148,6 +153,8 @@ pub fn run(a: Args) -> i32 {
         last_delivery: None,
         last_error: None,
         last_error_at: None,
+        last_slurm_warning: None,
+        last_slurm_warning_at: None,
         service_running: crate::service::sender::connect(&cfg.state_dir).is_some(),
         metrics: crate::metrics::Figures::gather(&outbox, cfg.poll_interval),
         controllers: None,
@@ -160,6 +167,8 @@ pub fn run(a: Args) -> i32 {
         st.last_delivery = v["last_delivery"].as_i64();
         st.last_error = v["last_error"].as_str().map(String::from);
         st.last_error_at = v["last_error_at"].as_i64();
+        st.last_slurm_warning = v["last_slurm_warning"].as_str().map(String::from);
+        st.last_slurm_warning_at = v["last_slurm_warning_at"].as_i64();
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&st).expect("serializes"));
@@ -213,6 +222,13 @@ pub fn run(a: Args) -> i32 {
             println!(
                 "controllers:      {}",
                 controllers_line(list, &st.in_control, &st.in_control_unknown)
+            );
+        }
+        if let Some(w) = &st.last_slurm_warning {
+            println!(
+                "Slurm warning:    {} at {}",
+                one_line(w, 1000),
+                ago(st.last_slurm_warning_at)
             );
         }
         println!(

@@ -112,36 +112,42 @@ pub enum Outcome {
     Broken(String),
 }
 
-/// Slurm's view of the given jobs, asked for the whole batch at once: one `scontrol show job`
-/// call, then one `sacct` call for the jobs slurmctld has already forgotten (a service that
-/// was down for a while). Jobs neither knows, and every job when Slurm cannot be asked, are
-/// absent from the answer (their ends are then judged from the exit codes, as a hook without
-/// slurmctld does).
-pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> HashMap<String, JobInfo> {
+/// Slurm's view of the given jobs: slurmctld asked job by job (at most
+/// [`slurm::JOB_QUERIES_PER_PASS`], see [`slurm::jobs_by_id`]), then accounting in bounded
+/// `sacct` batches for the jobs slurmctld has already forgotten (a service that was down for a
+/// while). Jobs neither knows, and every job when Slurm cannot be asked, are absent from
+/// [`found`](slurm::Answer::found) (their ends are then judged from the exit codes, as a hook
+/// without slurmctld does); the ids a bound left unasked are in
+/// [`later`](slurm::Answer::later), to be asked in the next pass.
+pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> slurm::Answer {
     if ids.is_empty() {
-        return HashMap::new();
+        return slurm::Answer::default();
     }
-    let mut found = match slurm::jobs_by_id(slurm, ids, timeout) {
-        Ok(f) => f,
+    let mut answer = match slurm::jobs_by_id(slurm, ids, timeout) {
+        Ok(a) => a,
         Err(e) => {
             log::warn!(
                 "cannot ask slurmctld how {} job(s) ended ({e}); using their exit codes",
                 ids.len()
             );
-            return HashMap::new();
+            return slurm::Answer::default();
         }
     };
     let missing: Vec<String> = ids
         .iter()
-        .filter(|id| !found.contains_key(*id))
+        .filter(|id| !answer.found.contains_key(*id) && !answer.later.contains(id))
         .cloned()
         .collect();
     if !missing.is_empty() {
-        if let Ok(acct) = slurm::sacct_jobs(slurm, &missing, timeout) {
-            found.extend(acct);
+        match slurm::sacct_jobs(slurm, &missing, timeout) {
+            Ok(acct) => {
+                answer.found.extend(acct.found);
+                answer.later.extend(acct.later);
+            }
+            Err(e) => log::debug!("accounting not asked about {} job(s): {e}", missing.len()),
         }
     }
-    found
+    answer
 }
 
 /// Sends one outbox item as it is.
@@ -295,10 +301,10 @@ impl Engine {
         f(&mut self.report.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    /// Settles the provisional ends in `provisional` with one question to slurmctld, writes
+    /// Settles the provisional ends in `provisional` against slurmctld ([`end_states`]), writes
     /// their fixed records back (not synced: the caller syncs the returned events' files) and
-    /// returns them. An event that changed meanwhile is left out (the next look at the
-    /// outbox finds the new one).
+    /// returns them. An event that changed meanwhile, or whose job a bound left unasked, is
+    /// left out (the next look at the outbox finds it).
     pub fn settle(&self, provisional: Vec<Event>) -> Vec<Event> {
         if provisional.is_empty() {
             return provisional;
@@ -311,14 +317,28 @@ impl Engine {
             })
             .collect();
         let asked = Instant::now();
-        let ctl = end_states(&self.slurm, &ids, END_STATE_TIMEOUT);
+        let slurm::Answer { found: ctl, later } = end_states(&self.slurm, &ids, END_STATE_TIMEOUT);
         log::debug!(
-            "settle: {} end(s) asked about in one call ({} ms)",
-            ids.len(),
-            asked.elapsed().as_millis()
+            "settle: {} end(s) asked about ({} ms), {} left for the next pass",
+            ids.len() - later.len(),
+            asked.elapsed().as_millis(),
+            later.len()
         );
+        // An end a bound left unasked stays provisional in the outbox: the next look asks.
+        if !later.is_empty() {
+            self.outbox.status.record_slurm_warning(&format!(
+                "{} end(s) left for the next pass: slurmctld is asked about at most {} jobs per pass",
+                later.len(),
+                slurm::JOB_QUERIES_PER_PASS
+            ));
+        }
+        let later: std::collections::HashSet<String> = later.into_iter().collect();
         provisional
             .into_iter()
+            .filter(|ev| match &ev.item {
+                Item::Job { job } => !later.contains(job.job_id()),
+                _ => true,
+            })
             .filter_map(|ev| self.resolve(ev, &ctl))
             .collect()
     }
@@ -565,8 +585,16 @@ pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> Dra
     while !round.is_empty() {
         let (provisional, mut ready): (Vec<Event>, Vec<Event>) =
             round.into_iter().partition(|e| e.resolve.is_some());
+        let asked: Vec<Item> = provisional.iter().map(|e| e.item.clone()).collect();
         let settled = engine.settle(provisional);
         let names: Vec<String> = settled.iter().map(|e| e.item.file_name()).collect();
+        // Ends left out (changed meanwhile, or past a bound on the questions to Slurm) are
+        // taken up again, as they are now, in the next round.
+        let again: Vec<Event> = asked
+            .iter()
+            .filter(|i| !names.contains(&i.file_name()))
+            .filter_map(|i| outbox.queue.pending_of(i))
+            .collect();
         outbox.queue.sync_files(&names);
         ready.extend(settled);
         ready.sort_by_key(|e| e.seq);
@@ -604,6 +632,7 @@ pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> Dra
         });
         unsent += queue.into_inner().unwrap_or_else(|e| e.into_inner()).len();
         round = followers.into_inner().unwrap_or_else(|e| e.into_inner());
+        round.extend(again);
         if stop.load(Ordering::Relaxed) || halt.load(Ordering::Relaxed) {
             unsent += round.len();
             break;

@@ -7,9 +7,12 @@
 //!   no EpilogSlurmctld at all: the PrologSlurmctld-only set-up) gets its end state from
 //!   slurmctld or accounting.
 //!
-//! One pass costs one slurmctld listing (every job it holds) and, for the ended jobs that
-//! slurmctld has already forgotten (older than `MinJobAge`), one `sacct` call: never a call
-//! per job, however many ended.
+//! One pass costs, on Slurm 24.11 and later, one `squeue --only-job-state` (every job's id and
+//! state only) and the records of the jobs it must act on by id (bounded per pass, see
+//! [`crate::slurm::jobs_by_id`]); before 24.11, one slurmctld listing (every job's record,
+//! bounded by the runner's output limit: past it the pass fails with a warning naming what to
+//! do). The ended jobs slurmctld has already forgotten (older than `MinJobAge`) are asked of
+//! accounting in bounded `sacct` batches.
 
 use crate::config::Config;
 use crate::payload::JobState;
@@ -20,13 +23,18 @@ use crate::state::StateDir;
 use crate::slurm::JobInfo;
 use crate::slurm::COMMAND_TIMEOUT;
 use crate::timefmt::format_epoch;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// Slurm's final record of each of `ids` that has ended: slurmctld's (from `listing`, the
 /// pass's own) when it names a final state, else accounting's, asked for all the others in
-/// one `sacct` call. Ids with no final record yet are absent.
-fn final_records(slurm: &Slurm, listing: &[JobInfo], ids: &[String]) -> HashMap<String, JobInfo> {
+/// bounded `sacct` batches ([`crate::slurm::sacct_jobs`]). Ids with no final record yet are
+/// absent from the map; the second part holds the ids a bound left unasked (asked next pass).
+fn final_records(
+    slurm: &Slurm,
+    listing: &[JobInfo],
+    ids: &[String],
+) -> (HashMap<String, JobInfo>, HashSet<String>) {
     let mut found: HashMap<String, JobInfo> = crate::slurm::pick(listing.to_vec(), ids)
         .into_iter()
         .filter(|(_, j)| j.ended())
@@ -36,13 +44,30 @@ fn final_records(slurm: &Slurm, listing: &[JobInfo], ids: &[String]) -> HashMap<
         .filter(|id| !found.contains_key(*id))
         .cloned()
         .collect();
+    let mut later = HashSet::new();
     if !ask.is_empty() {
         match crate::slurm::sacct_jobs(slurm, &ask, COMMAND_TIMEOUT) {
-            Ok(acct) => found.extend(acct.into_iter().filter(|(_, j)| j.ended())),
-            Err(e) => log::debug!("reconcile: accounting not asked ({e})"),
+            Ok(acct) => {
+                found.extend(acct.found.into_iter().filter(|(_, j)| j.ended()));
+                later.extend(acct.later);
+            }
+            Err(e) => log::warn!(
+                "reconcile: accounting could not be asked about {} job(s): {e}",
+                ask.len()
+            ),
         }
     }
-    found
+    (found, later)
+}
+
+/// Records in `status` that a bound left `n` jobs (`what`) for the next pass (the warning
+/// itself is logged where the bound is, [`crate::slurm::bounds`]).
+fn note_later(outbox: &StateDir, what: &str, n: usize) {
+    if n > 0 {
+        outbox.status.record_slurm_warning(&format!(
+            "reconcile: {n} {what} left for the next pass (a bound on the questions to Slurm)"
+        ));
+    }
 }
 
 /// Is the job on its nodes: running, suspended, configuring or completing.
@@ -94,17 +119,43 @@ pub fn verify_ends(slurm: &Slurm, outbox: &StateDir) -> Result<usize, String> {
         .iter()
         .map(|(j, _, _)| j.job_id().to_string())
         .collect();
-    let ctl = crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT).unwrap_or_default();
+    let ctl = match crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT) {
+        Ok(a) => a,
+        Err(e) => {
+            log::warn!(
+                "reconcile: slurmctld could not be asked about {} end(s) to verify: {e}",
+                ids.len()
+            );
+            crate::slurm::Answer::default()
+        }
+    };
+    let mut later: HashSet<String> = ctl.later.iter().cloned().collect();
+    let ctl = ctl.found;
     // Only the jobs slurmctld no longer holds, or holds without a final state, go to sacct.
     let ask_acct: Vec<String> = ids
         .iter()
-        .filter(|id| ctl.get(*id).is_none_or(|i| !final_state(i)))
+        .filter(|id| !later.contains(*id) && ctl.get(*id).is_none_or(|i| !final_state(i)))
         .cloned()
         .collect();
-    let acct = crate::slurm::sacct_jobs(slurm, &ask_acct, COMMAND_TIMEOUT).unwrap_or_default();
+    let acct = match crate::slurm::sacct_jobs(slurm, &ask_acct, COMMAND_TIMEOUT) {
+        Ok(a) => a,
+        Err(e) => {
+            log::warn!(
+                "reconcile: accounting could not be asked about {} end(s) to verify: {e}",
+                ask_acct.len()
+            );
+            crate::slurm::Answer::default()
+        }
+    };
+    later.extend(acct.later);
+    note_later(outbox, "end(s) to verify", later.len());
+    let acct = acct.found;
     let mut corrected = 0;
     for (job, restarts, age) in marks {
         let id = job.job_id().to_string();
+        if later.contains(&id) {
+            continue; // a bound left it unasked: the next pass asks
+        }
         let info = ctl
             .get(&id)
             .filter(|i| final_state(i))
@@ -183,7 +234,22 @@ pub fn reconcile(
     // here could reach CloudVision after the job's end. A job that ended since the listing
     // (its end delivered, its record gone) is in `recently_ended`.
     let records = outbox.starts.started_jobs();
-    let listing = crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?;
+    // slurmctld's view: every job's id and state (24.11 and later, cheap), else every job's
+    // whole record (one listing, whose size grows with the queue).
+    let (listing, full) = match crate::slurm::job_states(slurm, COMMAND_TIMEOUT)? {
+        Some(states) => (states, false),
+        None => match crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT) {
+            Ok(all) => (all, true),
+            Err(e) => {
+                if crate::slurm::listing_too_big(&e) {
+                    outbox
+                        .status
+                        .record_slurm_warning(&format!("reconcile: {e}"));
+                }
+                return Err(e);
+            }
+        },
+    };
     let running: Vec<&JobInfo> = listing.iter().filter(|j| is_running(j)).collect();
     // In this order: an epilog queues its end before it drops its record, and the sender
     // moves it outbox → in flight → delivered, so a job missing from one read is in a later.
@@ -198,11 +264,34 @@ pub fn reconcile(
     let mut report = Report::default();
     let key_of = |id: &str| format!("{id}@{cluster}");
 
-    for j in running.iter().copied() {
+    let unreported: Vec<&JobInfo> = running
+        .iter()
+        .copied()
+        .filter(|j| {
+            let key = key_of(&j.job_id);
+            !(recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key))
+                && running_settled(j)
+        })
+        .collect();
+    // With states only, the unreported running jobs' records are asked by id (bounded: the
+    // rest are asked in the next pass), and checked again (a job may have moved on since).
+    let records_of_unreported: Vec<JobInfo> = if full || unreported.is_empty() {
+        unreported.into_iter().cloned().collect()
+    } else {
+        let ids: Vec<String> = unreported.iter().map(|j| j.job_id.clone()).collect();
+        let answer = crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT)?;
+        note_later(
+            outbox,
+            "running job(s) no hook reported",
+            answer.later.len(),
+        );
+        let mut v: Vec<JobInfo> = answer.found.into_values().collect();
+        v.sort_by_key(|j| j.job_id.parse::<u64>().unwrap_or(u64::MAX));
+        v.dedup_by(|a, b| a.job_id == b.job_id);
+        v
+    };
+    for j in &records_of_unreported {
         let key = key_of(&j.job_id);
-        if recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key) {
-            continue;
-        }
         if !running_settled(j) {
             continue;
         }
@@ -235,13 +324,44 @@ pub fn reconcile(
         })
         .collect();
     let ids: Vec<String> = gone.iter().map(|g| g.3.to_string()).collect();
-    let finals = if ids.is_empty() {
-        HashMap::new()
-    } else {
+    let (finals, later) = if ids.is_empty() {
+        (HashMap::new(), HashSet::new())
+    } else if full {
         final_records(slurm, &listing, &ids)
+    } else {
+        // The ones slurmctld still holds with a final state: their records by id.
+        let ended_here: HashSet<&str> = listing
+            .iter()
+            .filter(|j| j.ended())
+            .map(|j| j.job_id.as_str())
+            .collect();
+        let held: Vec<String> = ids
+            .iter()
+            .filter(|id| ended_here.contains(id.as_str()))
+            .cloned()
+            .collect();
+        let by_id = match crate::slurm::jobs_by_id(slurm, &held, COMMAND_TIMEOUT) {
+            Ok(a) => a,
+            Err(e) => {
+                log::warn!(
+                    "reconcile: slurmctld could not be asked about {} ended job(s): {e}",
+                    held.len()
+                );
+                crate::slurm::Answer::default()
+            }
+        };
+        let records: Vec<JobInfo> = by_id.found.into_values().collect();
+        let (finals, mut later) = final_records(slurm, &records, &ids);
+        later.extend(by_id.later);
+        (finals, later)
     };
+    note_later(outbox, "ended job(s)", later.len());
     for (key, start, age, id) in gone {
         let Some(info) = finals.get(id) else {
+            if later.contains(id) {
+                report.unknown += 1; // a bound left it unasked: the next pass asks
+                continue;
+            }
             if age > GIVE_UP_AFTER {
                 log::warn!("reconcile: job {key} vanished and its end state is unknown after {} days; forgetting it", age.as_secs() / 86_400);
                 outbox.starts.forget(key);
@@ -317,5 +437,18 @@ mod tests {
             ids(&jobs("24.11", "scontrol-json-show-job-finished.json")).len(),
             0
         );
+        // The state-only view (24.11 and later) finds the same running jobs as the full
+        // listing of the same moment, and the same settled ones.
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/slurm-24.11/by-id/only-job-state-all.json"
+        );
+        let states =
+            crate::slurm::json::parse_job_states(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let full = jobs("24.11", "by-id/scontrol-json-all.json");
+        assert_eq!(ids(&states), ids(&full));
+        assert_eq!(ids(&states), [1, 2, 5, 6]);
+        let settled = |v: &[JobInfo]| v.iter().filter(|j| running_settled(j)).count();
+        assert_eq!(settled(&states), settled(&full));
     }
 }

@@ -8,7 +8,9 @@
 //! changed for jobs when the interface names and MACs or the GPU topology differ (an IP
 //! address does not: JobConfig carries MACs). The running jobs on the changed nodes then get their RUNNING
 //! queued again, built like the first one, and the sender attributes it anew from the new
-//! record. One slurmctld listing per change, never one call per job.
+//! record. Per change: one `squeue -t RUNNING -w <nodes>` (text, the jobs on those nodes), then
+//! each reported job by id ([`crate::slurm::jobs_by_id`], bounded per poll): never the JSON of
+//! every job slurmctld holds.
 //!
 //! A resend never reaches CloudVision after the job's end: see
 //! [`Queue::enqueue_resend`](crate::state::queue::Queue::enqueue_resend).
@@ -88,16 +90,27 @@ pub fn resend_running_on(
     if nodes.is_empty() {
         return Ok(0);
     }
-    let listing = crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT)?;
+    let node_list: Vec<String> = nodes.iter().cloned().collect();
+    let on_nodes = crate::slurm::running_jobs_on(slurm, &node_list, COMMAND_TIMEOUT)?;
     let starts: HashMap<String, i64> = outbox
         .starts
         .started_jobs()
         .into_iter()
         .map(|(k, start, _)| (k, start))
         .collect();
+    // Only the jobs reported already are asked about (the others are reconciliation's).
+    let ids: Vec<String> = on_nodes
+        .into_iter()
+        .map(|r| r.id)
+        .filter(|id| starts.contains_key(&format!("{id}@{cluster}")))
+        .collect();
+    let answer = crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT)?;
+    let mut jobs: Vec<&crate::slurm::JobInfo> = answer.found.values().collect();
+    jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+    jobs.dedup_by(|a, b| a.job_id == b.job_id);
     let mut queued = 0;
-    for j in listing
-        .iter()
+    for j in jobs
+        .into_iter()
         .filter(|j| crate::service::reconcile::running_settled(j))
     {
         let key = format!("{}@{cluster}", j.job_id);
@@ -130,6 +143,19 @@ pub fn resend_running_on(
         } else {
             log::debug!("job {key}: not resent (an event of it is queued, in flight or ended)");
         }
+    }
+    if !answer.later.is_empty() {
+        // The nodes stay marked as changed: the next poll asks again (a job already queued
+        // again is not queued twice).
+        outbox.status.record_slurm_warning(&format!(
+            "resend: {} job(s) on changed nodes left for the next poll",
+            answer.later.len()
+        ));
+        return Err(format!(
+            "{queued} job(s) queued again, {} more on the changed nodes left for the next poll (at most {} asked of slurmctld per poll)",
+            answer.later.len(),
+            crate::slurm::JOB_QUERIES_PER_PASS
+        ));
     }
     Ok(queued)
 }

@@ -140,6 +140,47 @@ pub fn parse_jobs(output: &str) -> Result<Vec<JobInfo>, String> {
     Ok(list.iter().filter_map(job).collect())
 }
 
+/// Every job of `squeue --only-job-state --json` (24.11, 26.05): `{"jobs": [{"job_id":
+/// "5_2", "state": ["RUNNING"]}, …]}`, as [`JobInfo`]s with only the id and the state set.
+/// `job_id` is a string: the job's own id, then for an array task `_` and the task id (task 1
+/// of array 5, itself job 6, is `"6_1"`; the text form prints `5_1`). An entry whose id is no
+/// job id is skipped.
+pub fn parse_job_states(output: &str) -> Result<Vec<JobInfo>, String> {
+    let doc: Value = serde_json::from_str(output)
+        .map_err(|e| format!("Slurm's JSON output cannot be read: {e}"))?;
+    let Some(list) = doc.get("jobs").and_then(Value::as_array) else {
+        return Err(
+            first_error(&doc).unwrap_or_else(|| "Slurm's JSON output has no job list".into())
+        );
+    };
+    Ok(list
+        .iter()
+        .filter_map(|j| {
+            let raw = match &j["job_id"] {
+                Value::String(s) => s.clone(),
+                v => num(v)?.to_string(),
+            };
+            let (own, task) = match raw.split_once('_') {
+                Some((own, task)) => (own, Some(task)),
+                None => (raw.as_str(), None),
+            };
+            let digits =
+                |s: &str| !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit());
+            if !digits(own) || own.bytes().all(|b| b == b'0') || task.is_some_and(|t| !digits(t)) {
+                return None;
+            }
+            let states = states(&j["state"]);
+            Some(JobInfo {
+                job_id: own.to_string(),
+                state: states.first().cloned().unwrap_or_default(),
+                states,
+                array_task_id: task.map(String::from),
+                ..JobInfo::default()
+            })
+        })
+        .collect())
+}
+
 /// Slurm's first error in a JSON answer (`errors[0].description`, else its `error`).
 pub fn first_error(doc: &Value) -> Option<String> {
     let e = doc.get("errors")?.as_array()?.first()?;

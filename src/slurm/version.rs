@@ -56,6 +56,9 @@ impl Version {
         Reader {
             ctl: if ctl_json { Ctl::Scontrol } else { Ctl::Squeue },
             json_flag: json,
+            // `squeue --only-job-state` came with 24.05; its JSON is captured from 24.11 on
+            // (tests/fixtures/slurm-24.11/only-job-state/), so that is where it is used.
+            only_job_state: self >= Version::new(24, 11),
             // From 23.02 on, slurmctld reports a job's final state beside COMPLETING while its
             // epilog runs; 22.05's squeue says only COMPLETING (measured, tests/cluster/FACTS.md).
             final_state_in_epilog: ctl_json,
@@ -86,6 +89,9 @@ pub struct Reader {
     pub ctl: Ctl,
     /// `--json=v0.0.42` or `--json`.
     pub json_flag: &'static str,
+    /// Whether `squeue --only-job-state --json` (every job's id and state, without the rest
+    /// of its record) is used to see which jobs run.
+    pub only_job_state: bool,
     /// Whether slurmctld's JSON names a job's final state while its epilog runs.
     pub final_state_in_epilog: bool,
 }
@@ -97,9 +103,23 @@ impl Reader {
             Ctl::Scontrol => format!("scontrol --all {} show job", self.json_flag),
             Ctl::Squeue => format!("squeue --all {}", self.json_flag),
         };
+        let by_id = match self.ctl {
+            Ctl::Scontrol => format!(
+                "by id (`scontrol --all {} show job ID`, at most {} per pass)",
+                self.json_flag,
+                super::JOB_QUERIES_PER_PASS
+            ),
+            Ctl::Squeue => format!("from the listing `{ctl}` (no single-job JSON before 23.02)"),
+        };
+        let running = if self.only_job_state {
+            format!("`squeue --only-job-state {}`", self.json_flag)
+        } else {
+            format!("`{ctl}`")
+        };
         format!(
-            "jobs from `{ctl}`, ended jobs from `sacct {}`; the epilog {}",
+            "jobs {by_id}, running jobs from {running}, ended jobs from `sacct {}` (at most {} ids per call); the epilog {}",
             self.json_flag,
+            super::SACCT_IDS_PER_CALL,
             if self.final_state_in_epilog {
                 "reads the final state from slurmctld"
             } else {
@@ -174,5 +194,8 @@ mod tests {
         assert_eq!(r("slurm 26.05.5").json_flag, "--json=v0.0.42");
         assert_eq!(r("slurm 26.11.0").json_flag, "--json");
         assert!(r("slurm 26.05.5").final_state_in_epilog);
+        assert!(!r("slurm 24.05.8").only_job_state);
+        assert!(r("slurm 24.11.5").only_job_state);
+        assert!(r("slurm 26.05.5").only_job_state);
     }
 }

@@ -190,6 +190,17 @@ impl ServiceStatus {
         self.update(|v| v["slurm_version"] = version.into());
     }
 
+    /// Records a bound reached or a question Slurm could not answer for its size (a listing
+    /// past the runner's output bound, ids left for the next pass): `last_slurm_warning` and
+    /// its time, for `status`.
+    pub fn record_slurm_warning(&self, warning: &str) {
+        let now = crate::timefmt::now_epoch();
+        self.update(|v| {
+            v["last_slurm_warning"] = crate::text::one_line(warning, 1000).into();
+            v["last_slurm_warning_at"] = now.into();
+        });
+    }
+
     /// What was recorded, if anything.
     pub fn read(&self) -> Option<Value> {
         durable::read_file(&self.path)
@@ -307,6 +318,15 @@ mod tests {
         assert_eq!(h.count, 2);
         assert_eq!(h.buckets[0], 1);
         assert_eq!(h.buckets[LATENCY_BOUNDS.len() - 1], 1);
+        status.record_slurm_warning("slurmctld (by job id): 70 jobs\nto ask about");
+        let v = status.read().unwrap();
+        assert_eq!(v["last_error"], "HTTP 503");
+        assert!(v["last_slurm_warning"]
+            .as_str()
+            .unwrap()
+            .starts_with("slurmctld (by job id): 70 jobs"));
+        assert!(!v["last_slurm_warning"].as_str().unwrap().contains('\n'));
+        assert!(v["last_slurm_warning_at"].as_i64().is_some());
         std::fs::remove_dir_all(&d).unwrap();
     }
 
