@@ -84,6 +84,13 @@ pub mod internals {
             };
         }
     }
+    /// From `crate::service`.
+    pub mod service {
+        /// From `crate::service::leadership`.
+        pub mod leadership {
+            pub use crate::service::leadership::own_slurmctld_runs;
+        }
+    }
     /// From `crate::state`.
     pub mod state {
         pub use crate::state::layout;

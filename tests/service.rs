@@ -613,3 +613,175 @@ fn an_end_chained_behind_a_waiting_running_is_synced_and_its_start_record_droppe
     assert_eq!(pending[0]["then"]["job"]["state"], "JOB_STATE_COMPLETED");
     assert!(cv.accepted("JobConfig").is_empty(), "nothing delivered yet");
 }
+
+/// Issue 19: the service on each controller of a pair; Slurm's heartbeat decides which one
+/// leads. A scratch slurm.conf (SLURM_CONF) names two SlurmctldHosts, this host second, and
+/// the site has no Slurm commands: a service that inventories or reconciles says so in its
+/// log ("cannot list nodes", "reconcile:"). Old code: every service inventories.
+#[test]
+fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() {
+    use std::fs;
+    let cv = Standin::start();
+    let site = Site::new(
+        &cv.server(),
+        &cv.ca(),
+        "PollInterval=1\nReconcileInterval=1",
+    );
+    let me = nix::unistd::gethostname()
+        .unwrap()
+        .into_string()
+        .unwrap()
+        .split('.')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_ne!(me, "cvslurm-other-ctl");
+    let save = site.dir.path().join("statesave");
+    fs::create_dir_all(&save).unwrap();
+    let slurm_conf = site.dir.path().join("slurm.conf");
+    fs::write(
+        &slurm_conf,
+        format!(
+            "ClusterName=hpc-cluster-west\nSlurmctldHost=cvslurm-other-ctl(10.99.0.2)\n\
+             SlurmctldHost={me}\nSlurmctldTimeout=60\nStateSaveLocation={}\n",
+            save.display()
+        ),
+    )
+    .unwrap();
+    let heartbeat = |index: u64| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut b = now.to_be_bytes().to_vec();
+        b.extend_from_slice(&index.to_be_bytes());
+        let tmp = save.join("heartbeat.new");
+        fs::write(&tmp, b).unwrap();
+        fs::rename(&tmp, save.join("heartbeat")).unwrap();
+    };
+    let status = || {
+        let out = Command::new(bin())
+            .args(["status", "--offline", "--json"])
+            .env("CVSLURM_CONF", &site.conf)
+            .env("SLURM_CONF", &slurm_conf)
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    // The other controller is in control: this one is a standby.
+    heartbeat(0);
+    let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
+    let hook_conf = hook_conf_without_server(&site);
+    let out = run_hook(&site, &hook_conf, &job_env("prolog_slurmctld", "777", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    wait_for(
+        "the standby delivers its outbox",
+        Duration::from_secs(20),
+        || !cv.accepted("JobConfig").is_empty(),
+    );
+    wait_for("a standby line", Duration::from_secs(10), || {
+        site.log()
+            .contains("this host does not lead: the heartbeat")
+    });
+    // Three polls and reconciliations later: neither ran.
+    std::thread::sleep(Duration::from_millis(3500));
+    let log = site.log();
+    assert!(
+        log.contains("(cvslurm-other-ctl is in control); delivering its own outbox only"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("cannot list nodes"),
+        "inventory on a standby: {log}"
+    );
+    assert!(
+        !log.contains("reconcile:"),
+        "reconciliation on a standby: {log}"
+    );
+    let v = status();
+    assert_eq!(v["leader"], false, "{v}");
+    assert!(
+        v["leader_reason"]
+            .as_str()
+            .unwrap()
+            .contains("names cvslurm-other-ctl, not this host"),
+        "{v}"
+    );
+    assert!(
+        v["role"]
+            .as_str()
+            .unwrap()
+            .starts_with("standby: delivers its own outbox only"),
+        "{v}"
+    );
+    let text = stdout(
+        &Command::new(bin())
+            .args(["status", "--offline"])
+            .env("CVSLURM_CONF", &site.conf)
+            .env("SLURM_CONF", &slurm_conf)
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        text.contains("role:             standby: delivers its own outbox only"),
+        "{text}"
+    );
+
+    // A takeover: the heartbeat names this host, and a process named slurmctld runs here
+    // (a copy of sleep under that name).
+    let other_slurmctld = cvslurm::internals::service::leadership::own_slurmctld_runs();
+    let fake = site.dir.path().join("slurmctld");
+    fs::copy("/bin/sleep", &fake).unwrap();
+    let mut slurmctld = Command::new(&fake).arg("120").spawn().unwrap();
+    heartbeat(1);
+    wait_for("this host leads", Duration::from_secs(10), || {
+        site.log().contains("this host now leads: the heartbeat")
+    });
+    wait_for("an inventory", Duration::from_secs(10), || {
+        let log = site.log();
+        log.contains("cannot list nodes") && log.contains("reconcile:")
+    });
+    let v = status();
+    assert_eq!(v["leader"], true, "{v}");
+    assert!(
+        v["role"].as_str().unwrap().starts_with("leads: inventory"),
+        "{v}"
+    );
+
+    // Its slurmctld killed: the heartbeat still names this host, but it cannot tell (unless
+    // a real slurmctld runs in this host's namespace: a Slurm cluster on this machine).
+    let _ = slurmctld.kill();
+    let _ = slurmctld.wait();
+    if other_slurmctld {
+        eprintln!("a slurmctld runs on this machine: the kill -9 step is not checked");
+    } else {
+        wait_for("cannot tell", Duration::from_secs(10), || {
+            site.log().contains(
+                "this host does not lead: cannot tell which controller is in control: the heartbeat",
+            )
+        });
+    }
+    // A hostile heartbeat: still cannot tell, and no second warning.
+    fs::write(save.join("heartbeat"), b"\x1b[31m garbage").unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let v = status();
+    assert_eq!(v["leader"], Value::Null, "{v}");
+    assert!(
+        v["leader_reason"]
+            .as_str()
+            .unwrap()
+            .contains("bytes, not 16"),
+        "{v}"
+    );
+    let log = site.log();
+    assert_eq!(
+        log.matches("cannot tell which controller is in control")
+            .count(),
+        1,
+        "one warning per change: {log}"
+    );
+    // Nothing more ran after leadership was lost.
+    let inventories = log.matches("cannot list nodes").count();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(site.log().matches("cannot list nodes").count(), inventories);
+}

@@ -67,6 +67,23 @@ pub struct Status {
     pub last_slurm_warning_at: Option<i64>,
     /// The cvslurm service listens on `StateDir/wake.sock`: hooks hand it their events.
     pub service_running: bool,
+    /// What this host's service does, from its last record (service-status.json): `leads:
+    /// …` or `standby: …`; absent when no service recorded a role.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// The service's last record: true (this host leads), false (another controller is in
+    /// control), null (cannot tell: it does not lead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader: Option<serde_json::Value>,
+    /// Why, one line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_reason: Option<String>,
+    /// Unix time of the last change of role.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_since: Option<i64>,
+    /// Age in seconds of that record (the service records it every poll).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_age_s: Option<i64>,
     /// The figures of the metrics file (`MetricsFile`), from the same StateDir.
     pub metrics: crate::metrics::Figures,
     /// With two or more `SlurmctldHost` lines in slurm.conf: the controllers, in order.
@@ -160,6 +177,11 @@ pub fn run(a: Args) -> i32 {
         controllers: None,
         in_control: None,
         in_control_unknown: None,
+        role: None,
+        leader: None,
+        leader_reason: None,
+        leader_since: None,
+        leader_age_s: None,
     };
     let mut st = st;
     controllers(&mut st);
@@ -169,6 +191,7 @@ pub fn run(a: Args) -> i32 {
         st.last_error_at = v["last_error_at"].as_i64();
         st.last_slurm_warning = v["last_slurm_warning"].as_str().map(String::from);
         st.last_slurm_warning_at = v["last_slurm_warning_at"].as_i64();
+        role(&mut st, &v);
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&st).expect("serializes"));
@@ -184,6 +207,17 @@ pub fn run(a: Args) -> i32 {
                 "not running (each hook sends its event itself)"
             }
         );
+        if let Some(role) = &st.role {
+            println!(
+                "role:             {}; {} (since {}, recorded {} s ago)",
+                escape_control(role),
+                one_line(st.leader_reason.as_deref().unwrap_or("?"), 1000),
+                st.leader_since
+                    .and_then(crate::timefmt::format_epoch)
+                    .unwrap_or_else(|| "?".into()),
+                st.leader_age_s.map_or("?".into(), |a| a.to_string())
+            );
+        }
         match st.outbox_depth {
             Some(n) => println!("outbox:           {n} event(s) waiting"),
             None => println!(
@@ -246,6 +280,31 @@ pub fn run(a: Args) -> i32 {
     } else {
         EXIT_OK
     }
+}
+
+/// Fills in what the service recorded of its role (`leader`, `leader_reason`,
+/// `leader_since`, `leader_at`: [`crate::service::leadership`]); a record of another shape
+/// (StateDir is hostile) is left out.
+fn role(st: &mut Status, v: &serde_json::Value) {
+    let Some(at) = v["leader_at"].as_i64() else {
+        return;
+    };
+    let leader = &v["leader"];
+    st.role = Some(
+        match leader.as_bool() {
+            Some(true) => "leads: inventory, node deletions, reconciliation, resends, and delivers its own outbox",
+            Some(false) => "standby: delivers its own outbox only (another controller is in control)",
+            None if leader.is_null() => {
+                "standby: delivers its own outbox only (cannot tell which controller is in control)"
+            }
+            None => return,
+        }
+        .to_string(),
+    );
+    st.leader = Some(leader.clone());
+    st.leader_reason = v["leader_reason"].as_str().map(String::from);
+    st.leader_since = v["leader_since"].as_i64();
+    st.leader_age_s = Some(crate::timefmt::now_epoch() - at);
 }
 
 /// Fills in the controllers and the one in control when slurm.conf names two or more

@@ -5,6 +5,7 @@
 //! ([`resend`]) and reconciliation with Slurm ([`reconcile`]).
 
 pub mod engine;
+pub mod leadership;
 pub mod monitor;
 pub mod reconcile;
 pub mod resend;

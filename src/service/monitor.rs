@@ -3,6 +3,7 @@
 //! record changes, and reconciliation every `ReconcileInterval`. The sender delivers what it
 //! queues.
 
+use super::leadership::Leadership;
 use super::sender::Sender;
 use super::{reconcile, resend};
 use crate::inventory::Inventory;
@@ -45,12 +46,11 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     let follow_records = inv.cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
     let mut records = resend::RecordWatch::default();
     let mut resend_on: BTreeSet<String> = BTreeSet::new();
-    if follow_records {
-        records.changed(outbox);
-    }
+    let mut leadership = Leadership::default();
+    let mut leads = false;
     while !inv.stop.load(Ordering::Relaxed) {
         systemd::notify("WATCHDOG=1");
-        if next_reassert.is_some_and(|t| Instant::now() >= t) {
+        if leads && next_reassert.is_some_and(|t| Instant::now() >= t) {
             let n = known
                 .values_mut()
                 .filter(|v| **v == Seen::Sent)
@@ -61,36 +61,59 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             next_poll = Instant::now();
         }
         if Instant::now() >= next_poll {
-            poll(inv, &mut known, &mut ours, outbox);
-            if follow_records {
-                resend_on.extend(records.changed(outbox));
-                resend(inv, &mut resend_on, outbox);
+            // Who leads is decided again at every poll (super::leadership).
+            let was = leads;
+            leads = leadership.update(outbox).leads();
+            if was && !leads {
+                // What it knew is stale when it leads again: it starts over then, as at a
+                // start (it deletes only nodes it lists itself afterwards).
+                known.clear();
+                ours.clear();
+                resend_on.clear();
+            }
+            if leads {
+                if !was {
+                    // The reconciliation and the record watch start from now.
+                    next_reconcile = Instant::now();
+                    if follow_records {
+                        records.changed(outbox);
+                    }
+                }
+                poll(inv, &mut known, &mut ours, outbox, leadership.may_delete());
+                if follow_records {
+                    resend_on.extend(records.changed(outbox));
+                    resend(inv, &mut resend_on, outbox);
+                }
+            } else {
+                log::debug!("poll: this host does not lead; inventory and reconciliation skipped");
             }
             sender.wake();
             next_poll = Instant::now() + inv.cfg.poll_interval;
         }
         if !inv.cfg.reconcile_interval.is_zero() && Instant::now() >= next_reconcile {
-            // Interface records whose job's end never went out.
+            // Interface records whose job's end never went out (this host's own StateDir).
             let pruned = outbox.job_macs.prune(crate::state::job_macs::MAX_AGE);
             if pruned > 0 {
                 log::info!("{pruned} interface record(s) of jobs without an end removed");
             }
-            let reconciled = reconcile::reconcile(inv.cfg, &inv.slurm, &inv.cluster, outbox);
-            if reconciled.is_ok() {
-                outbox.status.record_reconcile();
-            }
-            match reconciled {
-                Ok(r) if r.started + r.ended + r.corrected > 0 => {
-                    log::info!(
-                        "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
-                        r.started,
-                        r.ended,
-                        r.corrected
-                    );
-                    sender.wake();
+            if leads {
+                let reconciled = reconcile::reconcile(inv.cfg, &inv.slurm, &inv.cluster, outbox);
+                if reconciled.is_ok() {
+                    outbox.status.record_reconcile();
                 }
-                Ok(_) => {}
-                Err(e) => log::error!("reconcile: {e}"),
+                match reconciled {
+                    Ok(r) if r.started + r.ended + r.corrected > 0 => {
+                        log::info!(
+                            "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
+                            r.started,
+                            r.ended,
+                            r.corrected
+                        );
+                        sender.wake();
+                    }
+                    Ok(_) => {}
+                    Err(e) => log::error!("reconcile: {e}"),
+                }
             }
             next_reconcile = Instant::now() + inv.cfg.reconcile_interval;
         }
@@ -121,13 +144,15 @@ fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &StateDir) {
 /// One monitor poll: discover nodes that appeared, came back or are due for re-assertion;
 /// delete nodes that left, if this service sent them (`ours`): a node it never sent (one
 /// that was never available while it ran) may be another cluster's of the same name, and
-/// is never deleted. The delete itself asks CloudVision whose the node is first
+/// is never deleted. With `may_delete` false (this host has just become leader) a node that
+/// left is forgotten, not deleted. The delete itself asks CloudVision whose the node is first
 /// ([`crate::service::engine::delete_own_node`]).
 fn poll(
     inv: &Inventory,
     known: &mut BTreeMap<String, Seen>,
     ours: &mut BTreeSet<String>,
     outbox: &StateDir,
+    may_delete: bool,
 ) {
     let nodes = match slurm::sinfo_nodes(&inv.slurm, COMMAND_TIMEOUT) {
         Ok(n) => n,
@@ -147,6 +172,12 @@ fn poll(
         outbox.nodes.forget(&name);
         if !ours.remove(&name) {
             log::info!("node {name}: left the cluster; it was never sent, nothing to delete");
+            continue;
+        }
+        if !may_delete {
+            log::info!(
+                "node {name}: left the cluster; not deleted: this host leads since its last poll only (a new leader deletes from its second poll)"
+            );
             continue;
         }
         log::info!("node {name}: left the cluster; deleting its NodeConfig");

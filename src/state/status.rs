@@ -201,6 +201,20 @@ impl ServiceStatus {
         });
     }
 
+    /// Records this host's role among the controllers (the service, every poll): `leader`
+    /// true (this host leads), false (another controller is in control) or null (cannot
+    /// tell), `leader_reason` (one line), `leader_since` (Unix time of the last change) and
+    /// `leader_at` (this record's time, for its age).
+    pub fn record_leadership(&self, leader: Option<bool>, reason: &str, since: i64) {
+        let now = crate::timefmt::now_epoch();
+        self.update(|v| {
+            v["leader"] = leader.map_or(Value::Null, Value::from);
+            v["leader_reason"] = crate::text::one_line(reason, 1000).into();
+            v["leader_since"] = since.into();
+            v["leader_at"] = now.into();
+        });
+    }
+
     /// What was recorded, if anything.
     pub fn read(&self) -> Option<Value> {
         durable::read_file(&self.path)

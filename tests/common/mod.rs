@@ -383,6 +383,11 @@ pub struct Service {
 
 impl Service {
     pub fn start(site: &Site) -> Service {
+        Service::start_with_env(site, &[])
+    }
+
+    /// The service with these environment variables too (e.g. `SLURM_CONF`).
+    pub fn start_with_env(site: &Site, env: &[(&str, &Path)]) -> Service {
         let child = Command::new(bin())
             .args(["inventory", "--monitor"])
             .env_remove("CV_API_TOKEN")
@@ -390,6 +395,7 @@ impl Service {
             .env_remove("NOTIFY_SOCKET")
             .env_remove("JOURNAL_STREAM")
             .env("CVSLURM_CONF", &site.conf)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

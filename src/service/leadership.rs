@@ -1,0 +1,334 @@
+//! Which service leads: the one on the controller whose slurmctld is in control.
+//!
+//! The service runs on every `SlurmctldHost`. Its sender (delivering what this host's outbox
+//! holds) always runs; inventory, node deletions, reconciliation and resends run only while
+//! this host [`Role::Leads`]. Slurm decides, never cvslurm:
+//! - slurm.conf names one `SlurmctldHost` (or none): this host leads (one controller, as
+//!   before two were known);
+//! - two or more: this host leads when `StateSaveLocation/heartbeat` names it, the heartbeat
+//!   is fresh ([`crate::slurm::leader`]: at most SlurmctldTimeout old) **and** a process named
+//!   `slurmctld` runs on this host ([`own_slurmctld_runs`]: after a kill -9 the heartbeat keeps
+//!   naming the dead controller for up to SlurmctldTimeout);
+//! - anything else that cannot be read (slurm.conf, the heartbeat: missing, stale, hostile):
+//!   [`Role::CannotTell`], and this host does not lead: no discovery, no deletion.
+//!
+//! It is decided again at every poll, so leadership moves within one poll of Slurm's
+//! takeover. A host that has just become leader deletes no node on its first poll
+//! ([`Leadership::may_delete`]): a node is deleted only when this leader listed it itself
+//! in an earlier poll and no longer does.
+
+use crate::slurm::leader::{self, Leader};
+use crate::slurm_conf::SlurmConf;
+use crate::state::StateDir;
+
+/// What this host's service does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// This host leads: inventory, deletions, reconciliation, resends; the reason.
+    Leads(String),
+    /// Another controller is in control (its name); this host delivers its own outbox only.
+    Standby {
+        /// Why, one line.
+        why: String,
+        /// The controller in control.
+        in_control: String,
+    },
+    /// Who is in control cannot be told: this host does not lead; the reason.
+    CannotTell(String),
+}
+
+impl Role {
+    /// `leader` in service-status.json: true, false, or null (cannot tell).
+    pub fn leader(&self) -> Option<bool> {
+        match self {
+            Role::Leads(_) => Some(true),
+            Role::Standby { .. } => Some(false),
+            Role::CannotTell(_) => None,
+        }
+    }
+
+    /// The reason, one line.
+    pub fn reason(&self) -> &str {
+        match self {
+            Role::Leads(w) | Role::CannotTell(w) => w,
+            Role::Standby { why, .. } => why,
+        }
+    }
+
+    /// Whether this host leads.
+    pub fn leads(&self) -> bool {
+        matches!(self, Role::Leads(_))
+    }
+
+    /// Same kind of role, and for a standby the same controller in control (the reasons
+    /// themselves change every poll: a heartbeat's age).
+    fn same_as(&self, other: &Role) -> bool {
+        match (self, other) {
+            (Role::Leads(_), Role::Leads(_)) | (Role::CannotTell(_), Role::CannotTell(_)) => true,
+            (Role::Standby { in_control: a, .. }, Role::Standby { in_control: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// The role from slurm.conf (or why it could not be read), this host's name, the time and
+/// whether this host's slurmctld runs (asked only when the heartbeat names this host).
+pub fn decide(
+    conf: Result<&SlurmConf, &str>,
+    hostname: &str,
+    now: u64,
+    own_slurmctld_runs: &dyn Fn() -> bool,
+) -> Role {
+    let conf = match conf {
+        Ok(c) => c,
+        Err(e) => {
+            return Role::CannotTell(format!(
+                "slurm.conf: {e}: cannot tell whether another controller is in control"
+            ))
+        }
+    };
+    let list = leader::controllers(conf);
+    if list.len() < 2 {
+        return Role::Leads(format!(
+            "slurm.conf names {} SlurmctldHost: this host is the only controller",
+            list.len()
+        ));
+    }
+    match leader::leader(conf, now) {
+        Leader::Unknown(why) => Role::CannotTell(why),
+        Leader::InControl { index, name, age_s } => {
+            if !leader::is_this_host(&list[index], hostname) {
+                return Role::Standby {
+                    why: format!("the heartbeat ({age_s} s old) names {name}, not this host"),
+                    in_control: name,
+                };
+            }
+            if !own_slurmctld_runs() {
+                return Role::CannotTell(format!(
+                    "the heartbeat ({age_s} s old) names this host ({name}), but no slurmctld runs here: killed? a takeover follows within SlurmctldTimeout"
+                ));
+            }
+            Role::Leads(format!(
+                "the heartbeat ({age_s} s old) names this host ({name}) and its slurmctld runs"
+            ))
+        }
+    }
+}
+
+/// Whether a process named `slurmctld` runs on this host: one in `/proc` whose name
+/// (`/proc/PID/stat`) is `slurmctld`, not a zombie, in this process's UTS namespace (the
+/// same host name; a process whose namespace cannot be read counts). `/proc` not readable:
+/// true (the heartbeat alone decides, as without this check).
+pub fn own_slurmctld_runs() -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    let uts = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/uts")).ok();
+    let mine = uts("self");
+    entries.flatten().any(|e| {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            return false;
+        }
+        // At most 4 KiB: `pid (comm) state …`; comm may hold ')' and spaces.
+        let Ok(stat) = read_capped(&format!("/proc/{pid}/stat"), 4096) else {
+            return false;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            return false;
+        };
+        if open >= close || &stat[open + 1..close] != "slurmctld" {
+            return false;
+        }
+        let state = stat[close + 1..].trim_start().chars().next();
+        if matches!(state, Some('Z') | Some('X') | None) {
+            return false;
+        }
+        match (&mine, uts(&pid)) {
+            (Some(a), Some(b)) => *a == b,
+            _ => true,
+        }
+    })
+}
+
+fn read_capped(path: &str, cap: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut s = String::new();
+    std::fs::File::open(path)?
+        .take(cap)
+        .read_to_string(&mut s)?;
+    Ok(s)
+}
+
+/// This host's short name (`hostname -s`, as slurmctld compares it), or "" when unknown.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .map(|h| h.split('.').next().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+/// The service's leadership over its polls: the role, since when, and whether this host has
+/// led for a whole poll already.
+#[derive(Debug, Default)]
+pub struct Leadership {
+    role: Option<Role>,
+    since: i64,
+    polls_as_leader: u64,
+}
+
+impl Leadership {
+    /// Decides the role again (slurm.conf read now), logs a change (info; a warning when it
+    /// cannot be told), records it in service-status.json, and returns it.
+    pub fn update(&mut self, outbox: &StateDir) -> &Role {
+        let path = crate::slurm_conf::slurm_conf_path();
+        let conf = crate::slurm_conf::load_slurm_conf(&path);
+        let now = crate::timefmt::now_epoch();
+        let role = decide(
+            conf.as_ref().map_err(String::as_str),
+            &hostname(),
+            u64::try_from(now).unwrap_or(0),
+            &own_slurmctld_runs,
+        );
+        self.apply(role, now, outbox);
+        self.role.as_ref().expect("set by apply")
+    }
+
+    fn apply(&mut self, role: Role, now: i64, outbox: &StateDir) {
+        let changed = !self.role.as_ref().is_some_and(|r| r.same_as(&role));
+        if changed {
+            self.since = now;
+            self.polls_as_leader = 0;
+            match &role {
+                Role::Leads(why) => log::info!(
+                    "this host now leads: {why}; inventory, node deletions (from its second poll), reconciliation and resends run here"
+                ),
+                Role::Standby { why, in_control } => log::info!(
+                    "this host {} lead: {why} ({in_control} is in control); delivering its own outbox only",
+                    if self.role.is_some() { "no longer leads" } else { "does not" }
+                ),
+                Role::CannotTell(why) => log::warn!(
+                    "this host does not lead: cannot tell which controller is in control: {why}; delivering its own outbox only, no inventory, no deletions"
+                ),
+            }
+        }
+        if role.leads() {
+            self.polls_as_leader += 1;
+        }
+        outbox
+            .status
+            .record_leadership(role.leader(), role.reason(), self.since);
+        self.role = Some(role);
+    }
+
+    /// Whether this poll may delete nodes: this host leads and led at the previous poll too
+    /// (a host that has just become leader only lists; at a transition the old leader may
+    /// still be finishing its last poll).
+    pub fn may_delete(&self) -> bool {
+        self.role.as_ref().is_some_and(Role::leads) && self.polls_as_leader >= 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slurm_conf::parse_slurm_conf;
+    use std::path::Path;
+
+    fn conf(text: &str) -> SlurmConf {
+        let t = text.to_string();
+        parse_slurm_conf(
+            Path::new("/etc/slurm/slurm.conf"),
+            &move |_| Ok(t.clone()),
+            &|_| Vec::new(),
+        )
+        .unwrap()
+    }
+
+    fn be(time: u64, index: u64) -> Vec<u8> {
+        let mut v = time.to_be_bytes().to_vec();
+        v.extend_from_slice(&index.to_be_bytes());
+        v
+    }
+
+    #[test]
+    fn roles_from_the_heartbeat_and_the_own_slurmctld() {
+        let dir = std::env::temp_dir().join(format!("cvslurm-leadership-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = conf(&format!(
+            "SlurmctldHost=ctl1(10.0.0.1)\nSlurmctldHost=ctl2\nSlurmctldTimeout=10\nStateSaveLocation={}\n",
+            dir.display()
+        ));
+        let now = 1_800_000_000;
+        let yes = || true;
+        let no = || false;
+        // One controller: leads, whatever else.
+        assert!(decide(Ok(&conf("SlurmctldHost=a\n")), "b", now, &no).leads());
+        assert!(matches!(
+            decide(Err("no such file"), "ctl1", now, &yes),
+            Role::CannotTell(w) if w.contains("no such file")
+        ));
+        // No heartbeat yet.
+        assert!(matches!(
+            decide(Ok(&c), "ctl1", now, &yes),
+            Role::CannotTell(_)
+        ));
+        std::fs::write(dir.join("heartbeat"), be(now - 1, 1)).unwrap();
+        assert_eq!(
+            decide(Ok(&c), "ctl1.example.com", now, &yes),
+            Role::Standby {
+                why: "the heartbeat (1 s old) names ctl2, not this host".into(),
+                in_control: "ctl2".into()
+            }
+        );
+        assert!(decide(Ok(&c), "ctl2", now, &yes).leads());
+        assert!(matches!(
+            decide(Ok(&c), "ctl2", now, &no),
+            Role::CannotTell(w) if w.contains("no slurmctld runs here")
+        ));
+        // Stale: nobody leads.
+        assert!(
+            matches!(decide(Ok(&c), "ctl2", now + 30, &yes), Role::CannotTell(w) if w.contains("old"))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_new_leader_deletes_from_its_second_poll() {
+        let dir = std::env::temp_dir().join(format!("cvslurm-leadership2-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let outbox = StateDir::new(&dir);
+        let mut l = Leadership::default();
+        assert!(!l.may_delete());
+        l.apply(Role::Leads("x".into()), 100, &outbox);
+        assert!(!l.may_delete(), "first poll as leader");
+        l.apply(Role::Leads("y".into()), 110, &outbox);
+        assert!(l.may_delete());
+        let v = outbox.status.read().unwrap();
+        assert_eq!(v["leader"], true);
+        assert_eq!(v["leader_reason"], "y");
+        assert_eq!(v["leader_since"], 100);
+        l.apply(Role::CannotTell("stale".into()), 120, &outbox);
+        assert!(!l.may_delete());
+        assert_eq!(
+            outbox.status.read().unwrap()["leader"],
+            serde_json::Value::Null
+        );
+        l.apply(Role::Leads("again".into()), 130, &outbox);
+        assert!(!l.may_delete(), "first poll after leading again");
+        l.apply(
+            Role::Standby {
+                why: "w".into(),
+                in_control: "ctl1".into(),
+            },
+            140,
+            &outbox,
+        );
+        let v = outbox.status.read().unwrap();
+        assert_eq!(v["leader"], false);
+        assert_eq!(v["leader_since"], 140);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
