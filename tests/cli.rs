@@ -802,3 +802,64 @@ fn status_shows_the_last_slurm_warning() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["last_slurm_warning_at"], at);
 }
+
+/// Issue 19: `check` on a controller of a pair names both and the one in control, and fails
+/// on this host when slurm.conf names a hook that is not here (on 23.02+ a slurmctld whose
+/// disk lacks it does not start: a backup so set up never takes over).
+#[test]
+fn check_names_the_controllers_and_fails_on_a_hook_missing_here() {
+    use std::fs;
+    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let save = site.dir.path().join("statesave");
+    fs::create_dir_all(&save).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut hb = (now - 1).to_be_bytes().to_vec();
+    hb.extend_from_slice(&1u64.to_be_bytes());
+    fs::write(save.join("heartbeat"), hb).unwrap();
+    let link = site.link("cvslurm-hook");
+    let missing = site.dir.path().join("opt/cloudvision/cvslurm-hook");
+    let pair = |prolog: &std::path::Path| {
+        format!(
+            "ClusterName=c\nSlurmctldHost=ctl1(10.99.0.2)\nSlurmctldHost=ctl2(10.99.0.3)\n\
+             SlurmctldTimeout=10\nStateSaveLocation={}\nSlurmUser=root\n\
+             PrologSlurmctld={}\nEpilogSlurmctld={}\n",
+            save.display(),
+            prolog.display(),
+            link.display()
+        )
+    };
+    let text = site.check_with_slurm_conf(&pair(&missing));
+    assert!(
+        text.contains(&format!(
+            "FAIL PrologSlurmctld: {}: No such file or directory (os error 2) on this host: slurmctld cannot run it here, and from Slurm 23.02 on a slurmctld whose disk lacks the hook does not even start (a backup controller could never take over); install cvslurm on every SlurmctldHost before slurm.conf names it",
+            missing.display()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("ok   slurm.conf names 2 controllers: ctl1, ctl2 (in control) (heartbeat "),
+        "{text}"
+    );
+    // Present but not executable: the same failure.
+    fs::create_dir_all(missing.parent().unwrap()).unwrap();
+    fs::write(&missing, "").unwrap();
+    let text = site.check_with_slurm_conf(&pair(&missing));
+    assert!(
+        text.contains(&format!(
+            "FAIL PrologSlurmctld: {} is not an executable file on this host",
+            missing.display()
+        )) && text.contains("install cvslurm on every SlurmctldHost before slurm.conf names it"),
+        "{text}"
+    );
+    // The hook here: no such failure; a stale heartbeat: who is in control cannot be told.
+    fs::write(save.join("heartbeat"), [0u8; 16]).unwrap();
+    let text = site.check_with_slurm_conf(&pair(&link));
+    assert!(!text.contains("on every SlurmctldHost"), "{text}");
+    assert!(
+        text.contains("WARN slurm.conf names 2 controllers: ctl1, ctl2; which one is in control cannot be told: the heartbeat of ctl1 is"),
+        "{text}"
+    );
+}

@@ -250,6 +250,7 @@ const CHECKS: &[Check] = &[
     cluster_name,
     slurm_user,
     hooks,
+    controllers,
     slurm_release,
     token,
     token_file_readable,
@@ -504,6 +505,52 @@ fn hooks(ctx: &mut Context, r: &mut Report) {
 }
 
 /// The Slurm release (`scontrol --version`), and the commands cvslurm reads it with.
+/// With two or more `SlurmctldHost`s: names them, which one is in control (Slurm's
+/// heartbeat, [`crate::slurm::leader`]) and whether this host is one of them; the hooks
+/// must be on each ([`check_hook`] fails on this host when they are not).
+fn controllers(ctx: &mut Context, r: &mut Report) {
+    use crate::slurm::leader::{self, Leader};
+    let Some(sc) = &ctx.slurm_conf else { return };
+    let list = leader::controllers(sc);
+    if list.len() < 2 {
+        return;
+    }
+    let me = crate::service::leadership::hostname();
+    let here = list.iter().find(|c| leader::is_this_host(c, &me));
+    let now = u64::try_from(crate::timefmt::now_epoch()).unwrap_or(0);
+    let names = |in_control: Option<&str>| {
+        list.iter()
+            .map(|c| match in_control {
+                Some(n) if n == c.name => format!("{} (in control)", c.name),
+                _ => c.name.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let this = match here {
+        Some(c) => format!("this host is {}", c.name),
+        None => format!("this host ({me}) is none of them"),
+    };
+    match leader::leader(sc, now) {
+        Leader::InControl { name, age_s, .. } => r.ok(&format!(
+            "slurm.conf names {} controllers: {} (heartbeat {age_s} s old); {this}; the hooks and cvslurm must be installed on each",
+            list.len(),
+            names(Some(&name))
+        )),
+        Leader::Unknown(why) => r.warn(&format!(
+            "slurm.conf names {} controllers: {}; which one is in control cannot be told: {}; {this}; the service here does not lead until it can",
+            list.len(),
+            names(None),
+            crate::text::one_line(&why, 300)
+        )),
+    }
+    if here.is_none() {
+        r.warn(&format!(
+            "this host ({me}) is not a SlurmctldHost in slurm.conf: the hooks run on the controllers; run cvslurm check on each of them"
+        ));
+    }
+}
+
 fn slurm_release(ctx: &mut Context, r: &mut Report) {
     let Some(cfg) = &ctx.cfg else { return };
     let slurm = crate::runner::Slurm::new(cfg.slurm_bin_dir.as_deref());
@@ -715,11 +762,36 @@ fn probe_hint(e: &crate::cloudvision::SendError) -> &'static str {
     }
 }
 
+/// Why `program` cannot run on this host (it is missing or not an executable file), if so.
+fn missing_here(program: &str) -> Option<String> {
+    let path = Path::new(program);
+    if !path.is_absolute() {
+        return None;
+    }
+    match fs::metadata(path) {
+        Err(e) => Some(format!("{program}: {e}")),
+        Ok(m) if !m.is_file() || m.mode() & 0o111 == 0 => {
+            Some(format!("{program} is not an executable file"))
+        }
+        Ok(_) => None,
+    }
+}
+
 fn check_hook(r: &mut Report, sc: &SlurmConf, key: &str) {
     let programs = hook_programs(sc.all(key));
     if programs.is_empty() {
         r.fail(&format!(
             "slurm.conf: no {key}: add {key}=/opt/slurm/cloudvision/cvslurm-hook and run scontrol reconfigure (or run install.sh)"
+        ));
+        return;
+    }
+    // A hook slurm.conf names but this host lacks: slurmctld 23.02+ does not start here, so
+    // a backup controller set up this way can never take over.
+    let missing: Vec<String> = programs.iter().filter_map(|p| missing_here(p)).collect();
+    if !missing.is_empty() {
+        r.fail(&format!(
+            "{key}: {} on this host: slurmctld cannot run it here, and from Slurm 23.02 on a slurmctld whose disk lacks the hook does not even start (a backup controller could never take over); install cvslurm on every SlurmctldHost before slurm.conf names it (install.sh)",
+            missing.join("; ")
         ));
         return;
     }
