@@ -3,13 +3,15 @@
 //! The service runs on every `SlurmctldHost`. Its sender (delivering what this host's outbox
 //! holds) always runs; inventory, node deletions, reconciliation and resends run only while
 //! this host [`Role::Leads`]. Slurm decides, never cvslurm:
-//! - slurm.conf names one `SlurmctldHost` (or none): this host leads (one controller, as
-//!   before two were known);
+//! - slurm.conf names one `SlurmctldHost` (or none), or there is no slurm.conf at its path
+//!   (a site whose slurm.conf is elsewhere, its service not given `SLURM_CONF`): this host
+//!   leads (one controller, as before two were known);
 //! - two or more: this host leads when `StateSaveLocation/heartbeat` names it, the heartbeat
 //!   is fresh ([`crate::slurm::leader`]: at most SlurmctldTimeout old) **and** a process named
 //!   `slurmctld` runs on this host ([`own_slurmctld_runs`]: after a kill -9 the heartbeat keeps
 //!   naming the dead controller for up to SlurmctldTimeout);
-//! - anything else that cannot be read (slurm.conf, the heartbeat: missing, stale, hostile):
+//! - anything else that cannot be read (slurm.conf there but unreadable; the heartbeat
+//!   missing, stale, hostile):
 //!   [`Role::CannotTell`], and this host does not lead: no discovery, no deletion.
 //!
 //! It is decided again at every poll, so leadership moves within one poll of Slurm's
@@ -71,17 +73,33 @@ impl Role {
     }
 }
 
-/// The role from slurm.conf (or why it could not be read), this host's name, the time and
+/// Why slurm.conf is not there to read.
+#[derive(Debug, Clone, Copy)]
+pub enum NoConf<'a> {
+    /// No file at that path: a site whose slurm.conf lives elsewhere and whose service was
+    /// not given `SLURM_CONF` (one controller assumed, as before pairs were known).
+    Missing(&'a std::path::Path),
+    /// It is there but cannot be read or parsed: the reason.
+    Unreadable(&'a str),
+}
+
+/// The role from slurm.conf (or why it is not there), this host's name, the time and
 /// whether this host's slurmctld runs (asked only when the heartbeat names this host).
 pub fn decide(
-    conf: Result<&SlurmConf, &str>,
+    conf: Result<&SlurmConf, NoConf>,
     hostname: &str,
     now: u64,
     own_slurmctld_runs: &dyn Fn() -> bool,
 ) -> Role {
     let conf = match conf {
         Ok(c) => c,
-        Err(e) => {
+        Err(NoConf::Missing(path)) => {
+            return Role::Leads(format!(
+                "there is no {}: this host is taken for the only controller (on a pair, set SLURM_CONF in the service's environment)",
+                path.display()
+            ))
+        }
+        Err(NoConf::Unreadable(e)) => {
             return Role::CannotTell(format!(
                 "slurm.conf: {e}: cannot tell whether another controller is in control"
             ))
@@ -185,8 +203,15 @@ impl Leadership {
         let path = crate::slurm_conf::slurm_conf_path();
         let conf = crate::slurm_conf::load_slurm_conf(&path);
         let now = crate::timefmt::now_epoch();
+        let missing = conf.is_err() && !path.exists();
         let role = decide(
-            conf.as_ref().map_err(String::as_str),
+            conf.as_ref().map_err(|e| {
+                if missing {
+                    NoConf::Missing(&path)
+                } else {
+                    NoConf::Unreadable(e)
+                }
+            }),
             &hostname(),
             u64::try_from(now).unwrap_or(0),
             &own_slurmctld_runs,
@@ -205,8 +230,12 @@ impl Leadership {
                     "this host now leads: {why}; inventory, node deletions (from its second poll), reconciliation and resends run here"
                 ),
                 Role::Standby { why, in_control } => log::info!(
-                    "this host {} lead: {why} ({in_control} is in control); delivering its own outbox only",
-                    if self.role.is_some() { "no longer leads" } else { "does not" }
+                    "this host {}: {why} ({in_control} is in control); delivering its own outbox only",
+                    if self.role.as_ref().is_some_and(Role::leads) {
+                        "no longer leads"
+                    } else {
+                        "does not lead"
+                    }
                 ),
                 Role::CannotTell(why) => log::warn!(
                     "this host does not lead: cannot tell which controller is in control: {why}; delivering its own outbox only, no inventory, no deletions"
@@ -266,8 +295,12 @@ mod tests {
         // One controller: leads, whatever else.
         assert!(decide(Ok(&conf("SlurmctldHost=a\n")), "b", now, &no).leads());
         assert!(matches!(
-            decide(Err("no such file"), "ctl1", now, &yes),
-            Role::CannotTell(w) if w.contains("no such file")
+            decide(Err(NoConf::Unreadable("permission denied")), "ctl1", now, &yes),
+            Role::CannotTell(w) if w.contains("permission denied")
+        ));
+        assert!(matches!(
+            decide(Err(NoConf::Missing(Path::new("/etc/slurm/slurm.conf"))), "ctl1", now, &no),
+            Role::Leads(w) if w.contains("there is no /etc/slurm/slurm.conf")
         ));
         // No heartbeat yet.
         assert!(matches!(

@@ -2,7 +2,8 @@
 //! deliver what the hooks, the polls and reconciliation queue ([`sender`], each event through
 //! the delivery engine `flush` uses too, [`engine`]), then runs the loop ([`monitor`]): node
 //! polls with the inventory ([`crate::inventory`]), resends when a node's record changes
-//! ([`resend`]) and reconciliation with Slurm ([`reconcile`]).
+//! ([`resend`]) and reconciliation with Slurm ([`reconcile`]) — these only while this host
+//! leads ([`leadership`]: on a Slurm HA pair, the controller in control); the sender always.
 
 pub mod engine;
 pub mod leadership;

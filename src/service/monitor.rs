@@ -1,7 +1,8 @@
 //! The service loop: node polls (nodes that appear or come back are sent, nodes that leave
 //! are deleted, each node re-asserted every `NodeReassertInterval`), resends when a node's
-//! record changes, and reconciliation every `ReconcileInterval`. The sender delivers what it
-//! queues.
+//! record changes, and reconciliation every `ReconcileInterval` — all only while this host
+//! leads ([`super::leadership`], decided again at every poll). The sender delivers what it
+//! queues, and what the hooks queue, whatever the role.
 
 use super::leadership::Leadership;
 use super::sender::Sender;
