@@ -2,8 +2,9 @@
 //! for node_exporter's textfile collector.
 //!
 //! The figures ([`Figures`]) come from one place, StateDir: the outbox (depth, oldest event,
-//! `rejected/`) and `service-status.json` (times, counters kept across restarts; see
-//! [`crate::state::status`]). `cvslurm status --json` shows the same [`Figures`]. So every
+//! `rejected/`) and `service-status.json` (times, counters kept across restarts, the
+//! leadership the service recorded; see [`crate::state::status`]), with slurm.conf's
+//! `SlurmctldHost` count and `ClusterName` for the leadership ([`Leadership`]). `cvslurm status --json` shows the same [`Figures`]. So every
 //! writer (the service every [`SERVICE_EVERY`] and at exit, `flush` and the one-shot
 //! inventory at the end of their run) writes the whole picture of the StateDir into the same
 //! file: there is no per-mode file and no `mode` label; the last writer's figures are the
@@ -13,6 +14,7 @@
 //! which node_exporter skips: it reads `*.prom` only), mode 0644, then a rename, which
 //! replaces whatever the name held (a symlink there is replaced, never followed).
 
+use crate::slurm_conf::{load_slurm_conf, slurm_conf_path, SlurmConf};
 use crate::state::status::{counter, Histogram, ANSWER_CLASSES, LATENCY_BOUNDS};
 use crate::state::StateDir;
 use serde::Serialize;
@@ -73,6 +75,83 @@ pub struct Figures {
     pub version: String,
     /// The Slurm version the service or the inventory detected (empty: not yet known).
     pub slurm_version: String,
+    /// This host's part in the leadership of the cluster's controllers.
+    pub leadership: Leadership,
+}
+
+/// This host's part in the leadership: which of the cluster's controllers' cvslurm services
+/// does the cluster-wide work (inventory, reconciliation, deletions).
+///
+/// With two or more `SlurmctldHost`s the service records its judgement in
+/// `service-status.json` each poll: `leader` (true, false, or null: it cannot tell),
+/// `leader_reason`, `leader_since`. Without that record: with one controller (or a slurm.conf
+/// that cannot be read) there is nothing to elect and this host leads (`leader` 1, known), so
+/// every site exports the same series and "exactly one leader per cluster" holds everywhere;
+/// with two or more the leadership is unknown (the service has not recorded it: not running,
+/// or older than this cvslurm).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Leadership {
+    /// This host's cvslurm leads (false: standby, or unknown).
+    pub leader: bool,
+    /// Whether it can be told (false: `leader` is false and `reason` says why).
+    pub known: bool,
+    /// Since when (Unix seconds) this host holds its part, as the service recorded it; 0:
+    /// not recorded (one controller, or unknown).
+    pub since_timestamp_seconds: i64,
+    /// Why, as the service recorded it (one line), or why it is unknown; empty: one controller.
+    pub reason: String,
+    /// `SlurmctldHost`s in slurm.conf (`None`: slurm.conf cannot be read).
+    pub controllers: Option<u64>,
+    /// `ClusterName` in slurm.conf (the `slurm_cluster` label); empty: not known.
+    pub slurm_cluster: String,
+}
+
+impl Leadership {
+    /// The leadership as `status` (`service-status.json`) records it, with `conf` the
+    /// cluster's slurm.conf (`None`: unreadable). `status` is hostile: a `leader` that is not
+    /// true, false or null is unknown.
+    pub fn from_status(status: &serde_json::Value, conf: Option<&SlurmConf>) -> Leadership {
+        let controllers = conf.map(|c| crate::slurm::leader::controllers(c).len() as u64);
+        let slurm_cluster = conf
+            .and_then(|c| c.last("ClusterName"))
+            .map(|s| s.value.chars().take(MAX_LABEL).collect())
+            .unwrap_or_default();
+        let reason = status["leader_reason"]
+            .as_str()
+            .map(|r| crate::text::one_line(r, 300))
+            .unwrap_or_default();
+        let since = status["leader_since"]
+            .as_i64()
+            .filter(|t| *t >= 0)
+            .unwrap_or(0);
+        let (leader, known, since, reason) = match status.get("leader") {
+            Some(serde_json::Value::Bool(b)) => (*b, true, since, reason),
+            Some(serde_json::Value::Null) => (false, false, since, reason),
+            Some(_) => (
+                false,
+                false,
+                0,
+                "service-status.json: leader is not true, false or null".to_string(),
+            ),
+            None if controllers.is_some_and(|n| n >= 2) => (
+                false,
+                false,
+                0,
+                "the service has not recorded its leadership (not running, or older than this \
+                 cvslurm)"
+                    .to_string(),
+            ),
+            None => (true, true, 0, String::new()),
+        };
+        Leadership {
+            leader,
+            known,
+            since_timestamp_seconds: since,
+            reason,
+            controllers,
+            slurm_cluster,
+        }
+    }
 }
 
 impl Figures {
@@ -120,6 +199,10 @@ impl Figures {
             poll_interval_seconds: poll_interval.as_secs(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             slurm_version: label(&v["slurm_version"]),
+            leadership: Leadership::from_status(
+                &v,
+                load_slurm_conf(&slurm_conf_path()).ok().as_ref(),
+            ),
         }
     }
 
@@ -282,6 +365,28 @@ impl Figures {
                 self.poll_interval_seconds.to_string(),
             ),
         );
+        let l = &self.leadership;
+        let cluster = format!("{{slurm_cluster=\"{}\"}}", label_value(&l.slurm_cluster));
+        for (name, v, help) in [
+            (
+                "leader",
+                i64::from(l.leader),
+                "1 when this host's cvslurm does the cluster's inventory and reconciliation \
+                 (with one controller: always); 0: standby, or unknown.",
+            ),
+            (
+                "leader_known",
+                i64::from(l.known),
+                "0 when this host's cvslurm cannot tell whether it leads (cvslurm status says why).",
+            ),
+            (
+                "leader_since_timestamp_seconds",
+                l.since_timestamp_seconds,
+                "Since when this host leads or stands by (0: not recorded).",
+            ),
+        ] {
+            family(name, "gauge", help, &plain(&format!("{name}{cluster}"), v.to_string()));
+        }
         family(
             "build_info",
             "gauge",
@@ -420,6 +525,95 @@ mod tests {
             "cvslurm_inventory_nodes{state=\"failed\"} 0",
             "cvslurm_service_running 0",
             "cvslurm_poll_interval_seconds 60",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn conf(text: &str) -> SlurmConf {
+        let text = text.to_string();
+        crate::slurm_conf::parse_slurm_conf(
+            Path::new("/etc/slurm/slurm.conf"),
+            &move |_| Ok(text.clone()),
+            &|_| Vec::new(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn leadership_as_the_service_records_it() {
+        use serde_json::json;
+        let two = conf("ClusterName=c1\nSlurmctldHost=ctl1\nSlurmctldHost=ctl2(10.0.0.2)\n");
+        let one = conf("ClusterName=c1\nSlurmctldHost=ctl1\n");
+        let l = Leadership::from_status(
+            &json!({"leader": true, "leader_reason": "in control\nnow", "leader_since": 1700}),
+            Some(&two),
+        );
+        assert_eq!(
+            (
+                l.leader,
+                l.known,
+                l.since_timestamp_seconds,
+                l.reason.as_str()
+            ),
+            (true, true, 1700, "in control now")
+        );
+        assert_eq!((l.controllers, l.slurm_cluster.as_str()), (Some(2), "c1"));
+        let l = Leadership::from_status(&json!({"leader": false, "leader_since": 5}), Some(&two));
+        assert_eq!(
+            (l.leader, l.known, l.since_timestamp_seconds),
+            (false, true, 5)
+        );
+        let l = Leadership::from_status(
+            &json!({"leader": null, "leader_reason": "heartbeat stale"}),
+            Some(&two),
+        );
+        assert_eq!(
+            (l.leader, l.known, l.reason.as_str()),
+            (false, false, "heartbeat stale")
+        );
+        // Nothing recorded: unknown with two controllers, the leader with one (or none known).
+        let l = Leadership::from_status(&json!({}), Some(&two));
+        assert_eq!((l.leader, l.known), (false, false));
+        assert!(l.reason.contains("has not recorded"), "{}", l.reason);
+        for c in [Some(&one), None] {
+            let l = Leadership::from_status(&json!({}), c);
+            assert_eq!(
+                (l.leader, l.known, l.since_timestamp_seconds),
+                (true, true, 0)
+            );
+        }
+        // Hostile values.
+        for bad in [
+            json!({"leader": "yes"}),
+            json!({"leader": 1, "leader_since": 9}),
+        ] {
+            let l = Leadership::from_status(&bad, Some(&one));
+            assert_eq!(
+                (l.leader, l.known, l.since_timestamp_seconds),
+                (false, false, 0)
+            );
+        }
+        let l = Leadership::from_status(&json!({"leader": true, "leader_since": -4}), Some(&one));
+        assert_eq!(l.since_timestamp_seconds, 0);
+    }
+
+    #[test]
+    fn leadership_series_carry_the_cluster() {
+        let d = tmpdir("leader");
+        let mut f = Figures::gather(&StateDir::new(&d), Duration::from_secs(60));
+        f.leadership = Leadership::from_status(
+            &serde_json::json!({"leader": false, "leader_since": 42}),
+            Some(&conf(
+                "ClusterName=a\"b\nSlurmctldHost=x\nSlurmctldHost=y\n",
+            )),
+        );
+        let text = f.render();
+        for line in [
+            "cvslurm_leader{slurm_cluster=\"a\\\"b\"} 0",
+            "cvslurm_leader_known{slurm_cluster=\"a\\\"b\"} 1",
+            "cvslurm_leader_since_timestamp_seconds{slurm_cluster=\"a\\\"b\"} 42",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }

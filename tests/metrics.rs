@@ -299,6 +299,108 @@ fn check_says_whether_slurm_user_can_write_the_metrics_directory() {
     );
 }
 
+/// `cvslurm <args>` at `site` with `SLURM_CONF` at `slurm_conf`.
+fn run_with_slurm_conf(site: &Site, slurm_conf: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .args(args)
+        .env_remove("CV_API_TOKEN")
+        .env("CVSLURM_CONF", &site.conf)
+        .env("SLURM_CONF", slurm_conf)
+        .output()
+        .unwrap()
+}
+
+/// The leadership the service records in service-status.json (`leader`, `leader_reason`,
+/// `leader_since`) is in the metrics file, labelled with slurm.conf's ClusterName, and in
+/// `status --json`; without a record, two SlurmctldHosts make it unknown and one makes this
+/// host the leader.
+#[test]
+fn the_leadership_the_service_recorded_is_exported() {
+    let cv = Standin::start();
+    let (site, _textfile, metrics) = site_with_metrics(&cv, "");
+    let slurm_conf = site.dir.path().join("slurm.conf.d");
+    std::fs::create_dir(&slurm_conf).unwrap();
+    std::fs::create_dir_all(&site.state_dir).unwrap();
+    let two = slurm_conf.join("two.conf");
+    std::fs::write(
+        &two,
+        "ClusterName=hpc1\nSlurmctldHost=ctl1\nSlurmctldHost=ctl2(10.0.0.2)\n",
+    )
+    .unwrap();
+    let one = slurm_conf.join("one.conf");
+    std::fs::write(&one, "ClusterName=hpc1\nSlurmctldHost=ctl1\n").unwrap();
+    let status_file = site
+        .state_dir
+        .join(cvslurm::internals::state::layout::SERVICE_STATUS);
+    let figures = |conf: &Path| -> (BTreeMap<String, f64>, Value) {
+        let out = run_with_slurm_conf(&site, conf, &["flush", "--no-reconcile"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let text = std::fs::read_to_string(&metrics).unwrap();
+        check_metrics(&text);
+        let out = run_with_slurm_conf(&site, conf, &["status", "--json", "--offline"]);
+        let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (samples(&text), st["metrics"]["leadership"].clone())
+    };
+    let series = |m: &BTreeMap<String, f64>, name: &str| {
+        *m.get(&format!("cvslurm_{name}{{slurm_cluster=\"hpc1\"}}"))
+            .unwrap_or_else(|| panic!("{name} missing: {m:?}"))
+    };
+    // The service recorded that this host leads (other fields of the record kept).
+    std::fs::write(
+        &status_file,
+        r#"{"leader":true,"leader_reason":"ctl1 is in control","leader_since":1764600000,"counters":{"events_queued":2}}"#,
+    )
+    .unwrap();
+    let (m, l) = figures(&two);
+    assert_eq!(series(&m, "leader"), 1.0);
+    assert_eq!(series(&m, "leader_known"), 1.0);
+    assert_eq!(series(&m, "leader_since_timestamp_seconds"), 1764600000.0);
+    assert_eq!(m["cvslurm_events_queued_total"], 2.0);
+    assert_eq!(
+        l,
+        json!({"leader": true, "known": true, "since_timestamp_seconds": 1764600000i64,
+               "reason": "ctl1 is in control", "controllers": 2, "slurm_cluster": "hpc1"})
+    );
+    // Standby.
+    std::fs::write(
+        &status_file,
+        r#"{"leader":false,"leader_since":1764600100}"#,
+    )
+    .unwrap();
+    let (m, l) = figures(&two);
+    assert_eq!(series(&m, "leader"), 0.0);
+    assert_eq!(series(&m, "leader_known"), 1.0);
+    assert_eq!(l["since_timestamp_seconds"], 1764600100);
+    // It cannot tell.
+    std::fs::write(
+        &status_file,
+        r#"{"leader":null,"leader_reason":"heartbeat 400 s old"}"#,
+    )
+    .unwrap();
+    let (m, l) = figures(&two);
+    assert_eq!(series(&m, "leader"), 0.0);
+    assert_eq!(series(&m, "leader_known"), 0.0);
+    assert_eq!(l["reason"], "heartbeat 400 s old");
+    // Nothing recorded: unknown with two controllers; the leader with one.
+    std::fs::remove_file(&status_file).unwrap();
+    let (m, l) = figures(&two);
+    assert_eq!(series(&m, "leader_known"), 0.0);
+    assert_eq!(series(&m, "leader"), 0.0);
+    assert!(
+        l["reason"]
+            .as_str()
+            .unwrap()
+            .contains("has not recorded its leadership"),
+        "{l}"
+    );
+    std::fs::remove_file(&status_file).ok();
+    let (m, l) = figures(&one);
+    assert_eq!(series(&m, "leader"), 1.0);
+    assert_eq!(series(&m, "leader_known"), 1.0);
+    assert_eq!(series(&m, "leader_since_timestamp_seconds"), 0.0);
+    assert_eq!(l["controllers"], 1);
+}
+
 /// The shipped rules: valid, and each alert fires on the series that must fire it and not on
 /// the others (packaging/prometheus/cvslurm-alerts.test.yml).
 #[test]
