@@ -52,7 +52,12 @@
 #   WITH_DBD=1           MariaDB + slurmdbd, AccountingStorageType=accounting_storage/slurmdbd
 #   CLUSTER_NAME         default cvtest
 #   MIN_JOB_AGE          default 5 (seconds a finished job stays visible to scontrol)
-#   SLURMD_TIMEOUT       default 5 (seconds until a silent slurmd makes its node DOWN)
+#   SLURMD_TIMEOUT       default 30 (seconds until a silent slurmd makes its node DOWN). Not
+#                        less: measured on 24.11 (CI), slurmctld's ping of a node whose slurmd
+#                        is gone keeps retrying the refused connection for about 15 s, and no
+#                        other ping pass runs meanwhile, so with 5 s every other node went
+#                        stale and DOWN ("Nodes n[1-3] not responding") while one slurmd was
+#                        stopped, again at every pass.
 #   SLURMCTLD_DEBUG      default info (slurmctld's log level: debug, debug2, … to see its RPCs)
 #   WITH_GPUS=1          8 GPUs per static node as GRES (gres.conf over device nodes in the work dir)
 #   FORCE=1              overwrite an unmanaged /etc/slurm/slurm.conf (backed up, restored on down)
@@ -804,7 +809,7 @@ SlurmdParameters=config_overrides
 MaxNodeCount=64
 TreeWidth=65533
 ReturnToService=2
-SlurmdTimeout=${SLURMD_TIMEOUT:-5}
+SlurmdTimeout=${SLURMD_TIMEOUT:-30}
 SlurmctldTimeout=10
 MessageTimeout=5
 MinJobAge=${MIN_JOB_AGE:-5}
@@ -880,7 +885,7 @@ up_description() { # nnodes
     printf 'SLURM=%s\nNODES=%s\nCLUSTER_NAME=%s\nWITH_DBD=%s\nWITH_GPUS=%s\nCVSLURM_HOOK=%s\n' \
         "$SLURM_VER" "$1" "$CLUSTER_NAME" "${WITH_DBD:-0}" "${WITH_GPUS:-0}" "${CVSLURM_HOOK:-}"
     printf 'CVSLURM_HOOKS=%s\nMIN_JOB_AGE=%s\nSLURMD_TIMEOUT=%s\nSLURMCTLD_DEBUG=%s\n' \
-        "${CVSLURM_HOOKS:-both}" "${MIN_JOB_AGE:-5}" "${SLURMD_TIMEOUT:-5}" "${SLURMCTLD_DEBUG:-info}"
+        "${CVSLURM_HOOKS:-both}" "${MIN_JOB_AGE:-5}" "${SLURMD_TIMEOUT:-30}" "${SLURMCTLD_DEBUG:-info}"
     printf 'CVSLURM_SHARE=%s\nREPO=%s\n' "${CVSLURM_SHARE:-}" "$REPO"
     if ((NCTL > 1)); then printf 'CONTROLLERS=%s\n' "$NCTL"; fi
 }
