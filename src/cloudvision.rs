@@ -444,17 +444,7 @@ impl Client {
     /// Deletes the NodeConfig whose `key.id` is `id` (as [`Client::node_key`] writes it). A
     /// 404 (already gone) counts as success.
     pub fn delete_node(&self, id: &str, deadline: Option<Instant>) -> Result<Answer, SendError> {
-        match self.call("DELETE", &self.node_delete_url(id), None, deadline) {
-            Err(SendError::Rejected {
-                status: 404,
-                message,
-            }) => Ok(Answer {
-                status: 404,
-                elapsed: Duration::ZERO,
-                body: message,
-            }),
-            other => other,
-        }
+        absent_is_answer(self.call("DELETE", &self.node_delete_url(id), None, deadline))
     }
 
     /// Proves reachability, TLS and the token with one read that changes nothing: a GetOne of
@@ -683,6 +673,12 @@ pub const PROBE_KEY: &str = "cvslurm-probe-key-that-no-job-has";
 /// CloudVision is reachable and took the token; 401/403 stay [`SendError::TokenRefused`];
 /// anything else stays the error it is, with its status and the server's message.
 pub fn judge_probe(r: Result<Answer, SendError>) -> Result<Answer, SendError> {
+    absent_is_answer(r)
+}
+
+/// A 404 (the key does not exist) as an answer, not an error: what a probe of a key no job
+/// has, and a delete of something already gone, both expect.
+fn absent_is_answer(r: Result<Answer, SendError>) -> Result<Answer, SendError> {
     match r {
         Err(SendError::Rejected {
             status: 404,
