@@ -70,6 +70,16 @@ pub fn lock_file(
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // A hard link planted in StateDir (SlurmUser's) must not get root's fchown.
+    match f.metadata() {
+        Ok(md) if md.is_file() && std::os::unix::fs::MetadataExt::nlink(&md) == 1 => {}
+        _ => {
+            return Err(format!(
+                "{} is not a plain file with one link; remove it",
+                path.display()
+            ))
+        }
+    }
     if let Some((uid, gid)) = owner {
         let _ = std::os::unix::fs::fchown(&f, Some(uid), Some(gid));
     }

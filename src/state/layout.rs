@@ -26,9 +26,14 @@ pub const OUTBOX_LOCK: &str = "outbox.lock";
 pub const DRAINER_LOCK: &str = "drainer.lock";
 /// The last drain passes' outcome, for `cvslurm status`.
 pub const SERVICE_STATUS: &str = "service-status.json";
-/// `flock`ed for each read-change-write of [`SERVICE_STATUS`] (its counters have several
-/// writers: the service or `flush`, the hooks, the inventory).
+/// `flock`ed for each read-change-write of [`SERVICE_STATUS`] (by the service or `flush`,
+/// the inventory; never by a hook: counters go through [`COUNTER_JOURNAL`]).
 pub const SERVICE_STATUS_LOCK: &str = "service-status.lock";
+/// Counter additions appended without a lock, folded into [`SERVICE_STATUS`] by its next
+/// writer (see `crate::state::counter_journal`).
+pub const COUNTER_JOURNAL: &str = "counters.journal";
+/// The journal's previous file, still read after a rotation.
+pub const COUNTER_JOURNAL_OLD: &str = "counters.journal.old";
 /// The service's wake-up socket (see `crate::sender`).
 pub const WAKE_SOCKET: &str = "wake.sock";
 

@@ -16,6 +16,7 @@
 //! Every store writes through [`durable`]: temp file, rename, and for events and node records
 //! `fsync` of the file and of its directory.
 
+pub mod counter_journal;
 pub mod durable;
 pub mod event;
 pub mod job_macs;

@@ -5,11 +5,13 @@
 //! delivered, retried, rejected, dropped, lost; hooks that sent their event themselves; the
 //! HTTP answers by class; the delivery latency histogram).
 //!
-//! Several processes write it (the service or `flush`, every hook, the inventory): each
-//! read-change-write holds `service-status.lock`. A report, not an event: not fsynced; a
-//! counter a process could not add within [`LOCK_WAIT`] is logged and left out (a hook is
-//! never held up for a figure).
+//! Several processes write it (the service or `flush`, the inventory): each
+//! read-change-write holds `service-status.lock`. A report, not an event: not fsynced. The
+//! counters are added without that lock, through the counter journal
+//! ([`super::counter_journal`]), which each read-change-write folds in: a hook (on
+//! slurmctld's critical path) never waits for a figure, nor makes another hook wait.
 
+use super::counter_journal::CounterJournal;
 use super::durable;
 use super::layout::{SERVICE_STATUS, SERVICE_STATUS_LOCK};
 use serde_json::{json, Value};
@@ -81,6 +83,7 @@ pub struct ServiceStatus {
     path: PathBuf,
     lock: PathBuf,
     owner: Option<(u32, u32)>,
+    journal: CounterJournal,
 }
 
 impl ServiceStatus {
@@ -90,6 +93,7 @@ impl ServiceStatus {
             path: root.join(SERVICE_STATUS),
             lock: root.join(SERVICE_STATUS_LOCK),
             owner,
+            journal: CounterJournal::new(root, owner),
         }
     }
 
@@ -105,9 +109,10 @@ impl ServiceStatus {
                 }
             };
         let mut v = self
-            .read()
+            .read_file()
             .filter(Value::is_object)
             .unwrap_or_else(|| json!({}));
+        self.journal.fold(&mut v, true, crate::timefmt::now_epoch());
         f(&mut v);
         match serde_json::to_vec(&v) {
             Ok(bytes) => match durable::replace(&self.path, &bytes, self.owner) {
@@ -121,16 +126,15 @@ impl ServiceStatus {
         }
     }
 
-    /// Adds `n` to counter `name` (one of [`counter::ALL`]).
+    /// Adds `n` to counter `name` (one of [`counter::ALL`]): appended to the counter
+    /// journal, without a lock (a hook calls it).
     pub fn count(&self, name: &str, n: u64) {
         if n == 0 {
             return;
         }
-        if !self.update(|v| add(v, name, n)) {
-            log::warn!(
-                "status: counter {name} (+{n}) not recorded: {} is not writable or stayed locked",
-                self.path.display()
-            );
+        debug_assert!(counter::ALL.contains(&name), "{name}");
+        if let Err(e) = self.journal.append(name, n) {
+            log::warn!("status: counter {name} (+{n}) not recorded: {e}");
         }
     }
 
@@ -215,8 +219,27 @@ impl ServiceStatus {
         });
     }
 
-    /// What was recorded, if anything.
+    /// What was recorded, if anything, with the counter additions not folded in yet.
     pub fn read(&self) -> Option<Value> {
+        let mut v = self.read_file();
+        if let Some(v) = v.as_mut().filter(|v| v.is_object()) {
+            self.journal.fold(v, false, 0);
+            if let Some(o) = v.as_object_mut() {
+                o.remove("journal");
+            }
+        } else {
+            // Counters added before the service first wrote the file.
+            let mut fresh = json!({});
+            self.journal.fold(&mut fresh, false, 0);
+            if fresh.get("counters").is_some() {
+                v = Some(fresh);
+            }
+        }
+        v
+    }
+
+    /// The file as written.
+    fn read_file(&self) -> Option<Value> {
         durable::read_file(&self.path)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
@@ -224,7 +247,7 @@ impl ServiceStatus {
 }
 
 /// Adds `n` to `counters.<name>` in `v`.
-fn add(v: &mut Value, name: &str, n: u64) {
+pub(super) fn add(v: &mut Value, name: &str, n: u64) {
     if n == 0 {
         return;
     }
