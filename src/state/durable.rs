@@ -312,6 +312,25 @@ pub fn unsafe_name(name: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A hard link planted at a lock's name (SlurmUser can make one to any file it may read,
+    /// where `fs.protected_hardlinks` is off) is refused before root's `fchown` reaches it.
+    #[test]
+    fn a_lock_that_is_a_hard_link_is_refused_untouched() {
+        use std::os::unix::fs::MetadataExt;
+        let root = std::env::temp_dir().join(format!("cvslurm-lockln-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        let target = root.join("precious");
+        fs::write(&target, b"x").unwrap();
+        let before = fs::metadata(&target).unwrap();
+        fs::hard_link(&target, root.join("some.lock")).unwrap();
+        let e = lock_file(&root.join("some.lock"), Some((65534, 65534)), None).unwrap_err();
+        assert!(e.contains("one link"), "{e}");
+        let after = fs::metadata(&target).unwrap();
+        assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
     /// An event's temp file carries the event's queue time as its modification time, which
     /// may be hours old: a writer at work is told by the change time, and its file kept.
     #[test]
