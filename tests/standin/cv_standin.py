@@ -76,6 +76,9 @@ BEHAVIOURS = {
     "unknown_fields": ("reject", ("reject", "ignore")),
     # NodeConfig hostname: "any", or "must_match_key" (Arista's stub: hostname == key.id)
     "hostname": ("any", ("any", "must_match_key")),
+    # a merging JobConfig Set of state RUNNING without end_time: the stored end_time is "kept"
+    # (the contract) or "cleared" (a server that resets it with the state)
+    "end_time_on_running": ("kept", ("kept", "cleared")),
     # DELETE ...JobConfig?key.id=: "allowed" (404 if absent) or "unsupported" (405)
     "delete_job": ("allowed", ("allowed", "unsupported")),
 }
@@ -801,6 +804,9 @@ class Handler(BaseHTTPRequestHandler):
                 store[kid] = body
             else:
                 store[kid] = merge_set(store.get(kid), body, b["empty_list"])
+                if (kind == "JobConfig" and b["end_time_on_running"] == "cleared"
+                        and body.get("state") == "JOB_STATE_RUNNING" and "end_time" not in body):
+                    store[kid].pop("end_time", None)
             return 200, {"value": camel(body), "time": now_rfc3339()}
         if m == "DELETE":
             if kind == "JobConfig" and b["delete_job"] == "unsupported":
