@@ -155,14 +155,23 @@ impl Leadership {
 }
 
 impl Figures {
-    /// The figures of `outbox` now; `poll_interval` is the configured `PollInterval`.
-    pub fn gather(outbox: &StateDir, poll_interval: Duration) -> Figures {
+    /// The figures of `outbox` now; `poll_interval` is the configured `PollInterval`. The
+    /// outbox's depth and oldest age are listed unless `known_depth` gives them
+    /// (`Queue::depth`'s answer already had, or the service's index: at a million events a
+    /// listing takes seconds).
+    pub fn gather_with(
+        outbox: &StateDir,
+        poll_interval: Duration,
+        known_depth: Option<(usize, Option<i64>)>,
+    ) -> Figures {
         let readable = std::fs::read_dir(outbox.root()).is_ok();
-        let (depth, oldest_age) = if readable {
-            let (d, o) = outbox.queue.depth();
-            (Some(d as u64), o)
-        } else {
-            (None, None)
+        let (depth, oldest_age) = match known_depth {
+            _ if !readable => (None, None),
+            Some((d, o)) => (Some(d as u64), o),
+            None => {
+                let (d, o) = outbox.queue.depth();
+                (Some(d as u64), o)
+            }
         };
         let now = crate::timefmt::now_epoch();
         let v = outbox.status.read().unwrap_or_default();
@@ -454,10 +463,20 @@ pub fn write_file(path: &Path, text: &str) -> Result<(), String> {
 
 /// Writes the metrics file of `outbox` when `MetricsFile` is set; a failure is logged.
 pub fn publish(metrics_file: Option<&Path>, outbox: &StateDir, poll_interval: Duration) {
+    publish_with(metrics_file, outbox, poll_interval, None);
+}
+
+/// [`publish`], the outbox's depth and oldest age given when known (the service's index).
+pub fn publish_with(
+    metrics_file: Option<&Path>,
+    outbox: &StateDir,
+    poll_interval: Duration,
+    known_depth: Option<(usize, Option<i64>)>,
+) {
     let Some(path) = metrics_file else {
         return;
     };
-    let text = Figures::gather(outbox, poll_interval).render();
+    let text = Figures::gather_with(outbox, poll_interval, known_depth).render();
     if let Err(e) = write_file(path, &text) {
         log::warn!(
             "{e}; make its directory writable by the user cvslurm runs as (SlurmUser for the \
@@ -467,12 +486,15 @@ pub fn publish(metrics_file: Option<&Path>, outbox: &StateDir, poll_interval: Du
 }
 
 /// The service's metrics writer: a thread that writes the file now, then every
-/// [`SERVICE_EVERY`] until `stop` is set (the service writes it once more at exit).
+/// [`SERVICE_EVERY`] until `stop` is set (the service writes it once more at exit). The
+/// outbox's depth comes from `depth` (the sender's index) when it knows it, else from a
+/// listing.
 pub fn spawn_writer(
     metrics_file: Option<&Path>,
     outbox: &StateDir,
     poll_interval: Duration,
     stop: &'static AtomicBool,
+    depth: impl Fn() -> Option<(usize, Option<i64>)> + Send + 'static,
 ) -> Option<std::thread::JoinHandle<()>> {
     let path = metrics_file?.to_path_buf();
     let outbox = outbox.clone();
@@ -480,7 +502,7 @@ pub fn spawn_writer(
         .name("metrics".into())
         .spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                publish(Some(&path), &outbox, poll_interval);
+                publish_with(Some(&path), &outbox, poll_interval, depth());
                 let until = Instant::now() + SERVICE_EVERY;
                 while Instant::now() < until && !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(200));
@@ -506,7 +528,7 @@ mod tests {
     fn every_series_is_there_from_the_start() {
         let d = tmpdir("empty");
         let sd = StateDir::new(&d);
-        let text = Figures::gather(&sd, Duration::from_secs(60)).render();
+        let text = Figures::gather_with(&sd, Duration::from_secs(60), None).render();
         for line in [
             "cvslurm_outbox_events 0",
             "cvslurm_outbox_oldest_event_timestamp_seconds 0",
@@ -602,7 +624,7 @@ mod tests {
     #[test]
     fn leadership_series_carry_the_cluster() {
         let d = tmpdir("leader");
-        let mut f = Figures::gather(&StateDir::new(&d), Duration::from_secs(60));
+        let mut f = Figures::gather_with(&StateDir::new(&d), Duration::from_secs(60), None);
         f.leadership = Leadership::from_status(
             &serde_json::json!({"leader": false, "leader_since": 42}),
             Some(&conf(

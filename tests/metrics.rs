@@ -251,6 +251,48 @@ fn the_service_writes_the_file_at_start_and_at_exit() {
     );
 }
 
+/// During an outage the service's file reports the waiting events (from its index, not a
+/// listing of the outbox) as `status` lists them.
+#[test]
+fn the_service_reports_the_waiting_events_during_an_outage() {
+    let cv = Standin::start();
+    let (site, _textfile, metrics) = site_with_metrics(&cv, "");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    let _service = Service::start(&site);
+    for id in ["801", "802", "803"] {
+        site.hook(&job_env("prolog_slurmctld", id, &[]));
+    }
+    wait_for(
+        "three waiting events in the file",
+        Duration::from_secs(60),
+        || {
+            std::fs::read_to_string(&metrics)
+                .map(|t| samples(&t).get("cvslurm_outbox_events") == Some(&3.0))
+                .unwrap_or(false)
+        },
+    );
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    check_metrics(&text);
+    let m = samples(&text);
+    let oldest = m["cvslurm_outbox_oldest_event_timestamp_seconds"];
+    let out = site.run(&["status", "--json", "--offline"]);
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["outbox_depth"], 3, "{st}");
+    // The oldest queue time is the oldest event file's (its mtime, as cvslurm writes it).
+    use std::os::unix::fs::MetadataExt;
+    let first = std::fs::read_dir(
+        site.state_dir
+            .join(cvslurm::internals::state::layout::OUTBOX),
+    )
+    .unwrap()
+    .flatten()
+    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+    .map(|e| e.metadata().unwrap().mtime())
+    .min()
+    .unwrap();
+    assert_eq!(oldest, first as f64, "{text}");
+}
+
 #[test]
 fn a_metrics_file_in_a_missing_directory_is_refused_in_one_line() {
     let cv = Standin::start();

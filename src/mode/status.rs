@@ -173,7 +173,12 @@ pub fn run(a: Args) -> i32 {
         last_slurm_warning: None,
         last_slurm_warning_at: None,
         service_running: crate::service::sender::connect(&cfg.state_dir).is_some(),
-        metrics: crate::metrics::Figures::gather(&outbox, cfg.poll_interval),
+        // The outbox listed once (above), not again for the figures: seconds at a million.
+        metrics: crate::metrics::Figures::gather_with(
+            &outbox,
+            cfg.poll_interval,
+            depth.map(|d| (d, oldest)),
+        ),
         controllers: None,
         in_control: None,
         in_control_unknown: None,

@@ -41,6 +41,7 @@ pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static At
         &outbox,
         cfg.poll_interval,
         stop,
+        sender.summary_source(),
     );
     let rc = serve(cfg, slurm, client, stop, &outbox, &sender);
     // The last figures, once the loop and the dispatcher have stopped.

@@ -137,6 +137,36 @@ pub struct Sender {
     state_dir: PathBuf,
     /// Set when no dispatcher runs (any more, or yet: a standby sender).
     idle: Arc<AtomicBool>,
+    /// The dispatcher's last [`OutboxSummary`].
+    summary: Arc<Mutex<Option<OutboxSummary>>>,
+}
+
+/// The outbox as the dispatcher's index knew it at its last look: event files and the oldest
+/// queue time (as [`crate::state::queue::Queue::depth_since`] gives them), and when.
+#[derive(Debug, Clone, Copy)]
+pub struct OutboxSummary {
+    /// Event files and the oldest one's queue time (Unix seconds).
+    pub depth: (usize, Option<i64>),
+    /// When the index said so.
+    pub at: Instant,
+}
+
+/// How often the dispatcher works out its [`OutboxSummary`] (a pass over the index).
+pub const SUMMARY_EVERY: Duration = Duration::from_secs(5);
+
+fn summary_now(
+    idle: &AtomicBool,
+    summary: &Mutex<Option<OutboxSummary>>,
+) -> Option<(usize, Option<i64>)> {
+    if idle.load(Ordering::Relaxed) {
+        return None;
+    }
+    let s = (*summary.lock().unwrap_or_else(|e| e.into_inner()))?;
+    if s.at.elapsed() > SUMMARY_EVERY * 2 {
+        return None;
+    }
+    let (n, oldest) = s.depth;
+    Some((n, oldest.map(|t| crate::timefmt::now_epoch() - t)))
 }
 
 impl Sender {
@@ -145,6 +175,16 @@ impl Sender {
         if let Some(s) = connect(&self.state_dir) {
             wake(&s);
         }
+    }
+
+    /// The outbox's depth and oldest age from the dispatcher's memory, as
+    /// [`crate::state::queue::Queue::depth`] would find them,
+    /// without listing the directory; `None` when no dispatcher runs or its summary is older
+    /// than two [`SUMMARY_EVERY`] (then list it).
+    /// (A function for another thread: the metrics writer.)
+    pub fn summary_source(&self) -> impl Fn() -> Option<(usize, Option<i64>)> + Send + 'static {
+        let (idle, summary) = (self.idle.clone(), self.summary.clone());
+        move || summary_now(&idle, &summary)
     }
 
     /// After `stop`: waits (at most `within`) for the dispatcher to record its last figures.
@@ -158,6 +198,7 @@ impl Sender {
 
 /// What the sender threads need.
 struct Setup {
+    summary: Arc<Mutex<Option<OutboxSummary>>>,
     engine: Engine,
     outbox: StateDir,
     workers: usize,
@@ -178,11 +219,14 @@ pub fn start(
     stop: &'static AtomicBool,
 ) -> Result<Sender, String> {
     let idle = Arc::new(AtomicBool::new(true));
+    let summary = Arc::new(Mutex::new(None));
     let sender = Sender {
         state_dir: outbox.root().to_path_buf(),
         idle: idle.clone(),
+        summary: summary.clone(),
     };
     let setup = Setup {
+        summary,
         idle,
         engine: Engine::new(cfg, client, outbox.clone()),
         workers: cfg.max_concurrent_requests.max(1),
@@ -212,6 +256,7 @@ pub fn start(
 
 fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), String> {
     let Setup {
+        summary,
         engine,
         outbox,
         workers,
@@ -247,7 +292,7 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
             idle.store(false, Ordering::Relaxed);
             move || {
                 let _lock = lock;
-                dispatcher(&shared, &outbox, &sock, max_events);
+                dispatcher(&shared, &outbox, &sock, max_events, &summary);
                 idle.store(true, Ordering::Relaxed);
             }
         })
@@ -297,7 +342,14 @@ fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, State> {
     sh.state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn dispatcher(sh: &Arc<Shared>, outbox: &StateDir, sock: &UnixDatagram, max_events: usize) {
+fn dispatcher(
+    sh: &Arc<Shared>,
+    outbox: &StateDir,
+    sock: &UnixDatagram,
+    max_events: usize,
+    summary: &Mutex<Option<OutboxSummary>>,
+) {
+    let mut summed_at: Option<Instant> = None;
     let mut buf = [0u8; 64];
     let mut next_scan = Instant::now();
     let (syncer, batches) = std::sync::mpsc::channel::<Vec<String>>();
@@ -353,6 +405,15 @@ fn dispatcher(sh: &Arc<Shared>, outbox: &StateDir, sock: &UnixDatagram, max_even
             let _ = sock.set_nonblocking(false);
         }
         let now = Instant::now();
+        // Also while sending is paused (an outage: when the depth matters most); the index
+        // is as fresh as the last scan, and every new file wakes one.
+        if summed_at.is_none_or(|t| t.elapsed() >= SUMMARY_EVERY) {
+            summed_at = Some(now);
+            *summary.lock().unwrap_or_else(|e| e.into_inner()) = ds
+                .index
+                .summary()
+                .map(|depth| OutboxSummary { depth, at: now });
+        }
         let paused_now = paused.is_some_and(|p| p > now);
         if paused_now {
             // Sending waits, but ends are settled now, while slurmctld still knows the jobs.

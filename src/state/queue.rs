@@ -586,6 +586,12 @@ impl Queue {
     /// newer format waits too, and one that is not an event waits until the drainer moves it
     /// to `rejected/`.
     pub fn depth(&self) -> (usize, Option<i64>) {
+        let (n, oldest) = self.depth_since();
+        (n, oldest.map(|t| crate::timefmt::now_epoch() - t))
+    }
+
+    /// [`depth`](Self::depth) with the oldest queue time itself (Unix seconds), not its age.
+    pub fn depth_since(&self) -> (usize, Option<i64>) {
         use std::os::unix::fs::MetadataExt;
         let Ok(rd) = fs::read_dir(self.dir(OUTBOX)) else {
             return (0, None);
@@ -601,7 +607,7 @@ impl Queue {
                 oldest = Some(oldest.map_or(m.mtime(), |o| o.min(m.mtime())));
             }
         }
-        (n, oldest.map(|t| crate::timefmt::now_epoch() - t))
+        (n, oldest)
     }
 
     /// Number of events in `rejected/` (counted, not read).
@@ -956,6 +962,16 @@ impl Known {
 }
 
 impl Index {
+    /// What [`Queue::depth_since`] would find, from memory: the event files at the last pass
+    /// and the oldest queue time; `None` while the last pass left files unread (their times
+    /// are not known). O(events).
+    pub fn summary(&self) -> Option<(usize, Option<i64>)> {
+        if !self.complete {
+            return None;
+        }
+        Some((self.files, self.known.values().map(|k| k.queued_at).min()))
+    }
+
     /// False when the last [`Queue::refresh`] left files unread over [`READ_AT_MOST`]: look
     /// again soon.
     pub fn complete(&self) -> bool {
@@ -1410,6 +1426,9 @@ mod tests {
         // A chained file keeps its RUNNING's seq.
         assert_eq!(oldest, ["job.2@c.json", "job.3@c.json"]);
         assert!(more);
+        // The index's summary is what a listing finds (the service's metrics use it).
+        assert_eq!(ix.summary(), Some(ob.depth_since()));
+        assert_eq!(ix.summary().unwrap().0, 3);
         // Over the limit: at most `at_most` dropped per call, from the index.
         let reads = ix.reads;
         assert_eq!(ob.enforce_limit_in(&mut ix, 1, 1), 1);
@@ -1418,6 +1437,10 @@ mod tests {
         assert_eq!(ix.reads, reads);
         // The oldest went first.
         assert_eq!(ob.pending().len(), 1);
+        assert_eq!(ix.summary(), Some(ob.depth_since()));
+        // A pass that left files unread knows no oldest: no summary.
+        ix.complete = false;
+        assert_eq!(ix.summary(), None);
         assert_eq!(ob.pending()[0].item.describe(), "job 4@c RUNNING");
         fs::remove_dir_all(&d).unwrap();
     }
