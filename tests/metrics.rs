@@ -171,6 +171,8 @@ fn flush_writes_the_figures_the_standin_saw_and_status_json_shows_them() {
     let out = site.run(&["status", "--json", "--offline"]);
     let st: Value = serde_json::from_slice(&out.stdout).unwrap();
     let f = &st["metrics"];
+    // No service runs: `status` listed the outbox itself.
+    assert_eq!(st["outbox_counted_by"], "listing", "{st}");
     assert_eq!(f["counters"]["events_delivered"], 3, "{st}");
     assert_eq!(f["counters"]["events_rejected"], 1);
     assert_eq!(f["counters"]["events_retried"], 4);
@@ -211,6 +213,8 @@ fn events_dropped_over_the_limit_and_lost_by_a_hook_are_counted() {
     assert!(site.log().contains("LOST"), "{}", site.log());
     let out = site.run(&["status", "--json", "--offline"]);
     let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The outbox cannot be listed and no service counts it: unknown, not 0.
+    assert_eq!(st["outbox_counted_by"], Value::Null, "{st}");
     assert_eq!(st["metrics"]["counters"]["events_lost"], 1, "{st}");
     assert_eq!(st["metrics"]["counters"]["events_dropped"], 2, "{st}");
 }
@@ -275,9 +279,17 @@ fn the_service_reports_the_waiting_events_during_an_outage() {
     check_metrics(&text);
     let m = samples(&text);
     let oldest = m["cvslurm_outbox_oldest_event_timestamp_seconds"];
+    // `status` shows the service's count (recorded in the same pass), not a listing of its own.
     let out = site.run(&["status", "--json", "--offline"]);
     let st: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(st["outbox_depth"], 3, "{st}");
+    assert_eq!(st["outbox_counted_by"], "service", "{st}");
+    let out = site.run(&["status", "--offline"]);
+    assert!(
+        stdout(&out).contains("3 event(s) waiting (the service's count)"),
+        "{}",
+        stdout(&out)
+    );
     // The oldest queue time is the oldest event file's (its mtime, as cvslurm writes it).
     use std::os::unix::fs::MetadataExt;
     let first = std::fs::read_dir(

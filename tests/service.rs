@@ -783,10 +783,12 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
     );
 
     // A takeover: the heartbeat names this host, and a process named slurmctld runs here
-    // (a copy of sleep under that name).
+    // (sleep run through a symlink of that name: its comm is the link's name). Not a copy:
+    // a test thread forking meanwhile can hold the copy's write descriptor until its exec,
+    // and the spawn fails with ETXTBSY (seen once in a full run).
     let other_slurmctld = cvslurm::internals::service::leadership::own_slurmctld_runs();
     let fake = site.dir.path().join("slurmctld");
-    fs::copy("/bin/sleep", &fake).unwrap();
+    std::os::unix::fs::symlink("/bin/sleep", &fake).unwrap();
     let mut slurmctld = Command::new(&fake).arg("120").spawn().unwrap();
     heartbeat(1);
     wait_for("this host leads", Duration::from_secs(10), || {

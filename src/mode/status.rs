@@ -37,6 +37,10 @@ pub const EXIT_PROBLEM: i32 = 1;
 /// Exit status: `status` cannot know: StateDir (or the outbox in it) cannot be read.
 pub const EXIT_UNKNOWN: i32 = 3;
 
+/// How old the service's count of the outbox may be for `status` to show it rather than list
+/// the outbox itself (the service records it every 5 s).
+pub const SERVICE_COUNT_MAX_AGE_S: i64 = 15;
+
 /// What `status` reports.
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -48,6 +52,10 @@ pub struct Status {
     pub outbox_depth: Option<usize>,
     /// Age in seconds of the oldest waiting event.
     pub oldest_event_age_s: Option<i64>,
+    /// Who counted the outbox: `service` (the running service's index, at most
+    /// [`SERVICE_COUNT_MAX_AGE_S`] old, so `status` need not list a large outbox) or `listing`
+    /// (this command listed it); `None` when unknown.
+    pub outbox_counted_by: Option<&'static str>,
     /// Events CloudVision refused as malformed (in `rejected/`; `None`: unknown).
     pub rejected: Option<usize>,
     /// The CloudVision server.
@@ -140,12 +148,23 @@ pub fn run(a: Args) -> i32 {
     let outbox = StateDir::new(&cfg.state_dir);
     // An outbox that cannot be read is not an empty one: say so, and exit 3.
     let unreadable = unreadable(&cfg.state_dir);
-    let (depth, oldest) = match unreadable {
-        None => {
-            let (d, o) = outbox.queue.depth();
-            (Some(d), o)
-        }
-        Some(_) => (None, None),
+    let service_running = crate::service::sender::connect(&cfg.state_dir).is_some();
+    let (depth, oldest, counted_by) = match unreadable {
+        None => match service_running
+            .then(|| outbox.status.recorded_outbox(SERVICE_COUNT_MAX_AGE_S))
+            .flatten()
+        {
+            Some((d, o)) => (
+                Some(d),
+                o.map(|t| crate::timefmt::now_epoch() - t),
+                Some("service"),
+            ),
+            None => {
+                let (d, o) = outbox.queue.depth();
+                (Some(d), o, Some("listing"))
+            }
+        },
+        Some(_) => (None, None, None),
     };
     let cv = if offline {
         "skipped".to_string()
@@ -164,6 +183,7 @@ pub fn run(a: Args) -> i32 {
         state_dir_error: unreadable,
         outbox_depth: depth,
         oldest_event_age_s: oldest,
+        outbox_counted_by: counted_by,
         rejected: depth.map(|_| outbox.queue.rejected_count()),
         api_server: cfg.api_server.clone(),
         cloudvision: cv,
@@ -172,7 +192,7 @@ pub fn run(a: Args) -> i32 {
         last_error_at: None,
         last_slurm_warning: None,
         last_slurm_warning_at: None,
-        service_running: crate::service::sender::connect(&cfg.state_dir).is_some(),
+        service_running,
         // The outbox listed once (above), not again for the figures: seconds at a million.
         metrics: crate::metrics::Figures::gather_with(
             &outbox,
@@ -224,6 +244,9 @@ pub fn run(a: Args) -> i32 {
             );
         }
         match st.outbox_depth {
+            Some(n) if st.outbox_counted_by == Some("service") => {
+                println!("outbox:           {n} event(s) waiting (the service's count)")
+            }
             Some(n) => println!("outbox:           {n} event(s) waiting"),
             None => println!(
                 "outbox:           UNKNOWN: {}",

@@ -151,7 +151,8 @@ pub struct OutboxSummary {
     pub at: Instant,
 }
 
-/// How often the dispatcher works out its [`OutboxSummary`] (a pass over the index).
+/// How often the dispatcher works out its [`OutboxSummary`] (a pass over the index) and
+/// records it in `service-status.json` for `status`.
 pub const SUMMARY_EVERY: Duration = Duration::from_secs(5);
 
 fn summary_now(
@@ -409,15 +410,20 @@ fn dispatcher(
         // is as fresh as the last scan, and every new file wakes one.
         if summed_at.is_none_or(|t| t.elapsed() >= SUMMARY_EVERY) {
             summed_at = Some(now);
-            *summary.lock().unwrap_or_else(|e| e.into_inner()) = ds
-                .index
-                .summary()
-                .map(|depth| OutboxSummary { depth, at: now });
+            let s = ds.index.summary();
+            if let Some((n, oldest)) = s {
+                // For `status`, another process.
+                outbox.status.record_outbox(n, oldest);
+            }
+            *summary.lock().unwrap_or_else(|e| e.into_inner()) =
+                s.map(|depth| OutboxSummary { depth, at: now });
         }
         let paused_now = paused.is_some_and(|p| p > now);
         if paused_now {
-            // Sending waits, but ends are settled now, while slurmctld still knows the jobs.
-            if woken {
+            // Sending waits, but ends are settled now, while slurmctld still knows the jobs;
+            // and a large outbox (a service started during an outage) is read into the index
+            // meanwhile, READ_AT_MOST files a look, so that its depth is known.
+            if woken || !ds.index.complete() {
                 scan(sh, outbox, max_events, false, &mut ds);
             }
             continue;

