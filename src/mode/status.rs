@@ -184,7 +184,8 @@ pub fn run(a: Args) -> i32 {
         outbox_depth: depth,
         oldest_event_age_s: oldest,
         outbox_counted_by: counted_by,
-        rejected: depth.map(|_| outbox.queue.rejected_count()),
+        // Counted once, by the figures (below), under the same condition.
+        rejected: None,
         api_server: cfg.api_server.clone(),
         cloudvision: cv,
         last_delivery: None,
@@ -209,6 +210,7 @@ pub fn run(a: Args) -> i32 {
         leader_age_s: None,
     };
     let mut st = st;
+    st.rejected = depth.and(st.metrics.rejected_events.map(|n| n as usize));
     controllers(&mut st);
     if let Some(v) = outbox.status.read() {
         st.last_delivery = v["last_delivery"].as_i64();

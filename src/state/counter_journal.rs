@@ -22,7 +22,7 @@
 
 use super::layout::{COUNTER_JOURNAL, COUNTER_JOURNAL_OLD};
 use serde_json::{json, Value};
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -157,15 +157,7 @@ impl CounterJournal {
 /// Reads `path` from the place in `known` of its inode (from its start if none, or if it is
 /// shorter: truncated), at most [`READ_MAX`] bytes: its inode, the offset read from, the bytes.
 fn read_from(path: &Path, known: &[Place]) -> Option<(u64, u64, Vec<u8>)> {
-    let mut f: File = OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    let md = f.metadata().ok()?;
-    if !md.is_file() {
-        return None;
-    }
+    let (mut f, md) = super::durable::open_regular(path).ok()?;
     let start = known
         .iter()
         .find(|p| p.ino == md.ino() && p.off <= md.len())

@@ -106,17 +106,25 @@ pub fn lock_file(
     }
 }
 
-/// Reads a whole state file, never through a link (`O_NOFOLLOW`), a regular file only
-/// (`O_NONBLOCK` so that a FIFO planted in its place cannot block the reader).
-pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut f = OpenOptions::new()
+/// Opens a state file for reading, never through a link (`O_NOFOLLOW`), a regular file only
+/// (`O_NONBLOCK` so that a FIFO planted in its place cannot block the reader); with its
+/// metadata.
+pub fn open_regular(path: &Path) -> std::io::Result<(File, fs::Metadata)> {
+    let f = OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
         .open(path)?;
-    if !f.metadata()?.is_file() {
+    let md = f.metadata()?;
+    if !md.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
+    Ok((f, md))
+}
+
+/// Reads a whole state file ([`open_regular`]).
+pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let (mut f, _) = open_regular(path)?;
     let mut bytes = Vec::new();
     f.read_to_end(&mut bytes)?;
     Ok(bytes)
