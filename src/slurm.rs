@@ -13,7 +13,10 @@ pub mod version;
 
 use crate::hostlist;
 use crate::runner::Slurm;
-pub use bounds::{Answer, JOB_QUERIES_PER_PASS, SACCT_CALLS_PER_PASS, SACCT_IDS_PER_CALL};
+pub use bounds::{
+    Answer, JOB_QUERIES_PER_PASS, SACCT_CALLS_PER_PASS, SACCT_IDS_PER_CALL, STATE_CALLS_PER_PASS,
+    STATE_IDS_PER_CALL,
+};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 pub use version::{Ctl, Reader, Version};
@@ -227,8 +230,51 @@ pub fn job_states(slurm: &Slurm, timeout: Duration) -> Result<Option<Vec<JobInfo
     if !reader.only_job_state {
         return Ok(None);
     }
-    let args = ["--only-job-state", reader.json_flag];
-    let out = slurm.run_json("squeue", &args, left)?;
+    states(slurm, &["--only-job-state", reader.json_flag], left).map(Some)
+}
+
+/// The id and state of each of `ids` that slurmctld holds, asked by id where this Slurm
+/// offers that: `squeue --only-job-state --json -j ID,…` (24.11 and later). slurmctld looks
+/// each id up (REQUEST_JOB_STATE with the ids; from its job-state cache where
+/// `SchedulerParameters=enable_job_state_cache`), so the cost follows the ids asked, not the
+/// queue. At most [`STATE_IDS_PER_CALL`] ids per call and [`STATE_CALLS_PER_PASS`] calls; the
+/// ids past the bound come back in [`Answer::later`] (a warning says so). Ids slurmctld does
+/// not hold are absent. `None` before 24.11.
+pub fn job_states_of(
+    slurm: &Slurm,
+    ids: &[String],
+    timeout: Duration,
+) -> Result<Option<Answer>, String> {
+    let started = Instant::now();
+    let (reader, left) = reader_within(slurm, timeout)?;
+    if !reader.only_job_state {
+        return Ok(None);
+    }
+    let ids = job_ids(ids);
+    if ids.is_empty() {
+        return Ok(Some(Answer::default()));
+    }
+    bounds::ask_bounded(
+        &ids,
+        STATE_IDS_PER_CALL,
+        STATE_CALLS_PER_PASS,
+        timeout.saturating_sub(started.elapsed()).min(left),
+        "slurmctld (job states by id)",
+        |chunk, left| {
+            let list = chunk.join(",");
+            states(
+                slurm,
+                &["--only-job-state", reader.json_flag, "-j", list.as_str()],
+                left,
+            )
+        },
+    )
+    .map(Some)
+}
+
+/// Runs one `squeue --only-job-state` and reads its JSON.
+fn states(slurm: &Slurm, args: &[&str], left: Duration) -> Result<Vec<JobInfo>, String> {
+    let out = slurm.run_json("squeue", args, left)?;
     let shown = format!("squeue {}", args.join(" "));
     if !out.success {
         let why = json::error_of(&out.stdout)
@@ -239,16 +285,89 @@ pub fn job_states(slurm: &Slurm, timeout: Duration) -> Result<Option<Vec<JobInfo
                     .map(|l| l.trim().to_string())
             })
             .unwrap_or_default();
+        if why.contains("Invalid job id") {
+            return Ok(Vec::new()); // none of the ids asked is held any more
+        }
         return Err(format!("{shown} failed ({}): {why}", out.status));
     }
-    json::parse_job_states(&out.stdout)
-        .map(Some)
-        .map_err(|e| format!("{shown}: {e}"))
+    json::parse_job_states(&out.stdout).map_err(|e| format!("{shown}: {e}"))
+}
+
+/// A listing of at least this many jobs (or one past the output bound) makes the next full
+/// listing wait [`LISTING_BACKOFF`]: each costs slurmctld time in proportion to its queue.
+pub const BIG_LISTING: usize = 10_000;
+
+/// The least time between two full listings of a big queue (see [`BIG_LISTING`]).
+pub const LISTING_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What an error from a listing held back by [`LISTING_BACKOFF`] starts with.
+pub const LISTING_HELD_BACK: &str = "a full job listing is held back";
+
+/// When the last full listing ran and how many jobs it listed (`None`: past the output
+/// bound). One per process: the service's questions share it.
+static LAST_LISTING: std::sync::Mutex<Option<(Instant, Option<usize>)>> =
+    std::sync::Mutex::new(None);
+
+/// Why a full listing may not run now, if it may not (see [`BIG_LISTING`]).
+fn listing_held_back(last: Option<(Instant, Option<usize>)>) -> Option<String> {
+    let (at, listed) = last?;
+    if listed.is_some_and(|n| n < BIG_LISTING) {
+        return None;
+    }
+    let wait = LISTING_BACKOFF.checked_sub(at.elapsed())?;
+    Some(format!(
+        "{LISTING_HELD_BACK} for {} s: slurmctld held {} at the last one, and each costs it time \
+         in proportion to its queue (Slurm before 23.02 has no question by job id)",
+        wait.as_secs().max(1),
+        listed.map_or(
+            "more jobs than one listing may carry".to_string(),
+            |n| format!("{n} jobs")
+        )
+    ))
+}
+
+/// Did a question fail only because a full listing is held back (see [`BIG_LISTING`])?
+pub fn held_back(error: &str) -> bool {
+    error.starts_with(LISTING_HELD_BACK)
 }
 
 /// The one full listing: `scontrol --all --json show job`, or before 23.02 `squeue --all
 /// --json` (22.05 ignores squeue's filters with `--json`). `--all` includes hidden partitions.
+/// Once a listing holds [`BIG_LISTING`] jobs, the next waits [`LISTING_BACKOFF`] (an error
+/// until then: [`held_back`]); a warning says so when it starts.
 fn listing(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<JobInfo>, String> {
+    let last = *LAST_LISTING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = listing_held_back(last) {
+        return Err(why);
+    }
+    let out = listing_now(slurm, reader, timeout);
+    let listed = match &out {
+        Ok(jobs) => Some(Some(jobs.len())),
+        Err(e) if listing_too_big(e) => Some(None),
+        Err(_) => None,
+    };
+    if let Some(listed) = listed {
+        let was_big = last.is_some_and(|(_, n)| n.is_none_or(|n| n >= BIG_LISTING));
+        if let Some(n) = listed.filter(|n| *n >= BIG_LISTING && !was_big) {
+            log::warn!(
+                "slurmctld holds {n} jobs: cvslurm lists them all at most every {} s from now on \
+                 (each listing costs slurmctld time in proportion to its queue); meanwhile ends \
+                 are judged from their exit codes and checked against accounting later{}",
+                LISTING_BACKOFF.as_secs(),
+                if reader.ctl == Ctl::Squeue {
+                    ". Slurm 23.02 and later are asked job by job"
+                } else {
+                    ""
+                }
+            );
+        }
+        *LAST_LISTING.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), listed));
+    }
+    out
+}
+
+/// [`listing`] without the backoff.
+fn listing_now(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<JobInfo>, String> {
     let out = match reader.ctl {
         Ctl::Scontrol => json_jobs(
             slurm,
@@ -655,6 +774,24 @@ pub fn lookup(slurm: &Slurm, job_id: &str) -> Result<JobInfo, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A full listing of a small queue runs at every question; after a big one (or one past
+    /// the output bound) the next waits a minute, and the error says why.
+    #[test]
+    fn big_listings_are_asked_once_a_minute() {
+        let now = Instant::now();
+        assert_eq!(listing_held_back(None), None);
+        assert_eq!(listing_held_back(Some((now, Some(BIG_LISTING - 1)))), None);
+        let e = listing_held_back(Some((now, Some(BIG_LISTING)))).unwrap();
+        assert!(held_back(&e), "{e}");
+        assert!(e.contains("held 10000 jobs at the last one"), "{e}");
+        let e = listing_held_back(Some((now, None))).unwrap();
+        assert!(e.contains("more jobs than one listing may carry"), "{e}");
+        if let Some(old) = now.checked_sub(LISTING_BACKOFF) {
+            assert_eq!(listing_held_back(Some((old, None))), None);
+        }
+        assert!(!held_back("squeue --all --json failed (exit status: 1)"));
+    }
 
     #[test]
     fn node_states() {

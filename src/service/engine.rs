@@ -126,7 +126,14 @@ pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> slurm::An
     let mut answer = match slurm::jobs_by_id(slurm, ids, timeout) {
         Ok(a) => a,
         Err(e) => {
-            log::warn!(
+            // A held-back listing was said once, when the backoff started (src/slurm.rs).
+            let level = if slurm::held_back(&e) {
+                log::Level::Debug
+            } else {
+                log::Level::Warn
+            };
+            log::log!(
+                level,
                 "cannot ask slurmctld how {} job(s) ended ({e}); using their exit codes",
                 ids.len()
             );

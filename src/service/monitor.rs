@@ -113,6 +113,8 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                         sender.wake();
                     }
                     Ok(_) => {}
+                    // Said once, when the backoff started (src/slurm.rs).
+                    Err(e) if slurm::held_back(&e) => log::debug!("reconcile: {e}"),
                     Err(e) => log::error!("reconcile: {e}"),
                 }
             }
@@ -137,6 +139,9 @@ fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &StateDir) {
                 log::info!("{n} running job(s) queued again: the inventory of their nodes changed");
             }
             nodes.clear();
+        }
+        Err(e) if slurm::held_back(&e) => {
+            log::debug!("cannot resend the jobs on changed nodes yet: {e}")
         }
         Err(e) => log::error!("cannot resend the jobs on changed nodes yet: {e}"),
     }

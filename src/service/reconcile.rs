@@ -8,11 +8,15 @@
 //!   slurmctld or accounting.
 //!
 //! One pass costs, on Slurm 24.11 and later, one `squeue --only-job-state` (every job's id and
-//! state only) and the records of the jobs it must act on by id (bounded per pass, see
-//! [`crate::slurm::jobs_by_id`]); before 24.11, one slurmctld listing (every job's record,
-//! bounded by the runner's output limit: past it the pass fails with a warning naming what to
-//! do). The ended jobs slurmctld has already forgotten (older than `MinJobAge`) are asked of
-//! accounting in bounded `sacct` batches.
+//! state only: the sweep that finds running jobs no hook reported) and the records of the jobs
+//! it must act on by id (bounded per pass, see [`crate::slurm::jobs_by_id`]). Once a sweep
+//! has listed [`SWEEP_EVERY_PASS_BELOW`] jobs or more, sweeps run at most every
+//! [`SWEEP_EVERY`]; the passes between ask slurmctld only about the jobs the prologs recorded,
+//! by id (`squeue --only-job-state -j …`, [`crate::slurm::job_states_of`]), so their cost
+//! follows the running jobs, not the queue. Before 24.11, one slurmctld listing (every job's
+//! record, bounded by the runner's output limit: past it the pass fails with a warning naming
+//! what to do). The ended jobs slurmctld has already forgotten (older than `MinJobAge`) are
+//! asked of accounting in bounded `sacct` batches.
 
 use crate::config::Config;
 use crate::payload::JobState;
@@ -122,10 +126,14 @@ pub fn verify_ends(slurm: &Slurm, outbox: &StateDir) -> Result<usize, String> {
     let ctl = match crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT) {
         Ok(a) => a,
         Err(e) => {
-            log::warn!(
-                "reconcile: slurmctld could not be asked about {} end(s) to verify: {e}",
-                ids.len()
-            );
+            if crate::slurm::held_back(&e) {
+                log::debug!("reconcile: ends to verify asked of accounting only: {e}");
+            } else {
+                log::warn!(
+                    "reconcile: slurmctld could not be asked about {} end(s) to verify: {e}",
+                    ids.len()
+                );
+            }
             crate::slurm::Answer::default()
         }
     };
@@ -220,6 +228,37 @@ pub const RECORD_GRACE: Duration = Duration::from_secs(1);
 /// After this long without learning a vanished job's end, its record is dropped.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(7 * 86_400);
 
+/// A sweep (the state of every job slurmctld holds, to find running jobs no hook reported)
+/// runs at every pass while the queue is small; once a sweep has listed at least this many
+/// jobs, the passes between sweeps ask only about the recorded jobs, by id (24.11 and later).
+pub const SWEEP_EVERY_PASS_BELOW: usize = 10_000;
+
+/// With a queue of [`SWEEP_EVERY_PASS_BELOW`] jobs or more, the least time between two sweeps.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// When the last sweep ran and how many jobs it listed (one service per process).
+static LAST_SWEEP: std::sync::Mutex<Option<(std::time::Instant, usize)>> =
+    std::sync::Mutex::new(None);
+
+/// Is a sweep due: none yet, the last one listed a small queue, or it is [`SWEEP_EVERY`] old.
+fn sweep_due() -> bool {
+    sweep_due_after(*LAST_SWEEP.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// [`sweep_due`] for a last sweep `(how long ago, jobs listed)`.
+fn sweep_due_after(last: Option<(std::time::Instant, usize)>) -> bool {
+    match last {
+        None => true,
+        Some((at, listed)) => listed < SWEEP_EVERY_PASS_BELOW || at.elapsed() >= SWEEP_EVERY,
+    }
+}
+
+/// Notes a sweep that listed `listed` jobs.
+fn swept_now(listed: usize) {
+    *LAST_SWEEP.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some((std::time::Instant::now(), listed));
+}
+
 /// One reconciliation pass. Events go through the outbox (the caller drains it).
 pub fn reconcile(
     cfg: &Config,
@@ -234,20 +273,48 @@ pub fn reconcile(
     // here could reach CloudVision after the job's end. A job that ended since the listing
     // (its end delivered, its record gone) is in `recently_ended`.
     let records = outbox.starts.started_jobs();
-    // slurmctld's view: every job's id and state (24.11 and later, cheap), else every job's
-    // whole record (one listing, whose size grows with the queue).
-    let (listing, full) = match crate::slurm::job_states(slurm, COMMAND_TIMEOUT)? {
-        Some(states) => (states, false),
-        None => match crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT) {
-            Ok(all) => (all, true),
-            Err(e) => {
-                if crate::slurm::listing_too_big(&e) {
-                    outbox
-                        .status
-                        .record_slurm_warning(&format!("reconcile: {e}"));
-                }
-                return Err(e);
+    // slurmctld's view. A sweep: every job's id and state (24.11 and later, cheap), else
+    // every job's whole record (one listing, whose size grows with the queue). Between the
+    // sweeps of a big queue (24.11 and later): the states of the recorded jobs, by id.
+    let recorded_ids: Vec<String> = records
+        .iter()
+        .filter_map(|(key, _, _)| {
+            let (id, c) = key.rsplit_once('@')?;
+            (c == cluster).then(|| id.to_string())
+        })
+        .collect();
+    let mut unasked: HashSet<String> = HashSet::new();
+    let by_id = if sweep_due() {
+        None
+    } else {
+        crate::slurm::job_states_of(slurm, &recorded_ids, COMMAND_TIMEOUT)?
+    };
+    let swept = by_id.is_none();
+    let (listing, full) = match by_id {
+        Some(answer) => {
+            note_later(outbox, "started job(s) to look at", answer.later.len());
+            unasked.extend(answer.later);
+            let mut v: Vec<JobInfo> = answer.found.into_values().collect();
+            v.sort_by_key(|j| j.job_id.parse::<u64>().unwrap_or(u64::MAX));
+            v.dedup_by(|a, b| a.job_id == b.job_id);
+            (v, false)
+        }
+        None => match crate::slurm::job_states(slurm, COMMAND_TIMEOUT)? {
+            Some(states) => {
+                swept_now(states.len());
+                (states, false)
             }
+            None => match crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT) {
+                Ok(all) => (all, true),
+                Err(e) => {
+                    if crate::slurm::listing_too_big(&e) {
+                        outbox
+                            .status
+                            .record_slurm_warning(&format!("reconcile: {e}"));
+                    }
+                    return Err(e);
+                }
+            },
         },
     };
     let running: Vec<&JobInfo> = listing.iter().filter(|j| is_running(j)).collect();
@@ -264,9 +331,12 @@ pub fn reconcile(
     let mut report = Report::default();
     let key_of = |id: &str| format!("{id}@{cluster}");
 
+    // Jobs no hook reported are found by a sweep only (between sweeps only the recorded
+    // jobs were asked about).
     let unreported: Vec<&JobInfo> = running
         .iter()
         .copied()
+        .filter(|_| swept)
         .filter(|j| {
             let key = key_of(&j.job_id);
             !(recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key))
@@ -320,7 +390,7 @@ pub fn reconcile(
         .filter(|(key, _, age)| !listed.contains(key) && *age >= RECORD_GRACE)
         .filter_map(|(key, start, age)| {
             let (id, rec_cluster) = key.rsplit_once('@')?;
-            (rec_cluster == cluster).then_some((key, *start, *age, id))
+            (rec_cluster == cluster && !unasked.contains(id)).then_some((key, *start, *age, id))
         })
         .collect();
     let ids: Vec<String> = gone.iter().map(|g| g.3.to_string()).collect();
@@ -410,6 +480,53 @@ mod tests {
             env!("CARGO_MANIFEST_DIR")
         );
         crate::slurm::json::parse_jobs(&std::fs::read_to_string(&p).unwrap()).unwrap()
+    }
+
+    /// A small queue is swept at every pass; a big one at most every [`SWEEP_EVERY`], the
+    /// passes between asking by id.
+    #[test]
+    fn big_queues_are_swept_once_a_minute() {
+        use std::time::Instant;
+        let now = Instant::now();
+        assert!(sweep_due_after(None));
+        assert!(sweep_due_after(Some((now, SWEEP_EVERY_PASS_BELOW - 1))));
+        assert!(!sweep_due_after(Some((now, SWEEP_EVERY_PASS_BELOW))));
+        assert!(!sweep_due_after(Some((now, 1_000_000))));
+        if let Some(old) = now.checked_sub(SWEEP_EVERY) {
+            assert!(sweep_due_after(Some((old, 1_000_000))));
+        }
+    }
+
+    /// The states asked by id (24.11, `squeue --only-job-state -j 1,2,3,4,5_2,99999`) answer
+    /// the way the sweep does for the same jobs: the running ones are on their nodes, the
+    /// ended one (4) is not, the unknown id is absent.
+    #[test]
+    fn states_by_id_read_like_the_sweep() {
+        let read = |f: &str| {
+            let p = format!(
+                "{}/tests/fixtures/slurm-24.11/by-id/{f}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            crate::slurm::json::parse_job_states(&std::fs::read_to_string(&p).unwrap()).unwrap()
+        };
+        let by_id = read("only-job-state-ids.json");
+        let all = read("only-job-state-all.json");
+        let ids: Vec<String> = ["1", "2", "3", "4", "6", "99999"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let a = crate::slurm::pick(by_id, &ids);
+        let b = crate::slurm::pick(all, &ids);
+        assert!(!a.contains_key("99999"));
+        for id in ["1", "2", "3", "4"] {
+            assert_eq!(
+                a.get(id).map(|j| (is_running(j), j.ended())),
+                b.get(id).map(|j| (is_running(j), j.ended())),
+                "job {id}"
+            );
+        }
+        assert!(a.get("4").is_some_and(|j| j.ended() && !is_running(j)));
+        assert!(a.get("1").is_some_and(is_running));
     }
 
     /// Which jobs count as on their nodes, on real listings of every version.

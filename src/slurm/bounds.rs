@@ -20,6 +20,14 @@ pub const SACCT_IDS_PER_CALL: usize = 1000;
 /// [`SACCT_IDS_PER_CALL`], 10,000 ids per pass.
 pub const SACCT_CALLS_PER_PASS: usize = 10;
 
+/// The most job ids one `squeue --only-job-state -j ID,…` carries (about 12 KB of arguments,
+/// far below the kernel's 128 KiB).
+pub const STATE_IDS_PER_CALL: usize = 1000;
+
+/// The most `squeue --only-job-state -j …` calls of one pass: the states of at most 10,000
+/// jobs by id per pass; the rest are asked in the next pass.
+pub const STATE_CALLS_PER_PASS: usize = 10;
+
 /// What one bounded question learned, and the ids it left for the next pass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Answer {

@@ -193,9 +193,54 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100.0 * (len(xs) - 1))))] if xs else None
 
 
-def setup(kind, delay, tasks, timeout, standins):
-    """One set-up: returns a result dict."""
+def hold_jobs(n):
+    """Puts `n` held jobs in slurmctld, each its own job record, in one second or so: one held
+    array, whose tasks 1..n-1 one `scontrol update` splits into records of their own (an
+    update of some tasks of a pending array splits them off; `squeue` lists each)."""
+    if n <= 0:
+        return
+    r = sh(["sbatch", "--parsable", "--hold", "--array=0-%d" % (n - 1), "-o", "/dev/null",
+            "-J", "held", "--wrap", "true"], check=False)
+    if r.returncode != 0:
+        raise SystemExit("sbatch of the held jobs failed: " + r.stderr.strip())
+    job = r.stdout.strip().split(";")[0]
+    if n > 1:
+        sh(["scontrol", "update", "JobId=%s_[1-%d]" % (job, n - 1), "Comment=held"],
+           timeout=600)
+    listed = len(sh(["squeue", "-h", "-o", "%i"], timeout=600).stdout.split())
+    if listed < n:
+        raise SystemExit("slurmctld holds %d job records, not %d" % (listed, n))
+
+
+SDIAG_USER = re.compile(r"^\s*(\S+)\s*\(\s*(\d+)\)\s*count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)")
+
+
+def sdiag():
+    """slurmctld's RPC statistics since the last `sdiag -r`: {"users": {name: (count,
+    total_us)}, "types": {message type: (count, total_us)}}."""
+    out = sh(["sdiag"]).stdout
+    part = None
+    res = {"users": {}, "types": {}}
+    for line in out.splitlines():
+        if "statistics by message type" in line:
+            part = "types"
+        elif "statistics by user" in line:
+            part = "users"
+        elif line and not line[0].isspace():
+            part = None
+        elif part:
+            m = SDIAG_USER.match(line)
+            if m:
+                res[part][m.group(1)] = (int(m.group(3)), int(m.group(5)))
+    return res
+
+
+def setup(kind, delay, tasks, timeout, standins, held=None):
+    """One set-up: returns a result dict. `held`: that many held jobs wait in slurmctld
+    while the array runs, and slurmctld's RPC statistics (`sdiag`) are taken around it."""
     tag = kind if kind in ("none", "noop") else "%s-%d" % (kind, delay)
+    if held is not None:
+        tag += " Q=%d" % held
     hook = {"none": "", "noop": os.path.join(WORK, "noop-hook.sh")}.get(
         kind, os.path.join(WORK, "cvslurm-hook"))
     res = {"setup": tag}
@@ -208,6 +253,8 @@ def setup(kind, delay, tasks, timeout, standins):
     # jobs as long as on a production controller, so its listings are as large.
     env = dict(os.environ, CVSLURM_HOOK=hook, CLUSTER_NAME="bench", WITH_DBD="0",
                MIN_JOB_AGE="300",
+               MAX_JOB_COUNT=str(max(10000, (held or 0) + 2 * tasks + 1000)),
+               MAX_ARRAY_SIZE=str(max(1001, (held or 0) + 1, tasks + 1)),
                CVSLURM_HOOKS="prolog" if kind == "prolog" else "both")
     if not hook:
         env.pop("CVSLURM_HOOK")
@@ -217,10 +264,18 @@ def setup(kind, delay, tasks, timeout, standins):
         raise SystemExit("cluster up failed:\n" + r.stderr[-3000:])
     service = None
     try:
+        if held:
+            log("%s: %d held jobs" % (tag, held))
+            hold_jobs(held)
         if kind in ("service", "prolog"):
             service = start_service(log_file, standin, 4)
         if standin:
             standin.control("POST", "reset", {})
+        if held is not None:
+            # The service's start-up passes (inventory, a first reconciliation) are not the
+            # array's: let them end, then count from zero.
+            time.sleep(5)
+            sh(["sdiag", "-r"])
         log("%s: %d-task array" % (tag, tasks))
         secs, _ = run_array(tasks, timeout)
         res["seconds"] = secs
@@ -242,6 +297,8 @@ def setup(kind, delay, tasks, timeout, standins):
             res["events"] = sum(len(v) for v in per.values())
             res["right"] = sum(1 for v in per.values()
                                if v == ["JOB_STATE_RUNNING", "JOB_STATE_COMPLETED"])
+            if held is not None:
+                res["sdiag"] = sdiag()
             res["left_in_outbox"] = len([n for n in os.listdir(os.path.join(state_dir, "outbox"))
                                          if n.endswith(".json")]) \
                 if os.path.isdir(os.path.join(state_dir, "outbox")) else 0
@@ -431,6 +488,8 @@ def merge(results):
         m["delays"] += r.get("delays", [])
         m["hook_sends"] += r.get("hook_sends", [])
         m["after_end"] += r.get("after_end", [])
+        if "sdiag" in r:
+            m.setdefault("sdiag", []).append(r["sdiag"])
         if "events" in r:
             m["counted"] = True
             m["events"] += r["events"]
@@ -478,6 +537,36 @@ def print_table(rows, tasks, timeout, rounds):
                                                              right, delay, after))
 
 
+def print_sdiag(rows, tasks):
+    """slurmctld's time answering SlurmUser (cvslurm's hooks and service) per job of the
+    array, from `sdiag` (median over the rounds), and the RPCs that carry the cost."""
+    print("| set-up | held jobs | array seconds | jobs RUNNING→COMPLETED | SlurmUser RPCs | "
+          "SlurmUser RPC time | per job | full listings (REQUEST_JOB_INFO, all users) | "
+          "by id (_SINGLE) | state-only (REQUEST_JOB_STATE) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def med(xs):
+        return statistics.median(xs) if xs else 0
+
+    for r in rows:
+        ds = r.get("sdiag")
+        if not ds:
+            continue
+        setup, _, q = r["setup"].partition(" Q=")
+        slurm = [d["users"].get("slurm", (0, 0)) for d in ds]
+        kinds = {}
+        for t in ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE", "REQUEST_JOB_STATE"):
+            xs = [d["types"].get(t, (0, 0)) for d in ds]
+            kinds[t] = "%d, %.1f ms" % (med([c for c, _ in xs]), med([u for _, u in xs]) / 1000)
+        total_ms = med([u for _, u in slurm]) / 1000
+        secs = r["seconds"]
+        print("| %s | %s | %s | %d / %d | %d | %.1f ms | %.3f ms | %s | %s | %s |" % (
+            setup, "{:,}".format(int(q)), "%.1f" % secs if secs != float("inf") else "stopped",
+            r["right"], tasks * len(r["runs"]), med([c for c, _ in slurm]), total_ms,
+            total_ms / tasks, kinds["REQUEST_JOB_INFO"], kinds["REQUEST_JOB_INFO_SINGLE"],
+            kinds["REQUEST_JOB_STATE"]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -487,6 +576,9 @@ def main():
     ap.add_argument("--only", default="none,noop,service-0,service-200,direct-0,direct-200,hookcost")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the array set-ups this many times, interleaved; medians reported")
+    ap.add_argument("--held", default=None,
+                    help="comma list of queue sizes Q: each set-up runs with Q held jobs in "
+                         "slurmctld, and slurmctld's RPC time for SlurmUser is taken (sdiag)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("array.py: run as root (it brings the test cluster up)")
@@ -516,10 +608,12 @@ def main():
                 delay = int(d or 0)
                 if kind in CVSLURM_KINDS and delay not in standins:
                     standins[delay] = Standin(delay)
-                r = setup(kind, delay, a.tasks, a.timeout, standins)
-                log("round %d, %s: %s" % (rnd + 1, item, {
-                    k: v for k, v in r.items() if k not in ("delays", "hook_sends", "after_end")}))
-                results.append(r)
+                for held in ([int(q) for q in a.held.split(",")] if a.held else [None]):
+                    r = setup(kind, delay, a.tasks, a.timeout, standins, held)
+                    log("round %d, %s: %s" % (rnd + 1, r["setup"], {
+                        k: v for k, v in r.items()
+                        if k not in ("delays", "hook_sends", "after_end")}))
+                    results.append(r)
     finally:
         for s in standins.values():
             s.stop()
@@ -532,6 +626,11 @@ def main():
         print("Slurm %s, %d-task array, %d round(s)" % (
             os.environ.get("SLURM", "22.05"), a.tasks, a.rounds))
         print_table(merge(results), a.tasks, a.timeout, a.rounds)
+        if a.held:
+            print()
+            print("slurmctld's RPC time for SlurmUser (sdiag, from the array's submission "
+                  "until CloudVision has every event), median of %d round(s)" % a.rounds)
+            print_sdiag(merge(results), a.tasks)
     bursts = [b for b in only if b.startswith("burst")]
     if bursts:
         print()

@@ -52,6 +52,9 @@
 #   WITH_DBD=1           MariaDB + slurmdbd, AccountingStorageType=accounting_storage/slurmdbd
 #   CLUSTER_NAME         default cvtest
 #   MIN_JOB_AGE          default 5 (seconds a finished job stays visible to scontrol)
+#   MAX_JOB_COUNT        default 10000, Slurm's (MaxJobCount: the most jobs slurmctld holds;
+#                        tests/bench/array.py --held raises it)
+#   MAX_ARRAY_SIZE       default 1001, Slurm's (MaxArraySize)
 #   SLURMD_TIMEOUT       default 30 (seconds until a silent slurmd makes its node DOWN). Not
 #                        less: measured on 24.11 (CI), slurmctld's ping of a node whose slurmd
 #                        is gone keeps retrying the refused connection for about 15 s, and no
@@ -117,7 +120,7 @@ mount -t sysfs sysfs "$r/sys" || exit 111
 exec chroot "$r" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/root "$@"'
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 readonly REPO
-readonly CLIENTS="sbatch squeue scontrol sacct srun salloc sinfo scancel sacctmgr sstat sprio sshare sreport"
+readonly CLIENTS="sbatch squeue scontrol sacct srun salloc sinfo scancel sacctmgr sstat sprio sshare sreport sdiag"
 CLUSTER_NAME="${CLUSTER_NAME:-cvtest}"
 CTLD_HOST="$(hostname -s)"
 SLURM_VER="${SLURM:-22.05}"
@@ -813,6 +816,8 @@ SlurmdTimeout=${SLURMD_TIMEOUT:-30}
 SlurmctldTimeout=10
 MessageTimeout=5
 MinJobAge=${MIN_JOB_AGE:-5}
+MaxJobCount=${MAX_JOB_COUNT:-10000}
+MaxArraySize=${MAX_ARRAY_SIZE:-1001}
 KillWait=2
 OverTimeLimit=0
 InactiveLimit=0
@@ -887,6 +892,7 @@ up_description() { # nnodes
     printf 'CVSLURM_HOOKS=%s\nMIN_JOB_AGE=%s\nSLURMD_TIMEOUT=%s\nSLURMCTLD_DEBUG=%s\n' \
         "${CVSLURM_HOOKS:-both}" "${MIN_JOB_AGE:-5}" "${SLURMD_TIMEOUT:-30}" "${SLURMCTLD_DEBUG:-info}"
     printf 'CVSLURM_SHARE=%s\nREPO=%s\n' "${CVSLURM_SHARE:-}" "$REPO"
+    printf 'MAX_JOB_COUNT=%s\nMAX_ARRAY_SIZE=%s\n' "${MAX_JOB_COUNT:-10000}" "${MAX_ARRAY_SIZE:-1001}"
     if ((NCTL > 1)); then printf 'CONTROLLERS=%s\n' "$NCTL"; fi
 }
 
