@@ -29,6 +29,9 @@
 #                             clusters whose scheduler must never wait on an epilog
 #                             (README, "Without EpilogSlurmctld"). Needs the service
 #   --no-reconfigure          do not run `scontrol reconfigure`
+#   --no-hooks                install everything but leave slurm.conf alone: for the other
+#                             controllers of an HA pair, before the install that writes the
+#                             hook lines (README, "Two controllers")
 #   -h, --help                this text
 #
 # Environment: API_SERVER, API_TOKEN, SLURM_CONF (slurm.conf; default $SLURM_CONF_DIR/slurm.conf),
@@ -38,7 +41,14 @@
 # /etc/logrotate.d), SLURM_VERSION (override the detected Slurm version, e.g. 24.05),
 # TEXTFILE_DIRS (node_exporter textfile directories to look for, space-separated; default
 # "/var/lib/prometheus/node-exporter /var/lib/node_exporter/textfile_collector": the first
-# that exists is suggested for MetricsFile, never set).
+# that exists is suggested for MetricsFile, never set), CVSLURM_REMOTE (how to run a command
+# on another SlurmctldHost, the host name first; default "ssh -o BatchMode=yes -o
+# ConnectTimeout=5").
+#
+# Two controllers (several SlurmctldHost lines): before it writes the hook lines, install.sh
+# checks on every other SlurmctldHost that the hook is there (`test -x` through
+# CVSLURM_REMOTE) and refuses if one lacks it: from Slurm 23.02 a slurmctld whose slurm.conf
+# names a hook it cannot run does not start. A host it cannot reach is a warning.
 #
 # Idempotent: a second run with the same options changes nothing and says "no change".
 # What it adds is recorded in $INSTALL_DIR/.install-manifest; the lines it adds to slurm.conf
@@ -71,6 +81,7 @@ OPT_BINARY=""
 SERVICE=1
 RECONFIGURE=1
 NO_EPILOG=0
+NO_HOOKS=0
 while (($#)); do
     case "$1" in
         --api-server) OPT_SERVER="${2:?--api-server needs HOST[:PORT]}"; shift ;;
@@ -89,6 +100,7 @@ while (($#)); do
         --no-service) SERVICE=0 ;;
         --no-epilog) NO_EPILOG=1 ;;
         --no-reconfigure) RECONFIGURE=0 ;;
+        --no-hooks) NO_HOOKS=1 ;;
         -h | --help) usage; exit 0 ;;
         --api-token | --api-token=*) die "--api-token would put the secret on the command line; use --api-token-file FILE or API_TOKEN" ;;
         *) die "unknown option $1 (see ./install.sh --help)" ;;
@@ -473,6 +485,28 @@ for key in PrologSlurmctld EpilogSlurmctld; do
     fi
 done
 
+# Two controllers: the hook must be on every SlurmctldHost before slurm.conf names it.
+if ((NO_HOOKS)); then
+    ADD_LINES=()
+    say "--no-hooks: slurm.conf is left as it is; install on this host's other controllers the same way, then run install.sh without --no-hooks on the last one"
+elif ((${#ADD_LINES[@]} > 0)); then
+    read -r -a REMOTE <<<"${CVSLURM_REMOTE:-ssh -o BatchMode=yes -o ConnectTimeout=5}"
+    missing=()
+    while read -r host whose; do
+        [[ "$whose" == other ]] || continue
+        rc=0
+        "${REMOTE[@]}" "$host" test -x "$HOOK" </dev/null >"$WORK/remote.out" 2>&1 || rc=$?
+        case "$rc" in
+            0) say "controller $host has $HOOK" ;;
+            1) missing+=("$host") ;;
+            *) warn "cannot check controller $host (${REMOTE[0]} exited $rc: $(head -c 200 "$WORK/remote.out" | tr '\n' ' ')): install cvslurm there before slurmctld starts on it with this slurm.conf (from Slurm 23.02 it does not start without $HOOK)" ;;
+        esac
+    done < <(fact controller)
+    if ((${#missing[@]} > 0)); then
+        die "$(printf 'controller(s) %s lack %s, and slurm.conf would name it: from Slurm 23.02 slurmctld does not start there without it.\n  Nothing was changed. Install there first without touching slurm.conf:\n    ./install.sh --no-hooks <the same options>\n  then run this again.' "${missing[*]}" "$HOOK")"
+    fi
+fi
+
 # ---------- plan + apply ----------
 # directories
 ensure_dir() { # path mode owner
@@ -585,8 +619,12 @@ if [[ -d "$LOGROTATE_DIR" && -f "$SRC_DIR/packaging/cvslurm.logrotate" ]]; then
     put_text "$WORK/logrotate" "$LOGROTATE" 0644 root:root logrotate
 fi
 
-# slurm.conf: our marked lines at the end
-grep -v -e "$MARK_RE" "$SLURM_CONF_FILE" >"$WORK/slurm.base" || true
+# slurm.conf: our marked lines at the end (--no-hooks: left as it is)
+if ((NO_HOOKS)); then
+    cp "$SLURM_CONF_FILE" "$WORK/slurm.base"
+else
+    grep -v -e "$MARK_RE" "$SLURM_CONF_FILE" >"$WORK/slurm.base" || true
+fi
 noeol=0
 if [[ -s "$SLURM_CONF_FILE" && "$(tail -c 1 "$SLURM_CONF_FILE" | od -An -c | tr -d ' ')" != '\n' ]] \
     && ! grep -q -e "$MARK_RE" "$SLURM_CONF_FILE"; then
@@ -613,7 +651,7 @@ if ! cmp -s "$SLURM_CONF_FILE" "$WORK/slurm.conf.new"; then
         mv -f "$SLURM_CONF_FILE.cvslurm-new" "$SLURM_CONF_FILE"
     fi
 fi
-if grep -q -e "$MARK_RE" "$WORK/slurm.conf.new"; then
+if ((NO_HOOKS == 0)) && grep -q -e "$MARK_RE" "$WORK/slurm.conf.new"; then
     man_add "slurmconf $SLURM_CONF_FILE $noeol"
 fi
 if [[ "$SLURM_CONF_DIR" != /etc/slurm ]]; then

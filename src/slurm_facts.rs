@@ -10,6 +10,8 @@
 //!   last line not added by install.sh), then one `KEY.program=KIND PROGRAM` per program the
 //!   key's lines name, KIND being `ours` (the hook install.sh installs, or a link to the same
 //!   file), `calls` (a script whose code names a cvslurm hook link), or `other`;
+//! - `controller=NAME this|other` for each `SlurmctldHost`, in slurm.conf's order: whether it
+//!   is this host as slurmctld decides it (its short or full host name, or `localhost`);
 //! - `problem=TEXT` for each slurm.conf line that could not be read (an Include).
 //!
 //! Lines install.sh added (ending with [`INSTALL_MARK`]) are left out: it rebuilds them.
@@ -65,6 +67,17 @@ pub fn facts(
             };
             put(&format!("{key}.program"), &format!("{kind} {program}"));
         }
+    }
+    let hostname = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for c in crate::slurm::leader::controllers(conf) {
+        let whose = if crate::slurm::leader::is_this_host(&c, &hostname) {
+            "this"
+        } else {
+            "other"
+        };
+        put("controller", &format!("{} {whose}", c.name));
     }
     for p in &conf.problems {
         put("problem", p);
@@ -206,5 +219,35 @@ mod tests {
             "{unknown}"
         );
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Each `SlurmctldHost` is a `controller` line, this host's marked `this`; a newline in a
+    /// name cannot forge another fact.
+    #[test]
+    fn facts_name_every_controller_and_this_host() {
+        let me = nix::unistd::gethostname()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let short = me.split('.').next().unwrap().to_string();
+        let text =
+            format!("ClusterName=c1\nSlurmctldHost=ctl-other(10.0.0.2)\nSlurmctldHost={short}\n");
+        let sc = crate::slurm_conf::parse_slurm_conf(
+            Path::new("/etc/slurm/slurm.conf"),
+            &move |_| Ok(text.clone()),
+            &|_| Vec::new(),
+        )
+        .unwrap();
+        let out = facts(Path::new("/etc/slurm/slurm.conf"), &sc, None, None);
+        let lines: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("controller="))
+            .collect();
+        let this = format!("controller={short} this");
+        assert_eq!(
+            lines,
+            ["controller=ctl-other other", this.as_str()],
+            "{out}"
+        );
     }
 }

@@ -264,6 +264,53 @@ check "the refusal says why" grep -q "needs the cvslurm service" "$E/out.4"
 check "--no-epilog: uninstall restores slurm.conf byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_e"
 "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
 
+# ========== 6c. two controllers: the hook on every SlurmctldHost before slurm.conf names it ==========
+# The other controllers are reached through CVSLURM_REMOTE (ssh by default). Here it runs the
+# command against a directory standing for each host's disk: ctl-other's is $S/hosts/ctl-other;
+# ctl-down cannot be reached (ssh's own exit status, 255).
+H="$S/h"
+env_for "$H"
+me="$(hostname -s)"
+{
+    base_conf | grep -vi -e '^[[:space:]]*slurmctldhost' -e '^[[:space:]]*controlmachine' -e '^[[:space:]]*backupcontroller'
+    printf 'SlurmctldHost=%s\nSlurmctldHost=ctl-other(10.99.0.2)\n' "$me"
+} >"$SLURM_CONF"
+sha_h="$(sha256sum <"$SLURM_CONF")"
+{
+    printf '#!/bin/sh\n'
+    printf 'host="$1"; shift\n'
+    printf '[ "$host" = ctl-down ] && { echo "ssh: connect to host ctl-down port 22: Connection refused" >&2; exit 255; }\n'
+    printf '[ "$1" = test ] && [ "$2" = -x ] || exit 2\n'
+    printf 'test -x "%s/hosts/$host$3"\n' "$S"
+} >"$S/remote"
+chmod 755 "$S/remote"
+export CVSLURM_REMOTE="$S/remote"
+if run_install "$H/out.1"; then notok "two controllers: refused while ctl-other lacks the hook"; else ok "two controllers: refused while ctl-other lacks the hook"; fi
+check "two controllers: the refusal names the host and what to run" \
+    sh -c "grep -q 'controller(s) ctl-other lack $INSTALL_DIR/cvslurm-hook' '$H/out.1' && grep -q 'install.sh --no-hooks' '$H/out.1'"
+check "two controllers: the refusal changes nothing" \
+    sh -c "test \"\$(sha256sum <'$SLURM_CONF')\" = '$sha_h' && test ! -e '$INSTALL_DIR/cvslurm'"
+if run_install "$H/out.2" --no-hooks; then ok "--no-hooks installs"; else notok "--no-hooks installs" "$(tail -3 "$H/out.2")"; fi
+check "--no-hooks: slurm.conf untouched, the binary and hook in place" \
+    sh -c "test \"\$(sha256sum <'$SLURM_CONF')\" = '$sha_h' && test -x '$INSTALL_DIR/cvslurm-hook'"
+# ctl-other gets its installation (as --no-hooks gave this host)
+mkdir -p "$S/hosts/ctl-other$INSTALL_DIR"
+cp "$BIN" "$S/hosts/ctl-other$INSTALL_DIR/cvslurm"
+ln -sf cvslurm "$S/hosts/ctl-other$INSTALL_DIR/cvslurm-hook"
+if run_install "$H/out.3"; then ok "two controllers: installs once ctl-other has the hook"; else notok "two controllers: installs once ctl-other has the hook" "$(tail -3 "$H/out.3")"; fi
+check "two controllers: says what it checked" grep -q "controller ctl-other has $INSTALL_DIR/cvslurm-hook" "$H/out.3"
+check "two controllers: both hooks in slurm.conf" \
+    test "$(grep -c -- "^[PE][a-z]*logSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK\$" "$SLURM_CONF")" = 2
+printf 'SlurmctldHost=ctl-down\n' >>"$SLURM_CONF"
+if run_install "$H/out.4" --dry-run; then ok "an unreachable controller is not a refusal"; else notok "an unreachable controller is not a refusal" "$(tail -3 "$H/out.4")"; fi
+check "an unreachable controller is a warning naming it and why" \
+    sh -c "grep -q 'WARNING: cannot check controller ctl-down' '$H/out.4' && grep -q 'Connection refused' '$H/out.4'"
+sed -i '/^SlurmctldHost=ctl-down$/d' "$SLURM_CONF"
+"$INSTALL" --uninstall --no-reconfigure >"$H/out.u" 2>&1 || true
+check "two controllers: uninstall restores slurm.conf byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_h"
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+unset CVSLURM_REMOTE
+
 # ========== 7. LIVE=1: the test cluster's /etc/slurm/slurm.conf, slurmctld restarted ==========
 # restarted NAME: slurmctld really restarted from the current slurm.conf and answering
 restarted() {
