@@ -842,3 +842,87 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(site.log().matches("cannot list nodes").count(), inventories);
 }
+
+/// On a controller pair, events this host queued before its service started may be older
+/// than what the other controller sent meanwhile: each is checked against Slurm first. Job 3
+/// ended while they waited (slurmctld's record, captured on 24.11, says COMPLETED): its
+/// RUNNING is never sent, its end from Slurm's record is. Job 5 still runs: its RUNNING goes
+/// as it is.
+#[test]
+fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm() {
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/slurm-24.11");
+    let scontrol = format!(
+        "#!/bin/sh\ncase \"$*\" in\n\
+         *--version*) echo 'slurm 24.11.5' ;;\n\
+         *'show config'*) echo 'ClusterName = hpc-cluster-west' ;;\n\
+         *'show job 3') cat {fixtures}/scontrol-json-show-job-finished.json ;;\n\
+         *'show job 5') cat {fixtures}/scontrol-json-show-job-running.json ;;\n\
+         *) echo '{{\"jobs\": []}}' ;;\nesac\n"
+    );
+    for (name, body) in [
+        ("scontrol", scontrol.as_str()),
+        ("sacct", "#!/bin/sh\necho '{\"jobs\": []}'\n"),
+    ] {
+        let p = site.bin_dir.join(name);
+        fs::write(&p, body).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let me = nix::unistd::gethostname()
+        .unwrap()
+        .into_string()
+        .unwrap()
+        .split('.')
+        .next()
+        .unwrap()
+        .to_string();
+    let save = site.dir.path().join("statesave");
+    fs::create_dir_all(&save).unwrap();
+    let slurm_conf = site.dir.path().join("slurm.conf");
+    fs::write(
+        &slurm_conf,
+        format!(
+            "ClusterName=hpc-cluster-west\nSlurmctldHost={me}\n\
+             SlurmctldHost=cvslurm-other-ctl(10.99.0.2)\nStateSaveLocation={}\n",
+            save.display()
+        ),
+    )
+    .unwrap();
+    // Queued while no service ran and CloudVision could not be reached.
+    let hook_conf = hook_conf_without_server(&site);
+    for id in ["3", "5"] {
+        let out = run_hook(&site, &hook_conf, &job_env("prolog_slurmctld", id, &[]));
+        assert_eq!(out.status.code(), Some(0));
+    }
+    assert_eq!(site.outbox().len(), 2, "{}", site.log());
+    let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
+    wait_for("both jobs delivered", Duration::from_secs(20), || {
+        let s = job_states(&cv);
+        s.contains_key("3@hpc-cluster-west") && s.contains_key("5@hpc-cluster-west")
+    });
+    let s = job_states(&cv);
+    assert_eq!(s["3@hpc-cluster-west"], ["JOB_STATE_COMPLETED"], "{s:?}");
+    assert_eq!(s["5@hpc-cluster-west"], ["JOB_STATE_RUNNING"], "{s:?}");
+    let end = cv
+        .accepted("JobConfig")
+        .into_iter()
+        .find(|b| b["key"]["id"] == "3@hpc-cluster-west")
+        .unwrap();
+    // Slurm's own record: start 1796082835, end 1796082839, on n1.
+    assert_eq!(end["start_time"], "2026-11-30T23:53:55Z", "{end}");
+    assert_eq!(end["end_time"], "2026-11-30T23:53:59Z", "{end}");
+    assert_eq!(end["nodes"]["values"], json!(["n1"]), "{end}");
+    let log = site.log();
+    assert!(
+        log.contains("job events queued before this start are checked against Slurm"),
+        "{log}"
+    );
+    assert!(
+        log.contains("has ended (COMPLETED): sending its end from Slurm's record instead"),
+        "{log}"
+    );
+    assert!(site.outbox().is_empty(), "{}", log);
+}

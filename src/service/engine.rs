@@ -262,7 +262,7 @@ pub fn forget_earlier_run(
 }
 
 /// Nanoseconds since the epoch (the clock of [`Event::seq`]).
-fn now_nanos() -> u128 {
+pub(crate) fn now_nanos() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -278,6 +278,15 @@ pub struct Engine {
     interfaces: JobInterfaces,
     report: Mutex<DrainReport>,
     token_warned_at: Mutex<Option<Instant>>,
+}
+
+/// What [`Engine::check_old`] decided.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// The events to send now (checked; some replaced by their job's end).
+    pub send: Vec<Event>,
+    /// The files decided on, with the event's `seq`: not checked again.
+    pub decided: Vec<(String, u128)>,
 }
 
 impl Engine {
@@ -348,6 +357,105 @@ impl Engine {
             })
             .filter_map(|ev| self.resolve(ev, &ctl))
             .collect()
+    }
+
+    /// Checks job events queued before this host's role changed (see
+    /// [`Sender::check_queued_before`](crate::service::sender::Sender::check_queued_before)):
+    /// on a controller pair another controller may have sent a newer state of the job
+    /// meanwhile, so each job's record is asked of Slurm first (slurmctld by id, bounded; else
+    /// accounting). What it decides, per event:
+    /// - Slurm's restart count is higher than the event's: the job ran again since, and that
+    ///   run reports itself; the event is dropped;
+    /// - a RUNNING whose job has ended (Slurm names its final state): replaced by the end from
+    ///   Slurm's record, so a RUNNING never follows the end another controller sent;
+    /// - a RUNNING whose job ended without a final state named yet (22.05's COMPLETING), and
+    ///   every job a bound left unasked: left pending, asked at a later look;
+    /// - anything else (still running, an end, a job Slurm no longer knows): sent as it is.
+    ///
+    /// An error (nothing sent, nothing decided) when slurmctld cannot be asked at all.
+    pub fn check_old(&self, events: Vec<Event>) -> Result<Checked, String> {
+        let ids: Vec<String> = events
+            .iter()
+            .filter_map(|e| match &e.item {
+                Item::Job { job } => Some(job.job_id().to_string()),
+                _ => None,
+            })
+            .collect();
+        let mut answer = slurm::jobs_by_id(&self.slurm, &ids, END_STATE_TIMEOUT)?;
+        let missing: Vec<String> = ids
+            .iter()
+            .filter(|id| !answer.found.contains_key(*id) && !answer.later.contains(id))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            match slurm::sacct_jobs(&self.slurm, &missing, END_STATE_TIMEOUT) {
+                Ok(acct) => {
+                    answer.found.extend(acct.found);
+                    answer.later.extend(acct.later);
+                }
+                Err(e) => log::debug!("accounting not asked about {} job(s): {e}", missing.len()),
+            }
+        }
+        let later: std::collections::HashSet<String> = answer.later.into_iter().collect();
+        let mut checked = Checked::default();
+        for ev in events {
+            let Item::Job { job } = &ev.item else {
+                checked.decided.push((ev.item.file_name(), ev.seq));
+                checked.send.push(ev);
+                continue;
+            };
+            if later.contains(job.job_id()) {
+                continue;
+            }
+            let info = answer.found.get(job.job_id());
+            let restarts = info.and_then(|i| i.restarts);
+            let what = ev.item.describe();
+            if restarts.is_some_and(|r| r > ev.rank.0) {
+                log::info!(
+                    "outbox: {what} queued before this host's role changed is dropped: Slurm has run the job again since (restart {}), and that run reports itself",
+                    restarts.unwrap_or_default()
+                );
+                if let Err(e) = self.outbox.queue.remove_if_same(&ev) {
+                    log::error!("outbox: {e}");
+                    continue;
+                }
+                checked.decided.push((ev.item.file_name(), ev.seq));
+                continue;
+            }
+            let running = ev.rank.1 == 0 && job.state == crate::payload::JobState::Running;
+            match info.filter(|i| running && i.ended()) {
+                Some(i) if hook::final_state_named(i) => {
+                    let cluster = job.location.clone().unwrap_or_default();
+                    let end = crate::payload::job_config(i, &cluster).map(|mut end| {
+                        end.job_type = job.job_type;
+                        end
+                    });
+                    let Ok(end) = end else {
+                        continue; // no nodes in Slurm's record: asked again later
+                    };
+                    let new =
+                        Event::new(Item::Job { job: end }, (i.restarts.unwrap_or(ev.rank.0), 1));
+                    log::info!(
+                        "outbox: {what} was queued before this host's role changed and the job has ended ({}): sending its end from Slurm's record instead",
+                        i.state
+                    );
+                    match self.outbox.queue.replace_if_same(&ev, &new, true) {
+                        Ok(true) => {
+                            checked.decided.push((new.item.file_name(), new.seq));
+                            checked.send.push(new);
+                        }
+                        Ok(false) => {} // replaced meanwhile: the next look finds it
+                        Err(e) => log::error!("outbox: {e}"),
+                    }
+                }
+                Some(_) => {} // ended, its final state not named yet: asked again later
+                None => {
+                    checked.decided.push((ev.item.file_name(), ev.seq));
+                    checked.send.push(ev);
+                }
+            }
+        }
+        Ok(checked)
     }
 
     /// Turns an epilog's provisional event (itself, or the end chained after a RUNNING) into

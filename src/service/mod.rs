@@ -28,7 +28,15 @@ use std::time::{Duration, Instant};
 pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static AtomicBool) -> i32 {
     let outbox = StateDir::new(&cfg.state_dir);
     log::info!("service starting; CloudVision at {}", client.base_url());
-    let sender = match sender::start(cfg, client.clone(), outbox.clone(), stop) {
+    // On a controller pair, what this host queued before it started may be older than what
+    // the other controller has sent since: checked against Slurm first.
+    let check_before = if controller_pair() {
+        log::info!("slurm.conf names several SlurmctldHost: the job events queued before this start are checked against Slurm before they are sent");
+        u64::try_from(engine::now_nanos()).unwrap_or(u64::MAX)
+    } else {
+        0
+    };
+    let sender = match sender::start(cfg, client.clone(), outbox.clone(), stop, check_before) {
         Ok(s) => s,
         Err(e) => {
             log::error!("cannot start the sender: {e}");
@@ -51,6 +59,13 @@ pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static At
     sender.wait_stopped(Duration::from_millis(300));
     crate::metrics::publish(cfg.metrics_file.as_deref(), &outbox, cfg.poll_interval);
     rc
+}
+
+/// Does slurm.conf (`$SLURM_CONF`, else /etc/slurm/slurm.conf) name two or more
+/// `SlurmctldHost`? (One, none, or no readable slurm.conf: one controller.)
+fn controller_pair() -> bool {
+    crate::slurm_conf::load_slurm_conf(&crate::slurm_conf::slurm_conf_path())
+        .is_ok_and(|c| crate::slurm::leader::controllers(&c).len() >= 2)
 }
 
 /// Learns the cluster name (retrying until slurmctld answers) and runs the loop.

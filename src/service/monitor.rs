@@ -71,6 +71,10 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                 known.clear();
                 ours.clear();
                 resend_on.clear();
+                // What this host queued so far may be overtaken by the new leader's events.
+                sender.check_queued_before(
+                    u64::try_from(super::engine::now_nanos()).unwrap_or(u64::MAX),
+                );
             }
             if leads {
                 if !was {

@@ -24,14 +24,14 @@
 use super::engine::{record_drain, DrainReport, Engine, Outcome};
 use crate::cloudvision::Client;
 use crate::delivery::backoff;
-use crate::state::queue::{Event, Index};
+use crate::state::queue::{Event, Index, Item};
 use crate::state::StateDir;
 use std::collections::{HashSet, VecDeque};
 use std::io::ErrorKind;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,11 @@ pub const HAND_OUT_AT_MOST: usize = 1000;
 /// The most events one scan drops to keep the outbox within `OutboxMaxEvents`.
 pub const DROP_AT_MOST: usize = 1000;
 
+/// The most events remembered as checked (see [`Sender::check_queued_before`]); past it the
+/// memory is cleared, and what is still pending is asked about again (questions, not events,
+/// are what it costs).
+pub const CHECKED_AT_MOST: usize = 100_000;
+
 /// The dispatcher's own state between scans.
 struct Dispatch {
     /// What is known of the outbox: each scan reads only the files new or changed since.
@@ -98,6 +103,8 @@ struct Dispatch {
     syncer: Sender_<Vec<String>>,
     /// The settler thread's queue: provisional ends to ask slurmctld about.
     settler: Sender_<Vec<Event>>,
+    /// The checker thread's queue: events queued before this host's role changed.
+    checker: Sender_<Vec<Event>>,
 }
 
 type Sender_<T> = std::sync::mpsc::Sender<T>;
@@ -109,6 +116,9 @@ struct Shared {
     stop: &'static AtomicBool,
     /// Settles, enriches, sends and finishes (the same for `flush`).
     engine: Engine,
+    /// Job events queued before this (ns since the epoch; 0: none) are checked against Slurm
+    /// before they are sent ([`Sender::check_queued_before`]).
+    check_before: Arc<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -130,6 +140,10 @@ struct State {
     more: bool,
     /// The last scan left ends the settler could have had: look again once it is done.
     more_ends: bool,
+    /// Events (file name, `seq`) queued before `check_before` and already checked.
+    checked: HashSet<(String, u128)>,
+    /// The last check could not ask Slurm (said once until one succeeds).
+    check_failing: bool,
 }
 
 /// A running sender (threads end with the process, or when `stop` is set).
@@ -139,6 +153,8 @@ pub struct Sender {
     idle: Arc<AtomicBool>,
     /// The dispatcher's last [`OutboxSummary`].
     summary: Arc<Mutex<Option<OutboxSummary>>>,
+    /// See [`Sender::check_queued_before`].
+    check_before: Arc<AtomicU64>,
 }
 
 /// The outbox as the dispatcher's index knew it at its last look: event files and the oldest
@@ -171,6 +187,15 @@ fn summary_now(
 }
 
 impl Sender {
+    /// From now on, the job events queued before `ns` (nanoseconds since the epoch, as an
+    /// event's `seq`) are checked against Slurm before they are sent
+    /// ([`Engine::check_old`]): on a controller pair, events this host queued before its role
+    /// changed (this service started, or this host stopped leading) may be older than what
+    /// another controller has sent since. Only moves forward.
+    pub fn check_queued_before(&self, ns: u64) {
+        self.check_before.fetch_max(ns, Ordering::Relaxed);
+    }
+
     /// Wakes the dispatcher (after the service itself queued something).
     pub fn wake(&self) {
         if let Some(s) = connect(&self.state_dir) {
@@ -200,6 +225,7 @@ impl Sender {
 /// What the sender threads need.
 struct Setup {
     summary: Arc<Mutex<Option<OutboxSummary>>>,
+    check_before: Arc<AtomicU64>,
     engine: Engine,
     outbox: StateDir,
     workers: usize,
@@ -213,21 +239,29 @@ struct Setup {
 /// once the socket is bound, so hooks that start after it use it. When another process holds
 /// it (a `flush`, or a second service on the same StateDir), a thread waits for it and this
 /// sender takes over once that process ends; the caller goes on meanwhile.
+///
+/// `check_before`: job events queued before it (ns since the epoch; 0: none) are checked
+/// against Slurm before they are sent (see [`Sender::check_queued_before`]), from the first
+/// look on.
 pub fn start(
     cfg: &crate::config::Config,
     client: Client,
     outbox: StateDir,
     stop: &'static AtomicBool,
+    check_before: u64,
 ) -> Result<Sender, String> {
     let idle = Arc::new(AtomicBool::new(true));
     let summary = Arc::new(Mutex::new(None));
+    let check_before = Arc::new(AtomicU64::new(check_before));
     let sender = Sender {
         state_dir: outbox.root().to_path_buf(),
         idle: idle.clone(),
         summary: summary.clone(),
+        check_before: check_before.clone(),
     };
     let setup = Setup {
         summary,
+        check_before,
         idle,
         engine: Engine::new(cfg, client, outbox.clone()),
         workers: cfg.max_concurrent_requests.max(1),
@@ -258,6 +292,7 @@ pub fn start(
 fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), String> {
     let Setup {
         summary,
+        check_before,
         engine,
         outbox,
         workers,
@@ -279,6 +314,7 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
         ready: Condvar::new(),
         stop,
         engine,
+        check_before,
     });
     for i in 0..workers {
         let sh = shared.clone();
@@ -374,10 +410,23 @@ fn dispatcher(
             .name("settle".into())
             .spawn(move || settle_loop(&sh, &ob, &ends, &sy));
     }
+    let (checker, old) = std::sync::mpsc::channel::<Vec<Event>>();
+    {
+        // Like the settler, it ends with the dispatcher.
+        let sh = sh.clone();
+        let _ = std::thread::Builder::new()
+            .name("check".into())
+            .spawn(move || {
+                while let Ok(batch) = old.recv() {
+                    check_batch(&sh, batch);
+                }
+            });
+    }
     let mut ds = Dispatch {
         index: Index::default(),
         syncer,
         settler,
+        checker,
     };
     while !sh.stop.load(Ordering::Relaxed) {
         // Sleep until woken, the next periodic scan, or the end of a pause (at most 200 ms,
@@ -497,6 +546,7 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     }
     provisional.sort_by_key(|e| e.seq);
     ready.sort_by_key(|e| e.seq);
+    let ready = hold_back_old(sh, ready, ds);
     {
         let mut st = lock(sh);
         // Left over: looked at again once the workers' queue runs low, once the settler is
@@ -515,6 +565,62 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     if let Err(back) = ds.settler.send(provisional) {
         // No settler thread: settled here, then.
         settle_batch(sh, outbox, back.0, &ds.syncer);
+    }
+}
+
+/// Of the events ready to send, the job events queued before [`Shared::check_before`] and not
+/// checked yet go to the checker thread (and are kept from the workers until it is done); the
+/// rest are returned.
+fn hold_back_old(sh: &Shared, ready: Vec<Event>, ds: &Dispatch) -> Vec<Event> {
+    let before = u128::from(sh.check_before.load(Ordering::Relaxed));
+    if before == 0 || ready.is_empty() {
+        return ready;
+    }
+    let (old, fresh): (Vec<Event>, Vec<Event>) = {
+        let mut st = lock(sh);
+        let (old, fresh): (Vec<Event>, Vec<Event>) = ready.into_iter().partition(|ev| {
+            ev.seq < before
+                && matches!(ev.item, Item::Job { .. })
+                && !st.checked.contains(&(ev.item.file_name(), ev.seq))
+        });
+        st.settling.extend(old.iter().map(|e| e.item.file_name()));
+        (old, fresh)
+    };
+    if !old.is_empty() {
+        if let Err(back) = ds.checker.send(old) {
+            check_batch(sh, back.0); // no checker thread: here, then
+        }
+    }
+    fresh
+}
+
+/// Checks `events` ([`Engine::check_old`]) and hands out what may go now; what could not be
+/// decided stays pending for a later look.
+fn check_batch(sh: &Shared, events: Vec<Event>) {
+    let names: Vec<String> = events.iter().map(|e| e.item.file_name()).collect();
+    let n = events.len();
+    let result = sh.engine.check_old(events);
+    let mut st = lock(sh);
+    for name in &names {
+        st.settling.remove(name);
+    }
+    match result {
+        Ok(c) => {
+            if st.checked.len() + c.decided.len() > CHECKED_AT_MOST {
+                st.checked.clear();
+            }
+            st.checked.extend(c.decided);
+            st.check_failing = false;
+            drop(st);
+            hand_out(sh, c.send);
+        }
+        Err(e) => {
+            if !std::mem::replace(&mut st.check_failing, true) {
+                log::warn!(
+                    "outbox: {n} event(s) queued before this host's role changed wait until slurmctld says whether they are still current: {e}"
+                );
+            }
+        }
     }
 }
 
