@@ -204,6 +204,13 @@ pub fn wait_with_output(mut child: Child, timeout: Duration) -> Result<Output, S
     for _ in 0..2 {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match rx.recv_timeout(left) {
+            // Past the bound: the command would block on a full pipe (its stderr still open),
+            // so it is stopped now, not at the time-out.
+            Ok((0, Ok(b))) if b.len() as u64 > MAX_OUTPUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("printed more than {} MiB", MAX_OUTPUT >> 20));
+            }
             Ok((i, Ok(b))) => outs[i] = Some(b),
             Ok((_, Err(e))) => {
                 let _ = child.kill();
@@ -268,6 +275,15 @@ mod tests {
             .run("scontrol", &[], Duration::from_secs(1))
             .unwrap_err();
         assert!(e.starts_with("scontrol not found"), "{e}");
+    }
+
+    /// A command that prints past the bound and goes on (stderr still open, as a listing
+    /// of a big queue) is stopped as too big, not left to its time-out.
+    #[test]
+    fn output_past_the_bound_is_too_big_at_once() {
+        let s = Slurm::new(Some(Path::new("/usr/bin")));
+        let e = s.run("yes", &[], Duration::from_secs(120)).unwrap_err();
+        assert_eq!(e, "yes : printed more than 64 MiB");
     }
 
     /// A query that got no answer (nothing printed) is asked again; a real answer is not.

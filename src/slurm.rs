@@ -320,7 +320,7 @@ fn listing_held_back(last: Option<(Instant, Option<usize>)>) -> Option<String> {
          in proportion to its queue (Slurm before 23.02 has no question by job id)",
         wait.as_secs().max(1),
         listed.map_or(
-            "more jobs than one listing may carry".to_string(),
+            "more jobs than one listing may carry in its size or time".to_string(),
             |n| format!("{n} jobs")
         )
     ))
@@ -343,7 +343,8 @@ fn listing(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<JobIn
     let out = listing_now(slurm, reader, timeout);
     let listed = match &out {
         Ok(jobs) => Some(Some(jobs.len())),
-        Err(e) if listing_too_big(e) => Some(None),
+        // Too big, or too slow to come within its time: a big queue either way.
+        Err(e) if listing_too_big(e) || e.contains("no answer within") => Some(None),
         Err(_) => None,
     };
     if let Some(listed) = listed {
