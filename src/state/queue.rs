@@ -908,8 +908,8 @@ pub const FULL_PASS_EVERY: Duration = Duration::from_secs(60);
 
 /// What the service keeps in memory about the outbox between its looks ([`Queue::refresh`]):
 /// per pending file its name and a [`Known`] (under 250 bytes per event, the map's own
-/// overhead and a name of up to 30 bytes included: 25 MB at 100,000 events), never the events
-/// themselves.
+/// overhead and a name of up to 30 bytes included: 250 MB at 1,000,000 events,
+/// `OutboxMaxEvents`' default), never the events themselves.
 #[derive(Debug, Default)]
 pub struct Index {
     known: std::collections::HashMap<Box<str>, Known>,
