@@ -176,7 +176,7 @@ def status(conf, offline):
     return float(wall), j.get("outbox_depth"), j.get("outbox_counted_by"), int(rss)
 
 
-def drain(tag, n, delay_ms, status_every=0.0):
+def drain(tag, n, delay_ms, status_every=0.0, stop_after=0.0):
     """Fills n events, then times the service sending them all (under the lock)."""
     state, conf, log, cv = setup(tag, delay_ms)
     try:
@@ -219,7 +219,7 @@ def drain(tag, n, delay_ms, status_every=0.0):
                     if keys >= n:
                         done_at = now
                         break
-                    if now - t0 > max(600, n / 400):
+                    if now - t0 > max(600, n / 400) or (stop_after and now - t0 > stop_after):
                         break
                     if next_status and now >= next_status:
                         for offline in (True, False):
@@ -250,6 +250,8 @@ def drain(tag, n, delay_ms, status_every=0.0):
         if j is not None:
             best = max(best, (samples[j][1] - s[1]) / (samples[j][0] - s[0]))
     ok = "all %d accepted" % n if keys >= n else "ONLY %d of %d accepted" % (keys, n)
+    if stop_after and keys < n:
+        ok = "stopped by --stop-after: %d of %d accepted" % (keys, n)
     row("%s: %d events at %g ms, MaxConcurrentRequests default: until every event accepted"
         % (tag, n, delay_ms),
         "%.1f s (%s, %d requests; outbox %s)" % (
@@ -379,7 +381,15 @@ def main():
     ap.add_argument("--live-threads", type=int, default=32)
     ap.add_argument("--status-every", type=float, default=120,
                     help="backlog: run status every N s while the service drains")
+    ap.add_argument("--stop-after", type=float, default=0,
+                    help="backlog: stop after N s (status and memory at full depth only)")
     a = ap.parse_args()
+    # SIGTERM (or SIGINT, which a background job ignores) stops the service and the stand-in.
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     if not os.access(BIN, os.X_OK):
         raise SystemExit("no binary at %s (cargo build --release --target "
                          "x86_64-unknown-linux-musl)" % BIN)
@@ -392,7 +402,8 @@ def main():
     if "live" in only:
         live(a.live_seconds, a.live_rate, a.delay_ms, a.live_threads)
     if "backlog" in only:
-        drain("backlog", a.backlog, a.delay_ms, status_every=a.status_every)
+        drain("backlog", a.backlog, a.delay_ms, status_every=a.status_every,
+              stop_after=a.stop_after)
     print()
     print("cvslurm sender (%s, %d cores, load %.1f at the end; loopback TLS to the Python "
           "stand-in)" % (os.uname().nodename, os.cpu_count(), os.getloadavg()[0]))
