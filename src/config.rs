@@ -245,7 +245,7 @@ impl Default for Config {
             max_concurrent_requests: 32,
             reconcile_interval: Duration::from_secs(300),
             node_reassert_interval: Duration::from_secs(86_400),
-            outbox_max_events: 100_000,
+            outbox_max_events: 1_000_000,
             job_interfaces: JobInterfaces::Nodes,
             node_hostname: NodeHostname::NodeName,
             qualify_node_names: false,
@@ -491,7 +491,7 @@ pub const KEYS: &[Key] = &[
     },
     Key {
         name: "OutboxMaxEvents",
-        default: "100000",
+        default: "1000000",
         set: |c, v| {
             c.outbox_max_events = v
                 .parse::<usize>()

@@ -431,6 +431,13 @@ impl Queue {
         ix.gen = ix.gen.wrapping_add(1);
         let gen = ix.gen;
         let (mut files, mut reads, mut clean, mut capped) = (0usize, 0usize, true, false);
+        // The oldest queue time (the file's mtime, as every writer sets it) of the files this
+        // pass counted but did not read, and whether every such file's was told.
+        let (mut unread, mut unread_told): (Option<i64>, bool) = (None, true);
+        let mut not_read = |mtime: Option<i64>| match mtime {
+            Some(t) => unread = Some(unread.map_or(t, |u| u.min(t))),
+            None => unread_told = false,
+        };
         let mut changed: Vec<(u128, String)> = Vec::new();
         for e in rd.flatten() {
             let os_name = e.file_name();
@@ -459,14 +466,18 @@ impl Queue {
                 }
             }
             // Told before it is read: a change after this is seen as one next time.
-            let id = match e.metadata() {
+            let (id, mtime) = match e.metadata() {
                 Ok(m) => (
-                    m.ino(),
-                    m.ctime() * 1_000_000_000 + m.ctime_nsec(),
-                    m.size(),
+                    (
+                        m.ino(),
+                        m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+                        m.size(),
+                    ),
+                    m.mtime(),
                 ),
                 Err(_) => {
                     clean = false;
+                    not_read(None);
                     continue;
                 }
             };
@@ -480,6 +491,7 @@ impl Queue {
             if reads >= READ_AT_MOST {
                 (clean, capped) = (false, true);
                 ix.known.remove(name);
+                not_read(Some(mtime));
                 continue;
             }
             reads += 1;
@@ -510,6 +522,7 @@ impl Queue {
                     );
                     clean = false;
                     ix.known.remove(name);
+                    not_read(Some(mtime));
                 }
                 ReadOutcome::Corrupt(why) => {
                     log::error!(
@@ -525,6 +538,7 @@ impl Queue {
         ix.known.retain(|_, k| k.gen == gen);
         ix.files = files;
         ix.complete = !capped;
+        ix.unread = unread_told.then_some(unread);
         // A change within the file system's timestamp granularity of this listing might not
         // move the directory's times: trust them only once they are older than that.
         let settled = started
@@ -908,8 +922,8 @@ pub const FULL_PASS_EVERY: Duration = Duration::from_secs(60);
 
 /// What the service keeps in memory about the outbox between its looks ([`Queue::refresh`]):
 /// per pending file its name and a [`Known`] (under 250 bytes per event, the map's own
-/// overhead and a name of up to 30 bytes included: 25 MB at 100,000 events), never the events
-/// themselves.
+/// overhead and a name of up to 30 bytes included: 250 MB at 1,000,000 events,
+/// `OutboxMaxEvents`' default), never the events themselves.
 #[derive(Debug, Default)]
 pub struct Index {
     known: std::collections::HashMap<Box<str>, Known>,
@@ -926,6 +940,9 @@ pub struct Index {
     gen: u32,
     /// The last pass read every new or changed file (none left over [`READ_AT_MOST`]).
     complete: bool,
+    /// The oldest queue time (mtime) of the files the last pass counted but did not read
+    /// (`Some(None)`: none); `None` when one of them could not be told.
+    unread: Option<Option<i64>>,
     /// Event files read so far (for tests and logs).
     pub reads: usize,
 }
@@ -971,13 +988,11 @@ impl Known {
 
 impl Index {
     /// What [`Queue::depth_since`] would find, from memory: the event files at the last pass
-    /// and the oldest queue time; `None` while the last pass left files unread (their times
-    /// are not known). O(events).
+    /// and the oldest queue time. Files the last pass left unread (over [`READ_AT_MOST`]: a
+    /// service started on a large outbox) count by the modification time the pass saw, as
+    /// `depth_since` takes it; `None` when it could not tell one of them. O(events).
     pub fn summary(&self) -> Option<(usize, Option<i64>)> {
-        if !self.complete {
-            return None;
-        }
-        let mut oldest: Option<i64> = None;
+        let mut oldest: Option<i64> = if self.complete { None } else { self.unread? };
         for k in self.known.values() {
             if k.newer {
                 // Its queue time is not known (a format this version cannot read).
@@ -1454,8 +1469,11 @@ mod tests {
         // The oldest went first.
         assert_eq!(ob.pending().len(), 1);
         assert_eq!(ix.summary(), Some(ob.depth_since()));
-        // A pass that left files unread knows no oldest: no summary.
+        // A pass that left files unread counts them by their times; without those, no summary.
         ix.complete = false;
+        ix.unread = Some(Some(1));
+        assert_eq!(ix.summary(), Some((1, Some(1))));
+        ix.unread = None;
         assert_eq!(ix.summary(), None);
         // Nor one with a file of a newer format (its queue time is unknown).
         fs::write(

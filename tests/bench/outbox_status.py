@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """`cvslurm status` against a large outbox: wall time and peak RSS.
 
-    tests/bench/outbox_status.py              # 100,000 events (OutboxMaxEvents' default)
-    tests/bench/outbox_status.py 1000000      # 1,000,000 events
+    tests/bench/outbox_status.py              # 100,000 events
+    tests/bench/outbox_status.py 1000000      # 1,000,000 events (OutboxMaxEvents' default)
     BENCH_BIN=/path/to/cvslurm tests/bench/outbox_status.py
 
 Fills a scratch StateDir (BENCH_WORK, default tests/.work/bench/outbox-status) with N JobConfig

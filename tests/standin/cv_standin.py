@@ -377,7 +377,7 @@ def camel(obj):
 # --------------------------------------------------------------------------
 
 class Standin:
-    def __init__(self, token, delay_ms=0, record=None):
+    def __init__(self, token, delay_ms=0, record=None, counts_only=False):
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.initial_token = token
@@ -394,6 +394,13 @@ class Standin:
         self.stopping = False
         self.record_path = record
         self.record = open(record, "w", buffering=1 << 16) if record else None
+        # --counts-only: no request log and no stored records, only counts (for benchmarks
+        # of a million requests, where the log would take gigabytes).
+        self.counts_only = counts_only
+        self.counts = {}                  # "METHOD Kind STATUS" -> requests
+        self.keys = {"JobConfig": set(), "NodeConfig": set()}  # accepted Set keys
+        self.first_time = None            # time of the first and last API request
+        self.last_time = None
 
     # -- mode ---------------------------------------------------------------
     def mode_view(self):
@@ -497,6 +504,16 @@ class Standin:
         """Under lock."""
         self.seq += 1
         entry["seq"] = self.seq
+        if self.counts_only:
+            kind = entry["path"].rstrip("/").rsplit("/", 1)[-1]
+            k = "%s %s %s" % (entry["method"], kind, entry["status"] or entry["outcome"])
+            self.counts[k] = self.counts.get(k, 0) + 1
+            self.first_time = self.first_time or entry["time"]
+            self.last_time = entry["time"]
+            if self.record is not None:
+                self.record.write(json.dumps(entry, separators=(",", ":")) + "\n")
+                self.record.flush()
+            return entry
         self.log.append(entry)
         if self.record is not None:
             self.record.write(json.dumps(entry, separators=(",", ":")) + "\n")
@@ -509,6 +526,9 @@ class Standin:
             self.seq = 0
             self.jobs = {}
             self.nodes = {}
+            self.counts = {}
+            self.keys = {"JobConfig": set(), "NodeConfig": set()}
+            self.first_time = self.last_time = None
             if self.record is not None:
                 self.record.seek(0)
                 self.record.truncate()
@@ -649,6 +669,13 @@ class Handler(BaseHTTPRequestHandler):
                     out = [e for e in st.log if e["seq"] > since] if since else list(st.log)
                     data = json.dumps(out, separators=(",", ":"))
                 self.answer(200, raw=data.encode())
+            elif name == "counts" and m == "GET":
+                with st.lock:
+                    data = json.dumps({"requests": st.seq, "counts": st.counts,
+                                       "keys": {k: len(v) for k, v in st.keys.items()},
+                                       "first_time": st.first_time, "last_time": st.last_time,
+                                       "counts_only": st.counts_only})
+                self.answer(200, raw=data.encode())
             elif name == "state" and m == "GET":
                 with st.lock:
                     data = json.dumps({"jobs": st.jobs, "nodes": st.nodes}, separators=(",", ":"))
@@ -686,7 +713,7 @@ class Handler(BaseHTTPRequestHandler):
         st = self.server.standin
         auth = self.headers.get("Authorization")
         body = None
-        if raw:
+        if raw and not st.counts_only:
             try:
                 body = json.loads(raw)
             except ValueError:
@@ -703,8 +730,8 @@ class Handler(BaseHTTPRequestHandler):
             "auth_ok": False,
             "status": None,
             "outcome": "answered",
-            "body": body,
-            "headers": headers,
+            "body": None if st.counts_only else body,
+            "headers": None if st.counts_only else headers,
         }
         extra = {}
         resp = None
@@ -800,7 +827,9 @@ class Handler(BaseHTTPRequestHandler):
                 return 400, err_body(400, str(e))
             finally:
                 _IGNORE_UNKNOWN[0] = False
-            if b["set"] == "replace":
+            if st.counts_only:
+                st.keys[kind].add(kid)
+            elif b["set"] == "replace":
                 store[kid] = body
             else:
                 store[kid] = merge_set(store.get(kid), body, b["empty_list"])
@@ -887,6 +916,9 @@ def main(argv=None):
     ap.add_argument("--retry-after", default=None, help="with --mode status")
     ap.add_argument("--count", type=int, default=None, help="fault applies to this many requests")
     ap.add_argument("--record", default=None, help="write every API request as JSONL here")
+    ap.add_argument("--counts-only", action="store_true",
+                    help="keep no request log and no records: only counts and accepted keys "
+                         "(GET /_standin/counts), for benchmarks of millions of requests")
     ap.add_argument("--gen-certs-only", action="store_true")
     ap.add_argument("--cert", default=None,
                     help="serve this certificate (PEM) instead of DIR/server.pem (with --key)")
@@ -910,7 +942,7 @@ def main(argv=None):
     else:
         token = a.token if a.token is not None else "test-token"
 
-    st = Standin(token, delay_ms=a.delay_ms, record=a.record)
+    st = Standin(token, delay_ms=a.delay_ms, record=a.record, counts_only=a.counts_only)
     if a.mode != "ok" or a.count is not None:
         req = {"mode": a.mode}
         if a.status is not None:

@@ -78,6 +78,12 @@ class Standin:
             out.append(r)
         return out
 
+    def counts(self):
+        """What a --counts-only stand-in keeps (any stand-in answers): {"requests": N,
+        "counts": {"POST JobConfig 200": N, …}, "keys": {"JobConfig": distinct accepted keys,
+        "NodeConfig": …}, "first_time", "last_time", "counts_only"}."""
+        return self._call("GET", "/_standin/counts")
+
     def state(self):
         """{"jobs": {id: JobConfig}, "nodes": {id: NodeConfig}}"""
         return self._call("GET", "/_standin/state")
