@@ -16,6 +16,10 @@ use std::time::Duration;
 /// Where the configuration is read from when nothing else is said.
 pub const DEFAULT_PATH: &str = "/etc/slurm/cloudvision.conf";
 
+/// `SlurmOutputMaxMiB`'s default, in bytes: the most output read from one Slurm command
+/// (the runner's [`MAX_OUTPUT`](crate::runner::MAX_OUTPUT)).
+pub const SLURM_OUTPUT_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+
 /// A configuration problem, naming the file, line and key where there is one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -246,7 +250,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(10),
             state_dir: PathBuf::from("/var/spool/cvslurm"),
             slurm_bin_dir: None,
-            slurm_output_max: crate::runner::MAX_OUTPUT,
+            slurm_output_max: SLURM_OUTPUT_MAX_DEFAULT,
             max_concurrent_requests: 32,
             reconcile_interval: Duration::from_secs(300),
             node_reassert_interval: Duration::from_secs(86_400),
@@ -1182,10 +1186,7 @@ mod tests {
     /// from 1 to 4096; anything else is a bad line naming the key, and the default stays.
     #[test]
     fn slurm_output_bound() {
-        assert_eq!(
-            Config::default().slurm_output_max,
-            crate::runner::MAX_OUTPUT
-        );
+        assert_eq!(Config::default().slurm_output_max, SLURM_OUTPUT_MAX_DEFAULT);
         assert_eq!(
             parse("SlurmOutputMaxMiB=64").unwrap().slurm_output_max,
             64 << 20
@@ -1222,7 +1223,7 @@ mod tests {
                 &format!("SlurmOutputMaxMiB={bad}\n"),
                 Path::new("/etc/slurm/cloudvision.conf"),
             );
-            assert_eq!(c.slurm_output_max, crate::runner::MAX_OUTPUT);
+            assert_eq!(c.slurm_output_max, SLURM_OUTPUT_MAX_DEFAULT);
             assert_eq!(c.problems.len(), 1);
         }
     }

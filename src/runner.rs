@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// The most output read from one command by default (`SlurmOutputMaxMiB=64`); more is an error.
-pub const MAX_OUTPUT: u64 = 64 * 1024 * 1024;
+pub const MAX_OUTPUT: u64 = crate::config::SLURM_OUTPUT_MAX_DEFAULT;
 
 /// Where Slurm's commands are looked for when `PATH` is not set (as in PrologSlurmctld).
 const FALLBACK_DIRS: &[&str] = &[
