@@ -16,6 +16,10 @@ use std::time::Duration;
 /// Where the configuration is read from when nothing else is said.
 pub const DEFAULT_PATH: &str = "/etc/slurm/cloudvision.conf";
 
+/// `SlurmOutputMaxMiB`'s default, in bytes: the most output read from one Slurm command
+/// (the runner's [`MAX_OUTPUT`](crate::runner::MAX_OUTPUT)).
+pub const SLURM_OUTPUT_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+
 /// A configuration problem, naming the file, line and key where there is one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -188,6 +192,10 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// `SlurmBinDir`: where scontrol, sinfo, sacct and srun are (else `PATH`, else the usual places).
     pub slurm_bin_dir: Option<PathBuf>,
+    /// `SlurmOutputMaxMiB`, in bytes: the most output read from one Slurm command (a listing
+    /// of every job is about 6 KB of JSON per job); more is an error (see
+    /// [`crate::runner::Slurm::max_output`]).
+    pub slurm_output_max: u64,
     /// `MaxConcurrentRequests`: parallel CloudVision requests of inventory and the outbox drain.
     pub max_concurrent_requests: usize,
     /// `ReconcileInterval`: how often the service compares Slurm's running jobs with what the
@@ -242,6 +250,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(10),
             state_dir: PathBuf::from("/var/spool/cvslurm"),
             slurm_bin_dir: None,
+            slurm_output_max: SLURM_OUTPUT_MAX_DEFAULT,
             max_concurrent_requests: 32,
             reconcile_interval: Duration::from_secs(300),
             node_reassert_interval: Duration::from_secs(86_400),
@@ -458,6 +467,24 @@ pub const KEYS: &[Key] = &[
         default: "",
         set: |c, v| {
             c.slurm_bin_dir = Some(path(v)?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "SlurmOutputMaxMiB",
+        default: "64",
+        set: |c, v| {
+            c.slurm_output_max = v
+                .parse::<u64>()
+                .ok()
+                .filter(|n| (1..=4096).contains(n))
+                .map(|n| n << 20)
+                .ok_or_else(|| {
+                    format!(
+                        "{v:?} is not a whole number of MiB from 1 to 4096 (the most output \
+                         read from one Slurm command, 64 by default)"
+                    )
+                })?;
             Ok(())
         },
     },
@@ -1064,7 +1091,7 @@ mod tests {
              InterfaceRegex=^(eth|ib)\nInterfacePhysicalOnly=no\nInterfaceRequireIp=false\n\
              DiscoveryJobName=\"cv-disc\"\nDiscoveryTimeout=45s\nDiscoveryBcast=yes\nDiscoveryBcastDir=/var/lib/cvslurm/bcast\nHookTimeout=1.5\n\
              RequestTimeout=500ms\nStateDir=/var/spool/x\nSlurmBinDir=/opt/slurm/bin\nMaxConcurrentRequests=32\n\
-             ReconcileInterval=0\nNodeReassertInterval=12h\nOutboxMaxEvents=500\n",
+             SlurmOutputMaxMiB=256\nReconcileInterval=0\nNodeReassertInterval=12h\nOutboxMaxEvents=500\n",
         )
         .unwrap();
         assert_eq!(c.api_server.as_deref(), Some("cv.example.com:8443"));
@@ -1094,6 +1121,7 @@ mod tests {
             Some(Path::new("/opt/slurm/bin"))
         );
         assert_eq!(c.max_concurrent_requests, 32);
+        assert_eq!(c.slurm_output_max, 256 << 20);
         assert_eq!(c.reconcile_interval, Duration::ZERO);
         assert_eq!(c.node_reassert_interval, Duration::from_secs(43_200));
         assert_eq!(c.outbox_max_events, 500);
@@ -1151,6 +1179,52 @@ mod tests {
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.starts_with(want), "{text:?} gave {e:?}");
+        }
+    }
+
+    /// `SlurmOutputMaxMiB`: 64 MiB (the runner's own bound) when unset; a whole number of MiB
+    /// from 1 to 4096; anything else is a bad line naming the key, and the default stays.
+    #[test]
+    fn slurm_output_bound() {
+        assert_eq!(Config::default().slurm_output_max, SLURM_OUTPUT_MAX_DEFAULT);
+        assert_eq!(
+            parse("SlurmOutputMaxMiB=64").unwrap().slurm_output_max,
+            64 << 20
+        );
+        assert_eq!(
+            parse("slurmoutputmaxmib = 1").unwrap().slurm_output_max,
+            1 << 20
+        );
+        assert_eq!(
+            parse("SlurmOutputMaxMiB=4096").unwrap().slurm_output_max,
+            4096 << 20
+        );
+        for bad in [
+            "0",
+            "4097",
+            "-1",
+            "1.5",
+            "64MiB",
+            "",
+            "lots",
+            "18446744073709551616",
+        ] {
+            let e = parse(&format!("SlurmOutputMaxMiB={bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "/etc/slurm/cloudvision.conf:1: SlurmOutputMaxMiB: {bad:?} is not a whole \
+                     number of MiB from 1 to 4096"
+                )),
+                "{bad:?} gave {e:?}"
+            );
+            let c = Config::parse_lenient(
+                &format!("SlurmOutputMaxMiB={bad}\n"),
+                Path::new("/etc/slurm/cloudvision.conf"),
+            );
+            assert_eq!(c.slurm_output_max, SLURM_OUTPUT_MAX_DEFAULT);
+            assert_eq!(c.problems.len(), 1);
         }
     }
 

@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// The most output read from one command; more is an error.
-pub const MAX_OUTPUT: u64 = 64 * 1024 * 1024;
+/// The most output read from one command by default (`SlurmOutputMaxMiB=64`); more is an error.
+pub const MAX_OUTPUT: u64 = crate::config::SLURM_OUTPUT_MAX_DEFAULT;
 
 /// Where Slurm's commands are looked for when `PATH` is not set (as in PrologSlurmctld).
 const FALLBACK_DIRS: &[&str] = &[
@@ -23,17 +23,43 @@ const FALLBACK_DIRS: &[&str] = &[
 ];
 
 /// Runs Slurm commands.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Slurm {
     bin_dir: Option<PathBuf>,
+    max_output: u64,
+}
+
+impl Default for Slurm {
+    fn default() -> Self {
+        Slurm::new(None)
+    }
 }
 
 impl Slurm {
-    /// A runner that looks in `bin_dir` first (the `SlurmBinDir` key).
+    /// A runner that looks in `bin_dir` first (the `SlurmBinDir` key) and reads at most
+    /// [`MAX_OUTPUT`] of a command's output.
     pub fn new(bin_dir: Option<&Path>) -> Slurm {
         Slurm {
             bin_dir: bin_dir.map(Path::to_path_buf),
+            max_output: MAX_OUTPUT,
         }
+    }
+
+    /// The runner `cfg` asks for: its `SlurmBinDir` and its `SlurmOutputMaxMiB`.
+    pub fn from_config(cfg: &crate::config::Config) -> Slurm {
+        Slurm::new(cfg.slurm_bin_dir.as_deref()).with_max_output(cfg.slurm_output_max)
+    }
+
+    /// The same runner reading at most `bytes` of a command's output (at least 1).
+    pub fn with_max_output(mut self, bytes: u64) -> Slurm {
+        self.max_output = bytes.max(1);
+        self
+    }
+
+    /// The most output read from one command; more is an error
+    /// ("printed more than N MiB", see [`crate::slurm::listing_too_big`]).
+    pub fn max_output(&self) -> u64 {
+        self.max_output
     }
 
     /// The full path of a Slurm command, or its bare name when it is nowhere to be found.
@@ -160,7 +186,16 @@ impl Slurm {
                 format!("cannot run {shown}: {e}")
             }
         })?;
-        wait_with_output(child, timeout).map_err(|e| format!("{shown}: {e}"))
+        wait_with_output(child, timeout, self.max_output).map_err(|e| format!("{shown}: {e}"))
+    }
+}
+
+/// A bound as the messages write it: whole MiB (`64 MiB`), else bytes.
+pub fn size_text(bytes: u64) -> String {
+    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
     }
 }
 
@@ -178,7 +213,12 @@ pub struct Output {
 }
 
 /// Waits for a child with piped stdout/stderr for at most `timeout`, killing it after that.
-pub fn wait_with_output(mut child: Child, timeout: Duration) -> Result<Output, String> {
+/// More than `max_output` bytes on stdout is an error ("printed more than N MiB").
+pub fn wait_with_output(
+    mut child: Child,
+    timeout: Duration,
+    max_output: u64,
+) -> Result<Output, String> {
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let (tx, rx) = mpsc::channel();
@@ -186,7 +226,7 @@ pub fn wait_with_output(mut child: Child, timeout: Duration) -> Result<Output, S
     std::thread::spawn(move || {
         let mut buf = Vec::new();
         let res = match stdout {
-            Some(s) => s.take(MAX_OUTPUT + 1).read_to_end(&mut buf).map(|_| buf),
+            Some(s) => s.take(max_output + 1).read_to_end(&mut buf).map(|_| buf),
             None => Ok(buf),
         };
         let _ = tx.send((0, res));
@@ -206,10 +246,10 @@ pub fn wait_with_output(mut child: Child, timeout: Duration) -> Result<Output, S
         match rx.recv_timeout(left) {
             // Past the bound: the command would block on a full pipe (its stderr still open),
             // so it is stopped now, not at the time-out.
-            Ok((0, Ok(b))) if b.len() as u64 > MAX_OUTPUT => {
+            Ok((0, Ok(b))) if b.len() as u64 > max_output => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("printed more than {} MiB", MAX_OUTPUT >> 20));
+                return Err(format!("printed more than {}", size_text(max_output)));
             }
             Ok((i, Ok(b))) => outs[i] = Some(b),
             Ok((_, Err(e))) => {
@@ -226,10 +266,10 @@ pub fn wait_with_output(mut child: Child, timeout: Duration) -> Result<Output, S
     }
     let [out, err] = outs;
     let out = out.unwrap_or_default();
-    if out.len() as u64 > MAX_OUTPUT {
+    if out.len() as u64 > max_output {
         let _ = child.kill();
         let _ = child.wait();
-        return Err(format!("printed more than {} MiB", MAX_OUTPUT >> 20));
+        return Err(format!("printed more than {}", size_text(max_output)));
     }
     let status = child.wait().map_err(|e| format!("wait failed: {e}"))?;
     use std::os::unix::process::ExitStatusExt;
@@ -314,6 +354,41 @@ mod tests {
         assert!(!out.success);
         assert_eq!(std::fs::read_to_string(&count).unwrap(), "run\n");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Output past the configured bound is an error naming the bound; up to it is read.
+    #[test]
+    fn output_bound_is_the_configured_one() {
+        let s = Slurm::new(Some(Path::new("/bin"))).with_max_output(1 << 20);
+        assert_eq!(s.max_output(), 1 << 20);
+        let out = s
+            .run(
+                "sh",
+                &["-c", "head -c 1048576 /dev/zero"],
+                Duration::from_secs(10),
+            )
+            .unwrap();
+        assert_eq!(out.len(), 1 << 20);
+        let e = s
+            .run(
+                "sh",
+                &["-c", "head -c 1048577 /dev/zero"],
+                Duration::from_secs(10),
+            )
+            .unwrap_err();
+        assert_eq!(
+            e,
+            "sh -c head -c 1048577 /dev/zero: printed more than 1 MiB"
+        );
+        assert!(crate::slurm::listing_too_big(&e));
+        assert_eq!(Slurm::new(None).max_output(), MAX_OUTPUT);
+        assert_eq!(Slurm::default().max_output(), MAX_OUTPUT);
+        assert_eq!(size_text(64 << 20), "64 MiB");
+        assert_eq!(size_text(1000), "1000 bytes");
+        let mut cfg = crate::config::Config::default();
+        assert_eq!(Slurm::from_config(&cfg).max_output(), MAX_OUTPUT);
+        cfg.set("SlurmOutputMaxMiB", "2").unwrap();
+        assert_eq!(Slurm::from_config(&cfg).max_output(), 2 << 20);
     }
 
     #[test]

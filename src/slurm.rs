@@ -213,8 +213,9 @@ pub fn jobs_by_id(slurm: &Slurm, ids: &[String], timeout: Duration) -> Result<An
 
 /// Every job slurmctld holds (running, pending, and ended ones for `MinJobAge`), in one call:
 /// one REQUEST_JOB_INFO, whose cost grows with the queue (about 6 KB of JSON per job). Past
-/// [`MAX_OUTPUT`](crate::runner::MAX_OUTPUT) of JSON (about 10,000 jobs) it fails, and the
-/// failure is a warning naming what to do (see [`listing_too_big`]).
+/// the runner's output bound (`SlurmOutputMaxMiB`, [`Slurm::max_output`]: 64 MiB, about 10,000
+/// jobs, by default) it fails, and the failure is a warning naming what to do (see
+/// [`listing_too_big`]).
 pub fn all_jobs(slurm: &Slurm, timeout: Duration) -> Result<Vec<JobInfo>, String> {
     let (reader, left) = reader_within(slurm, timeout)?;
     listing(slurm, reader, left)
@@ -381,12 +382,14 @@ fn listing_now(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<J
     out.map_err(|e| {
         if listing_too_big(&e) {
             let e = format!(
-                "{e}: slurmctld holds more jobs than one listing may carry ({} MiB of JSON); lower MinJobAge in slurm.conf{}",
-                crate::runner::MAX_OUTPUT >> 20,
-                if reader.ctl == Ctl::Squeue {
-                    ", or upgrade Slurm to 23.02 or later (asked job by job there)"
-                } else {
+                "{e}: slurmctld holds more jobs than one listing may carry ({} of JSON, \
+                 SlurmOutputMaxMiB in cloudvision.conf); lower MinJobAge in slurm.conf so that \
+                 ended jobs leave slurmctld sooner, or raise SlurmOutputMaxMiB{}",
+                crate::runner::size_text(slurm.max_output()),
+                if reader.only_job_state {
                     ""
+                } else {
+                    ", or upgrade Slurm to 24.11 or later (jobs asked by id, a state-only listing)"
                 }
             );
             log::warn!("{e}");

@@ -40,7 +40,7 @@ struct Fixture {
     conf: PathBuf,
     state_dir: PathBuf,
     log_file: PathBuf,
-    _service: Mutex<Child>,
+    service: Mutex<Child>,
 }
 
 impl Watch for Fixture {
@@ -110,19 +110,84 @@ fn fixture() -> &'static Fixture {
         .unwrap();
         let hook = work.join("cvslurm-hook");
         up(NODES, &[("CVSLURM_HOOK", hook.to_str().unwrap()), ("WITH_DBD", "1")]);
-        // The service, as systemd would run it.
-        let service = Command::new(&bin)
-            .args(["inventory", "--monitor"])
-            .env_remove("CVSLURM_CONF")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        fs::write(work.join("service.pid"), format!("{}\n", service.id())).unwrap();
+        let service = start_service(&bin).unwrap();
         eprintln!("[e2e] cluster {CLUSTER} up with {NODES} nodes; stand-in at {}", cv.server());
-        Fixture { cv, bin, conf, state_dir, log_file, _service: Mutex::new(service) }
+        Fixture { cv, bin, conf, state_dir, log_file, service: Mutex::new(service) }
     })
+}
+
+/// Starts the service, as systemd would run it, and records its pid in `WORK/service.pid`.
+fn start_service(bin: &Path) -> Result<Child, String> {
+    let service = Command::new(bin)
+        .args(["inventory", "--monitor"])
+        .env_remove("CVSLURM_CONF")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start the service: {e}"))?;
+    fs::write(
+        Path::new(WORK).join("service.pid"),
+        format!("{}\n", service.id()),
+    )
+    .map_err(|e| format!("cannot record the service's pid: {e}"))?;
+    Ok(service)
+}
+
+/// Stops the service with SIGTERM (as systemd does) and starts it again, so that it reads
+/// cloudvision.conf again; returns once its wake-up socket answers (hooks hand it their events
+/// from then on). An error, not a panic: it also runs when a test that changed the config is
+/// unwinding.
+fn restart_service(f: &Fixture) -> Result<(), String> {
+    use nix::sys::signal::{kill, Signal};
+    let mut service = f.service.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = nix::unistd::Pid::from_raw(service.id() as i32);
+    let _ = kill(pid, Signal::SIGCONT); // a test may have stopped it
+    let _ = kill(pid, Signal::SIGTERM);
+    let until = Instant::now() + Duration::from_secs(20);
+    while service.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if Instant::now() > until {
+            let _ = service.kill();
+            let _ = service.wait();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    *service = start_service(&f.bin)?;
+    let socket = f.state_dir.join(layout::WAKE_SOCKET);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answers = std::os::unix::net::UnixDatagram::unbound()
+            .and_then(|s| s.connect(&socket))
+            .is_ok();
+        if answers {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = service.try_wait() {
+            return Err(format!(
+                "the restarted service exited ({st}); see {}",
+                f.log_file.display()
+            ));
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "the restarted service did not listen on {} in 30 s",
+                socket.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What the service's log holds past byte `from` (lines written since then).
+fn log_since(f: &Fixture, from: u64) -> String {
+    let bytes = fs::read(&f.log_file).unwrap_or_default();
+    String::from_utf8_lossy(bytes.get(from as usize..).unwrap_or_default()).into_owned()
+}
+
+/// The service log's length now, for [`log_since`].
+fn log_len(f: &Fixture) -> u64 {
+    fs::metadata(&f.log_file).map(|m| m.len()).unwrap_or(0)
 }
 
 /// Shared use of the cluster (jobs on n1–n3, stand-in left alone).
@@ -1921,5 +1986,335 @@ fn the_service_metrics_file_tells_what_cloudvision_received() {
         st["metrics"]["counters"]["events_delivered"].as_f64()
             >= Some(m["cvslurm_events_delivered_total"]),
         "{st}"
+    );
+}
+
+/// Waits until CloudVision holds job `id` in `state` with sacct's own start and end (at most
+/// `within`), then returns every event it accepted for the job, in order.
+fn wait_final_as_sacct(f: &Fixture, id: &str, state: &str, within: Duration) -> Vec<Value> {
+    wait_job(f, id, state, within);
+    let (start, end) = sacct_times(id);
+    let times = |v: &Value| {
+        (
+            v["start_time"].as_str().map(String::from),
+            v["end_time"].as_str().map(String::from),
+        )
+    };
+    let want = (Some(start), Some(end));
+    let until = Instant::now() + within;
+    loop {
+        let cur = f.cv.state()["jobs"][key(id)].clone();
+        if cur["state"] == state && times(&cur) == want {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "job {id}: CloudVision has {cur}, wanted {state} with sacct's times {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    job_events(f, id)
+}
+
+/// The states of a job's events, in order.
+fn states_of(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|j| j["state"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+/// Held jobs that fill slurmctld's queue in the output-bound test (cancelled at its end).
+const BULK: &str = "e2e-bulk-held";
+
+/// A queue past the output bound (issue 20): `SlurmOutputMaxMiB=1` for the service and 500
+/// held jobs, whose full JSON listing (3 KB a job on 22.05, 7-8 KB on 24.11 and 26.05) passes
+/// 1 MiB, as about 10,000 jobs pass the default 64 MiB. From Slurm 23.02 the service asks job by job and (24.11+) lists states
+/// only: every job reaches CloudVision as RUNNING then its final state with sacct's times, and
+/// no listing is ever too big. On 22.05 every question about jobs is the one full listing: the
+/// bound reached is a warning at the default level naming what to do, `cvslurm status` shows
+/// it, the ends are judged from exit codes and corrected from accounting, and nothing is lost.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn queue_past_the_output_bound_loses_no_event() {
+    const HELD: usize = 500;
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let saved = fs::read_to_string(&f.conf).unwrap();
+    /// Cancels the held jobs, puts cloudvision.conf back and restarts the service on it,
+    /// however the test ends.
+    struct PutBack(&'static Fixture, String);
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            let _ = slurm("scancel", &["--name", BULK]);
+            let _ = fs::write(&self.0.conf, &self.1);
+            if let Err(e) = restart_service(self.0) {
+                eprintln!("[e2e] the service could not be restarted on its own config: {e}");
+            }
+        }
+    }
+    let _put_back = PutBack(f, saved.clone());
+    let from = log_len(f);
+    fs::write(&f.conf, format!("{saved}SlurmOutputMaxMiB=1\n")).unwrap();
+    restart_service(f).unwrap();
+    // The queue: one sbatch per job, 8 at a time.
+    let t = Instant::now();
+    let submit = format!(
+        "seq {HELD} | xargs -P 8 -I{{}} {} --hold -J {BULK} -o /dev/null -e /dev/null -x n4 --wrap true >/dev/null",
+        slurm_bin_dir().join("sbatch").display()
+    );
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&submit)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{submit}: {}", stderr(&out));
+    let held = stdout(&slurm("squeue", &["-h", "--name", BULK, "-o", "%i"]))
+        .lines()
+        .count();
+    assert_eq!(held, HELD, "held jobs in slurmctld");
+    let listing = slurm("squeue", &["--all", "--json"]);
+    assert!(
+        listing.stdout.len() > 1 << 20,
+        "the full listing of {HELD} jobs is {} bytes, not past the 1 MiB bound: the test would prove nothing",
+        listing.stdout.len()
+    );
+    eprintln!(
+        "[e2e] {HELD} held jobs in {:.1} s; the full listing is {} bytes",
+        t.elapsed().as_secs_f64(),
+        listing.stdout.len()
+    );
+    let ok = sbatch(&["-J", "e2e-bound-ok", "--wrap", "sleep 1"]);
+    let bad = sbatch(&["-J", "e2e-bound-fail", "--wrap", "sleep 1; exit 3"]);
+    let cancel = sbatch(&["-J", "e2e-bound-cancel", "--wrap", "sleep 300"]);
+    wait_job(f, &cancel, "JOB_STATE_RUNNING", Duration::from_secs(60));
+    assert!(slurm("scancel", &[&cancel]).status.success());
+    let jobs = [
+        (&ok, "JOB_STATE_COMPLETED"),
+        (&bad, "JOB_STATE_FAILED"),
+        (&cancel, "JOB_STATE_CANCELLED"),
+    ];
+    let by_id = slurm_version() >= (23, 2);
+    for (id, state) in jobs {
+        let events = wait_final_as_sacct(f, id, state, Duration::from_secs(60));
+        let states = states_of(&events);
+        if by_id {
+            assert_eq!(states, ["JOB_STATE_RUNNING", state], "job {id}");
+        } else {
+            // 22.05: the end judged from exit codes (a cancel can look like a success there),
+            // then, where Slurm's record differs, the correction from accounting.
+            let log = log_since(f, from);
+            if states.len() == 2 {
+                assert_eq!(states, ["JOB_STATE_RUNNING", state], "job {id}");
+            } else {
+                assert_eq!(states.len(), 3, "job {id}: {states:?}");
+                assert_eq!(
+                    (states[0].as_str(), states[2].as_str()),
+                    ("JOB_STATE_RUNNING", state),
+                    "job {id}: {states:?}"
+                );
+                assert_ne!(states[1], "JOB_STATE_RUNNING", "job {id}: {states:?}");
+                assert!(
+                    log.contains(&format!("reconcile: job {} ended ", key(id)))
+                        && log.contains("correction(s) queued from accounting while slurmctld's listing is past the output bound"),
+                    "job {id}: no correction from accounting logged:\n{log}"
+                );
+            }
+        }
+    }
+    let log = log_since(f, from);
+    if by_id {
+        assert!(
+            !log.contains("printed more than"),
+            "a listing was too big on Slurm {:?}:\n{log}",
+            slurm_version()
+        );
+    } else {
+        let warning = log
+            .lines()
+            .find(|l| {
+                l.contains(
+                    "printed more than 1 MiB: slurmctld holds more jobs than one listing may carry",
+                )
+            })
+            .unwrap_or_else(|| panic!("no warning that the listing is too big:\n{log}"));
+        assert!(warning.contains(" WARN "), "not a warning: {warning}");
+        for what_to_do in [
+            "lower MinJobAge",
+            "raise SlurmOutputMaxMiB",
+            "upgrade Slurm",
+        ] {
+            assert!(
+                warning.contains(what_to_do),
+                "{what_to_do:?} not in {warning}"
+            );
+        }
+        let out = Command::new(&f.bin)
+            .args(["status", "--offline"])
+            .output()
+            .unwrap();
+        let text = stdout(&out);
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("Slurm warning:") && l.contains("printed more than 1 MiB")),
+            "{text}"
+        );
+        let out = Command::new(&f.bin)
+            .args(["status", "--json", "--offline"])
+            .output()
+            .unwrap();
+        let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            st["last_slurm_warning"]
+                .as_str()
+                .is_some_and(|w| w.contains("printed more than 1 MiB")),
+            "{st}"
+        );
+    }
+    // Nothing lost: every event delivered (the outbox empties), none rejected.
+    wait_until("the outbox to empty", Duration::from_secs(30), || {
+        let out = Command::new(&f.bin)
+            .args(["status", "--json", "--offline"])
+            .output()
+            .unwrap();
+        let st: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        st["outbox_depth"] == 0
+    });
+    assert!(!log_since(f, from).contains("rejected, moved to rejected/"));
+    eprintln!("[e2e] output bound: {:.1} s", t.elapsed().as_secs_f64());
+}
+
+/// `MinJobAge=2` (issue 20): slurmctld forgets an ended job seconds after it ends (at its next
+/// purge), so what the service learns late comes from accounting. (a) Both hooks: each job is
+/// RUNNING then its final state with sacct's times. (b) PrologSlurmctld only: the ends come
+/// from reconciliation; the service is held (SIGSTOP) until slurmctld has forgotten the jobs,
+/// so each end is sacct's record, and the log says so.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn min_job_age_2_ends_from_hooks_and_from_accounting() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let conf = PathBuf::from("/etc/slurm/slurm.conf");
+    let saved = fs::read_to_string(&conf).unwrap();
+    /// Lets the service run again, cancels the test's jobs and puts slurm.conf back (and
+    /// slurmctld on it), however the test ends.
+    struct PutBack(PathBuf, String, u32);
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            let pid = nix::unistd::Pid::from_raw(self.2 as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+            for name in ["e2e-age-a", "e2e-age-b"] {
+                let _ = slurm("scancel", &["--name", name]);
+            }
+            let _ = fs::write(&self.0, &self.1);
+            let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+                .arg("restart-slurmctld")
+                .output();
+        }
+    }
+    let service_pid = f.service.lock().unwrap_or_else(|e| e.into_inner()).id();
+    let _put_back = PutBack(conf.clone(), saved.clone(), service_pid);
+    assert!(
+        saved.lines().any(|l| l.starts_with("MinJobAge=")),
+        "slurm.conf has no MinJobAge line to change"
+    );
+    let aged: String = saved
+        .lines()
+        .map(|l| {
+            if l.starts_with("MinJobAge=") {
+                "MinJobAge=2"
+            } else {
+                l
+            }
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let expect = |ok: &String, bad: &String, cancel: &String| {
+        [
+            (ok.clone(), "JOB_STATE_COMPLETED"),
+            (bad.clone(), "JOB_STATE_FAILED"),
+            (cancel.clone(), "JOB_STATE_CANCELLED"),
+        ]
+    };
+    let t = Instant::now();
+    // (a) Both hooks.
+    fs::write(&conf, &aged).unwrap();
+    cluster_sh(&["restart-slurmctld"], &[]);
+    let ok = sbatch(&["-J", "e2e-age-a", "--wrap", "sleep 1"]);
+    let bad = sbatch(&["-J", "e2e-age-a", "--wrap", "sleep 1; exit 3"]);
+    let cancel = sbatch(&["-J", "e2e-age-a", "--wrap", "sleep 300"]);
+    wait_job(f, &cancel, "JOB_STATE_RUNNING", Duration::from_secs(60));
+    assert!(slurm("scancel", &[&cancel]).status.success());
+    for (id, state) in expect(&ok, &bad, &cancel) {
+        let events = wait_final_as_sacct(f, &id, state, Duration::from_secs(60));
+        assert_eq!(states_of(&events), ["JOB_STATE_RUNNING", state], "job {id}");
+    }
+    eprintln!(
+        "[e2e] MinJobAge=2, both hooks: {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    // (b) PrologSlurmctld only.
+    let from = log_len(f);
+    let prolog_only: String = aged
+        .lines()
+        .filter(|l| !l.starts_with("EpilogSlurmctld="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(
+        prolog_only, aged,
+        "the cluster has no EpilogSlurmctld to take away"
+    );
+    fs::write(&conf, &prolog_only).unwrap();
+    cluster_sh(&["restart-slurmctld"], &[]);
+    // The jobs end when told (WORK is the nodes' too): after the service is held.
+    let go = Path::new(WORK).join("age-b-go");
+    let _ = fs::remove_file(&go);
+    let wait_go = format!("while [ ! -e {} ]; do sleep 0.2; done", go.display());
+    let ok = sbatch(&["-J", "e2e-age-b", "--wrap", &wait_go]);
+    let bad = sbatch(&["-J", "e2e-age-b", "--wrap", &format!("{wait_go}; exit 3")]);
+    let cancel = sbatch(&["-J", "e2e-age-b", "--wrap", "sleep 300"]);
+    for id in [&ok, &bad, &cancel] {
+        wait_job(f, id, "JOB_STATE_RUNNING", Duration::from_secs(60));
+    }
+    // The service asks nothing until slurmctld has forgotten the three jobs.
+    let pid = nix::unistd::Pid::from_raw(service_pid as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    fs::write(&go, "").unwrap();
+    assert!(slurm("scancel", &[&cancel]).status.success());
+    for id in [&ok, &bad, &cancel] {
+        wait_until(
+            &format!("slurmctld to forget job {id}"),
+            Duration::from_secs(120),
+            || {
+                let out = slurm("scontrol", &["show", "job", id]);
+                !out.status.success() && stderr(&out).contains("Invalid job id")
+            },
+        );
+        sacct_times(id);
+    }
+    eprintln!(
+        "[e2e] MinJobAge=2: slurmctld forgot the jobs after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    for (id, state) in expect(&ok, &bad, &cancel) {
+        let events = wait_final_as_sacct(f, &id, state, Duration::from_secs(60));
+        assert_eq!(states_of(&events), ["JOB_STATE_RUNNING", state], "job {id}");
+    }
+    let log = log_since(f, from);
+    for (id, state) in expect(&ok, &bad, &cancel) {
+        let st = state.trim_start_matches("JOB_STATE_");
+        assert!(
+            log.contains(&format!(
+                "reconcile: job {} ended ({st}) but no epilog reported it; sending {st} (Slurm's record from accounting)",
+                key(&id)
+            )),
+            "job {id}:\n{log}"
+        );
+    }
+    eprintln!(
+        "[e2e] MinJobAge=2, both set-ups: {:.1} s",
+        t.elapsed().as_secs_f64()
     );
 }

@@ -553,7 +553,7 @@ fn controllers(ctx: &mut Context, r: &mut Report) {
 
 fn slurm_release(ctx: &mut Context, r: &mut Report) {
     let Some(cfg) = &ctx.cfg else { return };
-    let slurm = crate::runner::Slurm::new(cfg.slurm_bin_dir.as_deref());
+    let slurm = crate::runner::Slurm::from_config(cfg);
     match crate::slurm::version(&slurm) {
         Ok(v) => r.ok(&format!("Slurm {v}: {}", v.reader().describe())),
         Err(e) => r.fail(&format!(

@@ -77,7 +77,7 @@ pub fn run(a: Args) -> i32 {
     // or Slurm cannot be asked), so missed hooks and cancels the epilog saw as successes are
     // still put right.
     if !a.no_reconcile && !cfg.reconcile_interval.is_zero() {
-        let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+        let slurm = Slurm::from_config(&cfg);
         let reconciled = slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT)
             .and_then(|c| crate::service::reconcile::reconcile(&cfg, &slurm, &c, &outbox));
         if reconciled.is_ok() {

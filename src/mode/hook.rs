@@ -499,7 +499,7 @@ fn lookup_end_state(cfg: &Config, env: &HookEnv, deadline: Instant) -> Option<Jo
     if budget < Duration::from_millis(50) {
         return None;
     }
-    let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+    let slurm = Slurm::from_config(cfg);
     match slurm::job_by_id(&slurm, &env.job_id, budget) {
         Ok(j) => {
             if let Some(j) = &j {

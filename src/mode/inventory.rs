@@ -99,7 +99,7 @@ pub fn run(a: Args) -> i32 {
         Err(e) => return e.report(),
     };
     let cfg = started.cfg;
-    let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+    let slurm = Slurm::from_config(&cfg);
     if a.monitor {
         let Some(client) = client else {
             return usage("--monitor needs a CloudVision client");

@@ -114,7 +114,7 @@ pub fn run(a: Args) -> i32 {
     let mut jobs: Vec<JobConfig> = match tenant_job {
         Some(j) => vec![j],
         None => {
-            let slurm = Slurm::new(cfg.slurm_bin_dir.as_deref());
+            let slurm = Slurm::from_config(cfg);
             let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {
                 Ok(c) => c,
                 Err(e) => {

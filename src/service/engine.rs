@@ -296,7 +296,7 @@ impl Engine {
         Engine {
             client,
             outbox,
-            slurm: Slurm::new(cfg.slurm_bin_dir.as_deref()),
+            slurm: Slurm::from_config(cfg),
             interfaces: cfg.job_interfaces,
             report: Mutex::new(DrainReport::default()),
             token_warned_at: Mutex::new(None),

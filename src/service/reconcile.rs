@@ -33,12 +33,8 @@ use std::time::Duration;
 /// Slurm's final record of each of `ids` that has ended: slurmctld's (from `listing`, the
 /// pass's own) when it names a final state, else accounting's, asked for all the others in
 /// bounded `sacct` batches ([`crate::slurm::sacct_jobs`]). Ids with no final record yet are
-/// absent from the map; the second part holds the ids a bound left unasked (asked next pass).
-fn final_records(
-    slurm: &Slurm,
-    listing: &[JobInfo],
-    ids: &[String],
-) -> (HashMap<String, JobInfo>, HashSet<String>) {
+/// absent from the map; [`Finals::later`] holds the ids a bound left unasked (asked next pass).
+fn final_records(slurm: &Slurm, listing: &[JobInfo], ids: &[String]) -> Finals {
     let mut found: HashMap<String, JobInfo> = crate::slurm::pick(listing.to_vec(), ids)
         .into_iter()
         .filter(|(_, j)| j.ended())
@@ -49,10 +45,19 @@ fn final_records(
         .cloned()
         .collect();
     let mut later = HashSet::new();
+    let mut from_accounting = HashSet::new();
     if !ask.is_empty() {
+        log::debug!(
+            "reconcile: asking accounting (sacct) how {} job(s) slurmctld holds no final record of ended: {}",
+            ask.len(),
+            crate::text::one_line(&ask.join(","), 200)
+        );
         match crate::slurm::sacct_jobs(slurm, &ask, COMMAND_TIMEOUT) {
             Ok(acct) => {
-                found.extend(acct.found.into_iter().filter(|(_, j)| j.ended()));
+                for (id, j) in acct.found.into_iter().filter(|(_, j)| j.ended()) {
+                    from_accounting.insert(id.clone());
+                    found.insert(id, j);
+                }
                 later.extend(acct.later);
             }
             Err(e) => log::warn!(
@@ -61,7 +66,22 @@ fn final_records(
             ),
         }
     }
-    (found, later)
+    Finals {
+        found,
+        later,
+        from_accounting,
+    }
+}
+
+/// What [`final_records`] learned.
+#[derive(Default)]
+struct Finals {
+    /// Each ended job's final record, by id.
+    found: HashMap<String, JobInfo>,
+    /// The ids a bound left unasked (asked next pass).
+    later: HashSet<String>,
+    /// The ids of `found` whose record is accounting's (slurmctld no longer held the job).
+    from_accounting: HashSet<String>,
 }
 
 /// Records in `status` that a bound left `n` jobs (`what`) for the next pass (the warning
@@ -108,8 +128,9 @@ pub const VERIFY_AFTER: Duration = Duration::from_secs(5);
 
 /// Checks the ends the epilogs marked for verification (those slurmctld did not name) against Slurm's final state
 /// (slurmctld while it remembers the job, else accounting), in one scontrol and one sacct
-/// call, and queues a correction where they differ.
-pub fn verify_ends(slurm: &Slurm, outbox: &StateDir) -> Result<usize, String> {
+/// call, and queues a correction where they differ. With `ask_ctl` false slurmctld is not
+/// asked (its listing is past the output bound, the only way 22.05 answers): accounting alone.
+pub fn verify_ends(slurm: &Slurm, outbox: &StateDir, ask_ctl: bool) -> Result<usize, String> {
     let marks: Vec<_> = outbox
         .marks
         .to_verify()
@@ -123,14 +144,24 @@ pub fn verify_ends(slurm: &Slurm, outbox: &StateDir) -> Result<usize, String> {
         .iter()
         .map(|(j, _, _)| j.job_id().to_string())
         .collect();
-    let ctl = match crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT) {
+    let asked = if ask_ctl {
+        crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT)
+    } else {
+        // Why was said where the listing failed.
+        log::debug!(
+            "reconcile: {} end(s) to verify asked of accounting only (no listing of slurmctld's jobs now)",
+            ids.len()
+        );
+        Ok(crate::slurm::Answer::default())
+    };
+    let ctl = match asked {
         Ok(a) => a,
         Err(e) => {
             if crate::slurm::held_back(&e) {
                 log::debug!("reconcile: ends to verify asked of accounting only: {e}");
             } else {
                 log::warn!(
-                    "reconcile: slurmctld could not be asked about {} end(s) to verify: {e}",
+                    "reconcile: slurmctld could not be asked about {} end(s) to verify ({e}); asking accounting",
                     ids.len()
                 );
             }
@@ -307,10 +338,22 @@ pub fn reconcile(
             None => match crate::slurm::all_jobs(slurm, COMMAND_TIMEOUT) {
                 Ok(all) => (all, true),
                 Err(e) => {
-                    if crate::slurm::listing_too_big(&e) {
+                    let too_big = crate::slurm::listing_too_big(&e);
+                    if too_big {
                         outbox
                             .status
                             .record_slurm_warning(&format!("reconcile: {e}"));
+                    }
+                    if too_big || crate::slurm::held_back(&e) {
+                        // The ends judged from exit codes meanwhile (the settler could not
+                        // ask slurmctld either) are still checked against accounting.
+                        match verify_ends(slurm, outbox, false) {
+                            Ok(0) => {}
+                            Ok(n) => log::info!(
+                                "reconcile: {n} correction(s) queued from accounting while slurmctld's listing cannot be had"
+                            ),
+                            Err(ve) => log::warn!("reconcile: ends not verified: {ve}"),
+                        }
                     }
                     return Err(e);
                 }
@@ -394,8 +437,8 @@ pub fn reconcile(
         })
         .collect();
     let ids: Vec<String> = gone.iter().map(|g| g.3.to_string()).collect();
-    let (finals, later) = if ids.is_empty() {
-        (HashMap::new(), HashSet::new())
+    let finals = if ids.is_empty() {
+        Finals::default()
     } else if full {
         final_records(slurm, &listing, &ids)
     } else {
@@ -421,10 +464,15 @@ pub fn reconcile(
             }
         };
         let records: Vec<JobInfo> = by_id.found.into_values().collect();
-        let (finals, mut later) = final_records(slurm, &records, &ids);
-        later.extend(by_id.later);
-        (finals, later)
+        let mut finals = final_records(slurm, &records, &ids);
+        finals.later.extend(by_id.later);
+        finals
     };
+    let Finals {
+        found: finals,
+        later,
+        from_accounting,
+    } = finals;
     note_later(outbox, "ended job(s)", later.len());
     for (key, start, age, id) in gone {
         let Some(info) = finals.get(id) else {
@@ -458,15 +506,20 @@ pub fn reconcile(
         };
         job.job_type = None; // a hook's record, not a backfill
         log::info!(
-            "reconcile: job {key} ended ({}) but no epilog reported it; sending {state}",
-            info.state
+            "reconcile: job {key} ended ({}) but no epilog reported it; sending {state} (Slurm's record from {})",
+            info.state,
+            if from_accounting.contains(id) {
+                "accounting"
+            } else {
+                "slurmctld"
+            }
         );
         let rank = (info.restarts.unwrap_or(0), 1);
         outbox.queue.enqueue(&Event::new(Item::Job { job }, rank))?;
         outbox.starts.forget(key);
         report.ended += 1;
     }
-    report.corrected = verify_ends(slurm, outbox)?;
+    report.corrected = verify_ends(slurm, outbox, true)?;
     Ok(report)
 }
 
