@@ -926,3 +926,79 @@ fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm(
     );
     assert!(site.outbox().is_empty(), "{}", log);
 }
+
+/// Slurm 22.05 with a queue past the output bound: no listing of slurmctld's jobs can be had,
+/// and the ends the prologs recorded are asked of accounting alone (the PrologSlurmctld-only
+/// set-up would otherwise send none). The listing is `yes` (endless output, past
+/// `SlurmOutputMaxMiB=1`); accounting answers with a real 22.05 capture, where job 2 is
+/// COMPLETED.
+#[test]
+fn a_listing_past_the_bound_takes_the_recorded_jobs_ends_from_accounting() {
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "SlurmOutputMaxMiB=1");
+    let sacct = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/slurm-22.05/json/sacct.json"
+    );
+    for (name, body) in [
+        (
+            "scontrol",
+            "#!/bin/sh\ncase \"$*\" in\n*--version*) echo 'slurm 22.05.8' ;;\n\
+             *'show config'*) echo 'ClusterName = cvtest' ;;\n*) exit 1 ;;\nesac\n"
+                .to_string(),
+        ),
+        ("squeue", "#!/bin/sh\nexec yes\n".to_string()),
+        ("sacct", format!("#!/bin/sh\ncat {sacct}\n")),
+    ] {
+        let p = site.bin_dir.join(name);
+        fs::write(&p, body).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = run_hook(
+        &site,
+        &site.conf,
+        &job_env("prolog_slurmctld", "2", &[("SLURM_CLUSTER_NAME", "cvtest")]),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    wait_for("the RUNNING", Duration::from_secs(10), || {
+        job_states(&cv).contains_key("2@cvtest")
+    });
+    // The record is older than reconciliation's grace (a clock-step guard of 1 s).
+    let record = site.state_dir.join("jobs").join("2@cvtest");
+    assert!(record.exists(), "{}", site.log());
+    let ok = Command::new("touch")
+        .args(["-d", "-10 seconds"])
+        .arg(&record)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let out = Command::new(bin())
+        .arg("flush")
+        .env_remove("CV_API_TOKEN")
+        .env_remove("CV_API_SERVER")
+        .env("CVSLURM_CONF", &site.conf)
+        .output()
+        .unwrap();
+    let log = site.log();
+    assert_eq!(out.status.code(), Some(0), "{}\n{log}", stderr(&out));
+    let log = format!("{log}\n{}", stderr(&out));
+    assert_eq!(
+        job_states(&cv)["2@cvtest"],
+        ["JOB_STATE_RUNNING", "JOB_STATE_COMPLETED"],
+        "{log}"
+    );
+    let end = cv
+        .accepted("JobConfig")
+        .into_iter()
+        .rfind(|b| b["key"]["id"] == "2@cvtest")
+        .unwrap();
+    assert_eq!(end["start_time"], "2026-12-01T02:34:39Z", "{end}");
+    assert_eq!(end["end_time"], "2026-12-01T02:34:40Z", "{end}");
+    assert!(log.contains("printed more than 1 MiB"), "{log}");
+    assert!(
+        log.contains("reconcile: job 2@cvtest ended (COMPLETED) but no epilog reported it"),
+        "{log}"
+    );
+}

@@ -320,6 +320,7 @@ pub fn reconcile(
     } else {
         crate::slurm::job_states_of(slurm, &recorded_ids, COMMAND_TIMEOUT)?
     };
+    let mut no_listing = false;
     let swept = by_id.is_none();
     let (listing, full) = match by_id {
         Some(answer) => {
@@ -344,22 +345,20 @@ pub fn reconcile(
                             .status
                             .record_slurm_warning(&format!("reconcile: {e}"));
                     }
-                    if too_big || crate::slurm::held_back(&e) {
-                        // The ends judged from exit codes meanwhile (the settler could not
-                        // ask slurmctld either) are still checked against accounting.
-                        match verify_ends(slurm, outbox, false) {
-                            Ok(0) => {}
-                            Ok(n) => log::info!(
-                                "reconcile: {n} correction(s) queued from accounting while slurmctld's listing cannot be had"
-                            ),
-                            Err(ve) => log::warn!("reconcile: ends not verified: {ve}"),
-                        }
+                    if !(too_big || crate::slurm::held_back(&e)) {
+                        return Err(e);
                     }
-                    return Err(e);
+                    // No listing of a big queue now (said where it failed): the recorded
+                    // jobs' ends, and the ends to verify, are asked of accounting alone.
+                    log::debug!("reconcile: accounting only this pass: {e}");
+                    no_listing = true;
+                    (Vec::new(), true)
                 }
             },
         },
     };
+    // Without a listing, no running job is known: none is taken for unreported.
+    let swept = swept && !no_listing;
     let running: Vec<&JobInfo> = listing.iter().filter(|j| is_running(j)).collect();
     // In this order: an epilog queues its end before it drops its record, and the sender
     // moves it outbox → in flight → delivered, so a job missing from one read is in a later.
@@ -480,7 +479,7 @@ pub fn reconcile(
                 report.unknown += 1; // a bound left it unasked: the next pass asks
                 continue;
             }
-            if age > GIVE_UP_AFTER {
+            if age > GIVE_UP_AFTER && !no_listing {
                 log::warn!("reconcile: job {key} vanished and its end state is unknown after {} days; forgetting it", age.as_secs() / 86_400);
                 outbox.starts.forget(key);
             } else {
@@ -519,7 +518,13 @@ pub fn reconcile(
         outbox.starts.forget(key);
         report.ended += 1;
     }
-    report.corrected = verify_ends(slurm, outbox, true)?;
+    report.corrected = verify_ends(slurm, outbox, !no_listing)?;
+    if no_listing && report.corrected > 0 {
+        log::info!(
+            "reconcile: {} correction(s) queued from accounting while slurmctld's listing is past the output bound or held back",
+            report.corrected
+        );
+    }
     Ok(report)
 }
 
