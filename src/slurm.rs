@@ -309,6 +309,10 @@ pub const LISTING_HELD_BACK: &str = "a full job listing is held back";
 static LAST_LISTING: std::sync::Mutex<Option<(Instant, Option<usize>)>> =
     std::sync::Mutex::new(None);
 
+/// Why the last full listing failed, when it was too big or too slow: a held-back question
+/// carries it, so that what to do is not lost while the backoff lasts.
+static LAST_FAILURE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
 /// Why a full listing may not run now, if it may not (see [`BIG_LISTING`]).
 fn listing_held_back(last: Option<(Instant, Option<usize>)>) -> Option<String> {
     let (at, listed) = last?;
@@ -339,7 +343,16 @@ pub fn held_back(error: &str) -> bool {
 fn listing(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<JobInfo>, String> {
     let last = *LAST_LISTING.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(why) = listing_held_back(last) {
-        return Err(why);
+        let failure = LAST_FAILURE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        return Err(match failure {
+            Some(f) if last.is_some_and(|(_, n)| n.is_none()) => {
+                format!("{why}; the last one: {f}")
+            }
+            _ => why,
+        });
     }
     let out = listing_now(slurm, reader, timeout);
     let listed = match &out {
@@ -364,6 +377,8 @@ fn listing(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<JobIn
             );
         }
         *LAST_LISTING.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), listed));
+        *LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner()) =
+            out.as_ref().err().filter(|_| listed.is_none()).cloned();
     }
     out
 }

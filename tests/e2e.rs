@@ -2150,16 +2150,23 @@ fn queue_past_the_output_bound_loses_no_event() {
                 "{what_to_do:?} not in {warning}"
             );
         }
-        let out = Command::new(&f.bin)
-            .args(["status", "--offline"])
-            .output()
-            .unwrap();
-        let text = stdout(&out);
-        assert!(
+        // Recorded by the next reconciliation pass (every 3 s here), whoever met the bound.
+        let status_text = || {
+            let out = Command::new(&f.bin)
+                .args(["status", "--offline"])
+                .output()
+                .unwrap();
+            stdout(&out)
+        };
+        let shows = |text: &str| {
             text.lines()
-                .any(|l| l.starts_with("Slurm warning:") && l.contains("printed more than 1 MiB")),
-            "{text}"
-        );
+                .any(|l| l.starts_with("Slurm warning:") && l.contains("printed more than 1 MiB"))
+        };
+        wait_until("status to show the bound", Duration::from_secs(30), || {
+            shows(&status_text())
+        });
+        let text = status_text();
+        assert!(shows(&text), "{text}");
         let out = Command::new(&f.bin)
             .args(["status", "--json", "--offline"])
             .output()
