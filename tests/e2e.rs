@@ -1819,15 +1819,7 @@ fn prolog_only_set_up_ends_come_from_reconciliation() {
         }
     }
     let _put_back = PutBack(conf.clone(), saved.clone());
-    let without: String = saved
-        .lines()
-        .filter(|l| !l.starts_with("EpilogSlurmctld="))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    assert_ne!(
-        without, saved,
-        "the cluster has no EpilogSlurmctld to take away"
-    );
+    let without = without_epilog(&saved);
     fs::write(&conf, &without).unwrap();
     cluster_sh(&["restart-slurmctld"], &[]);
     let ok = sbatch(&["-J", "e2e-prolog-only", "--wrap", "true"]);
@@ -1864,6 +1856,21 @@ fn prolog_only_set_up_ends_come_from_reconciliation() {
             "an epilog ran for job {id}"
         );
     }
+}
+
+/// slurm.conf's text without its `EpilogSlurmctld=` lines (the PrologSlurmctld-only set-up);
+/// the cluster must have one to take away.
+fn without_epilog(conf: &str) -> String {
+    let without: String = conf
+        .lines()
+        .filter(|l| !l.starts_with("EpilogSlurmctld="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(
+        without, conf,
+        "the cluster has no EpilogSlurmctld to take away"
+    );
+    without
 }
 
 /// The samples of a metrics file: series (with labels) to value.
@@ -2263,15 +2270,7 @@ fn min_job_age_2_ends_from_hooks_and_from_accounting() {
     );
     // (b) PrologSlurmctld only.
     let from = log_len(f);
-    let prolog_only: String = aged
-        .lines()
-        .filter(|l| !l.starts_with("EpilogSlurmctld="))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    assert_ne!(
-        prolog_only, aged,
-        "the cluster has no EpilogSlurmctld to take away"
-    );
+    let prolog_only = without_epilog(&aged);
     fs::write(&conf, &prolog_only).unwrap();
     cluster_sh(&["restart-slurmctld"], &[]);
     // The jobs end when told (WORK is the nodes' too): after the service is held.

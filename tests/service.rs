@@ -38,6 +38,18 @@ fn run_hook(site: &Site, conf: &std::path::Path, vars: &[(&str, &str)]) -> std::
         .unwrap()
 }
 
+/// This host's short name, as slurmctld compares it with a `SlurmctldHost` line.
+fn short_hostname() -> String {
+    nix::unistd::gethostname()
+        .unwrap()
+        .into_string()
+        .unwrap()
+        .split('.')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
 fn job_states(cv: &Standin) -> HashMap<String, Vec<String>> {
     let mut m: HashMap<String, Vec<String>> = HashMap::new();
     for r in cv.requests() {
@@ -682,14 +694,7 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
         &cv.ca(),
         "PollInterval=1\nReconcileInterval=1",
     );
-    let me = nix::unistd::gethostname()
-        .unwrap()
-        .into_string()
-        .unwrap()
-        .split('.')
-        .next()
-        .unwrap()
-        .to_string();
+    let me = short_hostname();
     assert_ne!(me, "cvslurm-other-ctl");
     let save = site.dir.path().join("statesave");
     fs::create_dir_all(&save).unwrap();
@@ -871,14 +876,7 @@ fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm(
         fs::write(&p, body).unwrap();
         fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let me = nix::unistd::gethostname()
-        .unwrap()
-        .into_string()
-        .unwrap()
-        .split('.')
-        .next()
-        .unwrap()
-        .to_string();
+    let me = short_hostname();
     let save = site.dir.path().join("statesave");
     fs::create_dir_all(&save).unwrap();
     let slurm_conf = site.dir.path().join("slurm.conf");

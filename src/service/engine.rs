@@ -123,7 +123,7 @@ pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> slurm::An
     if ids.is_empty() {
         return slurm::Answer::default();
     }
-    let mut answer = match slurm::jobs_by_id(slurm, ids, timeout) {
+    match records_of(slurm, ids, timeout) {
         Ok(a) => a,
         Err(e) => {
             // A held-back listing was said once, when the backoff started (src/slurm.rs).
@@ -137,9 +137,16 @@ pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> slurm::An
                 "cannot ask slurmctld how {} job(s) ended ({e}); using their exit codes",
                 ids.len()
             );
-            return slurm::Answer::default();
+            slurm::Answer::default()
         }
-    };
+    }
+}
+
+/// Slurm's records of `ids`: slurmctld by id ([`slurm::jobs_by_id`], bounded), then
+/// accounting in bounded `sacct` batches for the jobs slurmctld no longer holds (a failed
+/// `sacct` leaves them absent). An error when slurmctld cannot be asked at all.
+fn records_of(slurm: &Slurm, ids: &[String], timeout: Duration) -> Result<slurm::Answer, String> {
+    let mut answer = slurm::jobs_by_id(slurm, ids, timeout)?;
     let missing: Vec<String> = ids
         .iter()
         .filter(|id| !answer.found.contains_key(*id) && !answer.later.contains(id))
@@ -154,7 +161,18 @@ pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> slurm::An
             Err(e) => log::debug!("accounting not asked about {} job(s): {e}", missing.len()),
         }
     }
-    answer
+    Ok(answer)
+}
+
+/// The job ids of the job events among `events`, in their order.
+fn job_ids_of(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.item {
+            Item::Job { job } => Some(job.job_id().to_string()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Sends one outbox item as it is.
@@ -325,13 +343,7 @@ impl Engine {
         if provisional.is_empty() {
             return provisional;
         }
-        let ids: Vec<String> = provisional
-            .iter()
-            .filter_map(|e| match &e.item {
-                Item::Job { job } => Some(job.job_id().to_string()),
-                _ => None,
-            })
-            .collect();
+        let ids = job_ids_of(&provisional);
         let asked = Instant::now();
         let slurm::Answer { found: ctl, later } = end_states(&self.slurm, &ids, END_STATE_TIMEOUT);
         log::debug!(
@@ -374,28 +386,8 @@ impl Engine {
     ///
     /// An error (nothing sent, nothing decided) when slurmctld cannot be asked at all.
     pub fn check_old(&self, events: Vec<Event>) -> Result<Checked, String> {
-        let ids: Vec<String> = events
-            .iter()
-            .filter_map(|e| match &e.item {
-                Item::Job { job } => Some(job.job_id().to_string()),
-                _ => None,
-            })
-            .collect();
-        let mut answer = slurm::jobs_by_id(&self.slurm, &ids, END_STATE_TIMEOUT)?;
-        let missing: Vec<String> = ids
-            .iter()
-            .filter(|id| !answer.found.contains_key(*id) && !answer.later.contains(id))
-            .cloned()
-            .collect();
-        if !missing.is_empty() {
-            match slurm::sacct_jobs(&self.slurm, &missing, END_STATE_TIMEOUT) {
-                Ok(acct) => {
-                    answer.found.extend(acct.found);
-                    answer.later.extend(acct.later);
-                }
-                Err(e) => log::debug!("accounting not asked about {} job(s): {e}", missing.len()),
-            }
-        }
+        let ids = job_ids_of(&events);
+        let answer = records_of(&self.slurm, &ids, END_STATE_TIMEOUT)?;
         let later: std::collections::HashSet<String> = answer.later.into_iter().collect();
         let mut checked = Checked::default();
         for ev in events {
