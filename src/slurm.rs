@@ -467,6 +467,39 @@ pub fn sacct_jobs(slurm: &Slurm, ids: &[String], timeout: Duration) -> Result<An
     )
 }
 
+/// The final states asked of accounting by [`sacct_ended_within`] (`sacct --state`).
+pub const SACCT_END_STATES: &str = "CA,CD,DL,F,NF,OOM,PR,TO,BF";
+
+/// The jobs accounting recorded as ended in the last `secs` seconds: `sacct --json --allusers
+/// -S now-SECS -E now --state SACCT_END_STATES` (Slurm's own relative times: no time zone to
+/// get wrong). One call, bounded by the runner's output bound like every other; only the
+/// records whose state is final are returned (a state filter matches a job that was in one
+/// of those states during the window).
+pub fn sacct_ended_within(
+    slurm: &Slurm,
+    secs: u64,
+    timeout: Duration,
+) -> Result<Vec<JobInfo>, String> {
+    let (reader, left) = reader_within(slurm, timeout)?;
+    let since = format!("now-{}", secs.max(1));
+    let jobs = json_jobs(
+        slurm,
+        "sacct",
+        &[
+            reader.json_flag,
+            "--allusers",
+            "-S",
+            &since,
+            "-E",
+            "now",
+            "--state",
+            SACCT_END_STATES,
+        ],
+        left,
+    )?;
+    Ok(jobs.into_iter().filter(JobInfo::ended).collect())
+}
+
 /// What the accounting database knows of one job (see [`sacct_jobs`]).
 pub fn sacct_job(slurm: &Slurm, id: &str, timeout: Duration) -> Result<Option<JobInfo>, String> {
     Ok(sacct_jobs(slurm, &[id.to_string()], timeout)?

@@ -79,6 +79,17 @@ version_suites() { # VERSION
   SLURM="$v" PATH="$CLUSTER_BIN:$PATH" cargo test --release --test e2e_gpu -- --ignored 2>&1 \
     | tee "$LOG_DIR/e2e-gpu-$v.log" | grep -E '^(test |test result|failures:|---- )'
   [ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/e2e-gpu-$v.log"; failures+=("$v: GPU end-to-end test"); }
+  step "Slurm $v: end-to-end tests on a pair of controllers (takeover, kill -9, power-off)"
+  SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
+    cargo test --release --test e2e_pair -- --ignored --test-threads=1 2>&1 \
+    | tee "$LOG_DIR/e2e-pair-$v.log" | grep -E '^(test |test result|failures:|---- |\[e2e\])'
+  if [ "${PIPESTATUS[0]}" != 0 ]; then
+    failure_details "$LOG_DIR/e2e-pair-$v.log"; failures+=("$v: pair end-to-end tests")
+    cp -r "${CVSLURM_CLUSTER_DIR:-/var/tmp/cvslurm-cluster}/hosts" "$LOG_DIR/cluster-hosts-$v" 2>/dev/null
+  fi
+  for p in /var/tmp/cvslurm-e2e-pair/*.pid; do [ -f "$p" ] && kill -9 "$(cat "$p")" 2>/dev/null; done
+  tests/cluster/cluster.sh down >/dev/null 2>&1 || true
+  rm -f /etc/slurm/cloudvision.conf
   step "Slurm $v: install.sh on the real cluster"
   if SLURM="$v" tests/cluster/cluster.sh up 2 >"$LOG_DIR/install-cluster-$v.log" 2>&1; then
     SLURM="$v" PATH="$CLUSTER_BIN:$PATH" LIVE=1 CVSLURM_BIN="$PWD/$BIN" tests/install/test_install.sh 2>&1 \
@@ -103,7 +114,7 @@ count() { # FILE
 declare -A vtime=()
 if [ -n "$BIN" ]; then
   for v in $VERSIONS; do
-    rm -f "$LOG_DIR/e2e-$v.log" "$LOG_DIR/install-$v.log" "$LOG_DIR/e2e-gpu-$v.log"
+    rm -f "$LOG_DIR/e2e-$v.log" "$LOG_DIR/install-$v.log" "$LOG_DIR/e2e-gpu-$v.log" "$LOG_DIR/e2e-pair-$v.log"
     t0=$SECONDS
     version_suites "$v"
     vtime[$v]=$((SECONDS - t0))
@@ -117,10 +128,11 @@ for v in $VERSIONS; do
   read -r p1 q1 < <(count "$LOG_DIR/e2e-$v.log")
   read -r p2 q2 < <(count "$LOG_DIR/install-$v.log")
   read -r p3 q3 < <(count "$LOG_DIR/e2e-gpu-$v.log")
-  p1=$((p1 + p3)); q1=$((q1 + q3))
+  read -r p4 q4 < <(count "$LOG_DIR/e2e-pair-$v.log")
+  p1=$((p1 + p3 + p4)); q1=$((q1 + q3 + q4))
   vf=0
   for f in "${failures[@]}"; do
-    case "$f" in "$v: end-to-end tests"|"$v: install tests"|"$v: GPU end-to-end test") ;; "$v: "*) vf=$((vf + 1)) ;; esac
+    case "$f" in "$v: end-to-end tests"|"$v: install tests"|"$v: GPU end-to-end test"|"$v: pair end-to-end tests") ;; "$v: "*) vf=$((vf + 1)) ;; esac
   done
   echo "$v: $((p1 + p2)) passed, $((q1 + q2 + vf)) failed (e2e $p1/$((p1 + q1)), install $p2/$((p2 + q2)), ${vtime[$v]:-0} s)"
   passed=$((passed + p1 + p2)); failed=$((failed + q1 + q2))
@@ -130,7 +142,7 @@ for f in "${failures[@]}"; do echo "FAILED: $f"; done
 # A failing step that is not a test (build, lint) counts as one failure.
 nontest=0
 for f in "${failures[@]}"; do
-  case "$f" in "cargo test"|*": end-to-end tests"|*": install tests"|*": GPU end-to-end test") ;; *) nontest=$((nontest + 1)) ;; esac
+  case "$f" in "cargo test"|*": end-to-end tests"|*": install tests"|*": GPU end-to-end test"|*": pair end-to-end tests") ;; *) nontest=$((nontest + 1)) ;; esac
 done
 total_failed=$((failed + nontest))
 # A suite that failed without a test result line (did not compile, crashed) still fails.

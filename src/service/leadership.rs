@@ -134,15 +134,17 @@ pub fn decide(
 }
 
 /// Whether a process named `slurmctld` runs on this host: one in `/proc` whose name
-/// (`/proc/PID/stat`) is `slurmctld`, not a zombie, in this process's UTS namespace (the
-/// same host name; a process whose namespace cannot be read counts). `/proc` not readable:
+/// (`/proc/PID/stat`) is `slurmctld`, not a zombie, in this process's network namespace (the
+/// host's network, where its slurmctld listens: a slurmctld in a container or another
+/// namespace with a network of its own is another host's; a process whose namespace cannot
+/// be read counts). `/proc` not readable:
 /// true (the heartbeat alone decides, as without this check).
 pub fn own_slurmctld_runs() -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return true;
     };
-    let uts = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/uts")).ok();
-    let mine = uts("self");
+    let net = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+    let mine = net("self");
     entries.flatten().any(|e| {
         let pid = e.file_name().to_string_lossy().into_owned();
         if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
@@ -162,7 +164,7 @@ pub fn own_slurmctld_runs() -> bool {
         if matches!(state, Some('Z') | Some('X') | None) {
             return false;
         }
-        match (&mine, uts(&pid)) {
+        match (&mine, net(&pid)) {
             (Some(a), Some(b)) => *a == b,
             _ => true,
         }

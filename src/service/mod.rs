@@ -5,6 +5,7 @@
 //! ([`resend`]) and reconciliation with Slurm ([`reconcile`]) — these only while this host
 //! leads ([`leadership`]: on a Slurm HA pair, the controller in control); the sender always.
 
+pub mod catch_up;
 pub mod engine;
 pub mod leadership;
 pub mod monitor;

@@ -4,6 +4,7 @@
 //! leads ([`super::leadership`], decided again at every poll). The sender delivers what it
 //! queues, and what the hooks queue, whatever the role.
 
+use super::catch_up::CatchUp;
 use super::leadership::Leadership;
 use super::sender::Sender;
 use super::{reconcile, resend};
@@ -49,6 +50,8 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     let mut resend_on: BTreeSet<String> = BTreeSet::new();
     let mut leadership = Leadership::default();
     let mut leads = false;
+    // On a pair, a host that becomes leader catches up the ends the other may not have sent.
+    let mut catch_up: Option<CatchUp> = None;
     while !inv.stop.load(Ordering::Relaxed) {
         systemd::notify("WATCHDOG=1");
         if leads && next_reassert.is_some_and(|t| Instant::now() >= t) {
@@ -71,6 +74,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                 known.clear();
                 ours.clear();
                 resend_on.clear();
+                catch_up = None;
                 // What this host queued so far may be overtaken by the new leader's events.
                 sender.check_queued_before(
                     u64::try_from(super::engine::now_nanos()).unwrap_or(u64::MAX),
@@ -80,6 +84,16 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                 if !was {
                     // The reconciliation and the record watch start from now.
                     next_reconcile = Instant::now();
+                    if super::controller_pair() {
+                        catch_up = Some(CatchUp::new(crate::timefmt::now_epoch()));
+                    }
+                    // Before its first discovery, whose srun waits for the scheduler (22.05
+                    // schedules nothing for ~30 s after a takeover, measured): what the old
+                    // leader could not send comes first.
+                    if !inv.cfg.reconcile_interval.is_zero() {
+                        reconcile_pass(inv, outbox, sender, &mut catch_up);
+                        next_reconcile = Instant::now() + inv.cfg.reconcile_interval;
+                    }
                     if follow_records {
                         records.changed(outbox);
                     }
@@ -102,25 +116,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                 log::info!("{pruned} interface record(s) of jobs without an end removed");
             }
             if leads {
-                let reconciled = reconcile::reconcile(inv.cfg, &inv.slurm, &inv.cluster, outbox);
-                if reconciled.is_ok() {
-                    outbox.status.record_reconcile();
-                }
-                match reconciled {
-                    Ok(r) if r.started + r.ended + r.corrected > 0 => {
-                        log::info!(
-                            "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
-                            r.started,
-                            r.ended,
-                            r.corrected
-                        );
-                        sender.wake();
-                    }
-                    Ok(_) => {}
-                    // Said once, when the backoff started (src/slurm.rs).
-                    Err(e) if slurm::held_back(&e) => log::debug!("reconcile: {e}"),
-                    Err(e) => log::error!("reconcile: {e}"),
-                }
+                reconcile_pass(inv, outbox, sender, &mut catch_up);
             }
             next_reconcile = Instant::now() + inv.cfg.reconcile_interval;
         }
@@ -129,6 +125,47 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     log::info!("stopping");
     systemd::notify("STOPPING=1");
     0
+}
+
+/// One reconciliation pass, then the new leader's catch-up while it is due.
+fn reconcile_pass(
+    inv: &Inventory,
+    outbox: &StateDir,
+    sender: &Sender,
+    catch_up: &mut Option<CatchUp>,
+) {
+    let reconciled = reconcile::reconcile(inv.cfg, &inv.slurm, &inv.cluster, outbox);
+    if reconciled.is_ok() {
+        outbox.status.record_reconcile();
+    }
+    match reconciled {
+        Ok(r) if r.started + r.ended + r.corrected > 0 => {
+            log::info!(
+                "reconcile: {} RUNNING, {} end(s) and {} correction(s) queued",
+                r.started,
+                r.ended,
+                r.corrected
+            );
+            sender.wake();
+        }
+        Ok(_) => {}
+        // Said once, when the backoff started (src/slurm.rs).
+        Err(e) if slurm::held_back(&e) => log::debug!("reconcile: {e}"),
+        Err(e) => log::error!("reconcile: {e}"),
+    }
+    if let Some(c) = catch_up.as_mut().filter(|c| c.due()) {
+        match c.pass(inv.cfg, &inv.slurm, &inv.cluster, outbox) {
+            Ok(0) => {}
+            Ok(n) => {
+                log::info!("catch-up: {n} end(s) queued from Slurm's records");
+                sender.wake();
+            }
+            Err(e) if slurm::held_back(&e) => log::debug!("{e}"),
+            Err(e) => log::warn!("{e}; trying again at the next pass"),
+        }
+    } else {
+        *catch_up = None;
+    }
 }
 
 /// Queues the RUNNING again of the running jobs on nodes whose record changed (see

@@ -68,6 +68,9 @@
 #                        26.05 (Debian sid); the last two run every daemon chrooted into a root
 #                        filesystem built once by tests/cluster/rootfs.sh (cached, < 1 s when built)
 #   CVSLURM_SHARE        more host directories (space-separated) to bind into the root filesystem
+#   CVSLURM_CTL_OPT      a pair only: a directory copied (cp -a) into each controller's own /opt
+#                        before its slurmctld first starts (cvslurm installed on every
+#                        controller before slurm.conf names the hook)
 #
 # Every version: $CVSLURM_CLUSTER_DIR/bin holds the version's own commands (sbatch, squeue,
 # scontrol, sacct, srun, salloc, sinfo, scancel, sacctmgr, slurmctld -V...): put it first in
@@ -642,6 +645,11 @@ create_ctl() { # name
     local name="$1" k="${1#ctl}" ns d f
     ns="$(ctl_ns "$name")"; d="$(ctl_dir "$name")"
     install -d -m 0755 "$d" "$d/opt" "$d/spool" "$d/run" "$d/log"
+    # what the admin installed on this host before slurm.conf names it (the hook's binary)
+    if [[ -n "${CVSLURM_CTL_OPT:-}" ]]; then
+        [[ -d "$CVSLURM_CTL_OPT" ]] || die "CVSLURM_CTL_OPT=$CVSLURM_CTL_OPT is not a directory"
+        cp -a "$CVSLURM_CTL_OPT/." "$d/opt/"
+    fi
     inroot install -d -o slurm -g slurm -m 0755 "$d/log/slurm"
     inroot install -d -o munge -g munge -m 0700 "$d/log/munge"
     inroot install -d -o munge -g munge -m 0755 "$d/run/munge"
@@ -1085,6 +1093,16 @@ cmd_up() {
     for i in "${nodes[@]}"; do start_slurmd "$i"; done
     log "slurmd started on ${nodes[*]}; waiting for idle"
     wait_nodes_idle 60 "${nodes[@]}" || die "nodes did not become idle: $(inroot sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+    if ((NCTL > 1)) && [[ ! -f "$W/state/assoc_usage" ]]; then
+        # A pair as a running site has it: the primary has saved its whole state once. A
+        # fresh one saves its association usage only at a graceful stop or at its periodic
+        # checkpoint (minutes later); killed before that, the 26.05 backup cannot take over
+        # ("fatal: No Assoc usage file (.../assoc_usage) to recover", measured).
+        log "a graceful restart of the pair, so that the primary's whole state is saved once"
+        cmd_restart_slurmctld
+        wait_in_control ctl1 15 || die "the heartbeat does not name ctl1 15 s after the restart"
+        [[ -f "$W/state/assoc_usage" ]] || die "no $W/state/assoc_usage after a graceful restart"
+    fi
     up_description "$n" >"$W/run/up.env"
     cluster_snapshot >"$W/run/up.snapshot"
     log "up: Slurm $SLURM_VER ($(inroot sinfo --version)),$( ((NCTL > 1)) && printf ' controllers %s (ctl1 in control),' "$(ctl_names | tr '\n' ' ' | sed 's/ $//')") $n nodes idle in $((SECONDS - t0)) s; description in $W/nodes.env and $W/nodes.json"

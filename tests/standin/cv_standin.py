@@ -138,7 +138,7 @@ subjectKeyIdentifier = hash
 basicConstraints = critical, CA:FALSE
 keyUsage = critical, digitalSignature
 extendedKeyUsage = serverAuth
-subjectAltName = DNS:localhost, IP:127.0.0.1, IP:::1
+subjectAltName = DNS:localhost, IP:127.0.0.1, IP:::1, IP:10.99.0.1
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid, issuer
 """
