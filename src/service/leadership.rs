@@ -84,12 +84,37 @@ pub enum NoConf<'a> {
 }
 
 /// The role from slurm.conf (or why it is not there), this host's name, the time and
-/// whether this host's slurmctld runs (asked only when the heartbeat names this host).
+/// whether this host's slurmctld runs (asked only when the heartbeat names this host): the
+/// heartbeat alone (Slurm before 25.11; see [`decide_with`]).
+#[cfg(test)]
 pub fn decide(
     conf: Result<&SlurmConf, NoConf>,
     hostname: &str,
     now: u64,
     own_slurmctld_runs: &dyn Fn() -> bool,
+) -> Role {
+    decide_with(conf, hostname, now, own_slurmctld_runs, None)
+}
+
+/// What this host's slurmctld answers to `GET /readyz` (its address and port): in control,
+/// not (a standby), or no answer ([`leader::readyz`]).
+pub type Readyz<'a> = &'a dyn Fn(&str, u16) -> Option<bool>;
+
+/// The role as the heartbeat decides it, with `readyz` where this Slurm release answers it
+/// (25.11 and later) as a second source beside the heartbeat, asked of this host's own
+/// slurmctld:
+/// - the heartbeat names this host but its slurmctld answers as a standby (handing control
+///   over): cannot tell, this host does not lead;
+/// - its slurmctld answers "in control" (and runs here) while the heartbeat names another
+///   controller or cannot be read yet (written again within a few seconds of a takeover):
+///   this host leads;
+/// - no answer: the heartbeat alone decides.
+pub fn decide_with(
+    conf: Result<&SlurmConf, NoConf>,
+    hostname: &str,
+    now: u64,
+    own_slurmctld_runs: &dyn Fn() -> bool,
+    readyz: Option<Readyz>,
 ) -> Role {
     let conf = match conf {
         Ok(c) => c,
@@ -112,22 +137,51 @@ pub fn decide(
             list.len()
         ));
     }
+    // This host's own slurmctld, asked where the release answers /readyz.
+    let ready = match (
+        readyz,
+        list.iter().find(|c| leader::is_this_host(c, hostname)),
+        leader::slurmctld_port(conf),
+    ) {
+        (Some(ask), Some(me), Some(port)) => ask(me.addr.as_deref().unwrap_or(&me.name), port),
+        _ => None,
+    };
+    let ready_leads = |besides: &str| {
+        (ready == Some(true) && own_slurmctld_runs()).then(|| {
+            Role::Leads(format!(
+                "this host's slurmctld answers /readyz: in control ({besides})"
+            ))
+        })
+    };
     match leader::leader(conf, now) {
-        Leader::Unknown(why) => Role::CannotTell(why),
+        Leader::Unknown(why) => {
+            ready_leads(&format!("the heartbeat: {why}")).unwrap_or(Role::CannotTell(why))
+        }
         Leader::InControl { index, name, age_s } => {
             if !leader::is_this_host(&list[index], hostname) {
-                return Role::Standby {
-                    why: format!("the heartbeat ({age_s} s old) names {name}, not this host"),
+                let why = format!("the heartbeat ({age_s} s old) names {name}, not this host");
+                return ready_leads(&why).unwrap_or(Role::Standby {
+                    why,
                     in_control: name,
-                };
+                });
             }
             if !own_slurmctld_runs() {
                 return Role::CannotTell(format!(
                     "the heartbeat ({age_s} s old) names this host ({name}), but no slurmctld runs here: killed? a takeover follows within SlurmctldTimeout"
                 ));
             }
+            if ready == Some(false) {
+                return Role::CannotTell(format!(
+                    "the heartbeat ({age_s} s old) names this host ({name}), but its slurmctld answers /readyz as a standby: handing control over?"
+                ));
+            }
             Role::Leads(format!(
-                "the heartbeat ({age_s} s old) names this host ({name}) and its slurmctld runs"
+                "the heartbeat ({age_s} s old) names this host ({name}) and its slurmctld runs{}",
+                if ready == Some(true) {
+                    " and answers /readyz: in control"
+                } else {
+                    ""
+                }
             ))
         }
     }
@@ -199,14 +253,15 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// Decides the role again (slurm.conf read now), logs a change (info; a warning when it
-    /// cannot be told), records it in service-status.json, and returns it.
-    pub fn update(&mut self, outbox: &StateDir) -> &Role {
+    /// Decides the role again (slurm.conf read now; with `readyz_answers`, this Slurm release
+    /// answers `GET /readyz`, asked too), logs a change (info; a warning when it cannot be
+    /// told), records it in service-status.json, and returns it.
+    pub fn update(&mut self, outbox: &StateDir, readyz_answers: bool) -> &Role {
         let path = crate::slurm_conf::slurm_conf_path();
         let conf = crate::slurm_conf::load_slurm_conf(&path);
         let now = crate::timefmt::now_epoch();
         let missing = conf.is_err() && !path.exists();
-        let role = decide(
+        let role = decide_with(
             conf.as_ref().map_err(|e| {
                 if missing {
                     NoConf::Missing(&path)
@@ -217,6 +272,9 @@ impl Leadership {
             &hostname(),
             u64::try_from(now).unwrap_or(0),
             &own_slurmctld_runs,
+            readyz_answers.then_some(&|addr: &str, port: u16| {
+                leader::readyz(addr, port, leader::READYZ_TIMEOUT)
+            }),
         );
         self.apply(role, now, outbox);
         self.role.as_ref().expect("set by apply")
@@ -325,6 +383,58 @@ mod tests {
         // Stale: nobody leads.
         assert!(
             matches!(decide(Ok(&c), "ctl2", now + 30, &yes), Role::CannotTell(w) if w.contains("old"))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn readyz_beside_the_heartbeat() {
+        let dir = std::env::temp_dir().join(format!("cvslurm-leadership3-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = conf(&format!(
+            "SlurmctldHost=ctl1(10.0.0.1)\nSlurmctldHost=ctl2\nSlurmctldPort=7000\nSlurmctldTimeout=10\nStateSaveLocation={}\n",
+            dir.display()
+        ));
+        let now = 1_800_000_000;
+        let yes = || true;
+        let no = || false;
+        let cell = std::cell::RefCell::new(Vec::new());
+        let asked = &cell;
+        let answer = |a: Option<bool>| {
+            move |addr: &str, port: u16| {
+                asked.borrow_mut().push(format!("{addr}:{port}"));
+                a
+            }
+        };
+        let in_control = answer(Some(true));
+        let standby = answer(Some(false));
+        let silent = answer(None);
+        // No heartbeat yet; ctl1's slurmctld (asked at its address) says it is in control.
+        assert!(matches!(
+            decide_with(Ok(&c), "ctl1", now, &yes, Some(&in_control)),
+            Role::Leads(w) if w.contains("answers /readyz: in control")
+        ));
+        assert_eq!(asked.borrow().last().unwrap(), "10.0.0.1:7000");
+        // ...but not when no slurmctld runs here.
+        assert!(!decide_with(Ok(&c), "ctl1", now, &no, Some(&in_control)).leads());
+        // The heartbeat names ctl2 (asked by name: no address given).
+        std::fs::write(dir.join("heartbeat"), be(now - 1, 1)).unwrap();
+        assert!(decide_with(Ok(&c), "ctl2", now, &yes, Some(&silent)).leads());
+        assert_eq!(asked.borrow().last().unwrap(), "ctl2:7000");
+        assert!(matches!(
+            decide_with(Ok(&c), "ctl2", now, &yes, Some(&standby)),
+            Role::CannotTell(w) if w.contains("answers /readyz as a standby")
+        ));
+        // ctl1 in control by /readyz while the heartbeat still names ctl2: ctl1 leads.
+        assert!(decide_with(Ok(&c), "ctl1", now, &yes, Some(&in_control)).leads());
+        assert!(matches!(
+            decide_with(Ok(&c), "ctl1", now, &yes, Some(&standby)),
+            Role::Standby { .. }
+        ));
+        // Without /readyz (older Slurm): the heartbeat alone, as decide().
+        assert_eq!(
+            decide_with(Ok(&c), "ctl1", now, &yes, None),
+            decide(Ok(&c), "ctl1", now, &yes)
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -67,7 +67,10 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
         if Instant::now() >= next_poll {
             // Who leads is decided again at every poll (super::leadership).
             let was = leads;
-            leads = leadership.update(outbox).leads();
+            // 25.11 and later: slurmctld's /readyz beside the heartbeat.
+            let readyz = slurm::version(&inv.slurm)
+                .is_ok_and(|v| (v.major, v.minor) >= crate::slurm::leader::READYZ_SINCE);
+            leads = leadership.update(outbox, readyz).leads();
             if was && !leads {
                 // What it knew is stale when it leads again: it starts over then, as at a
                 // start (it deletes only nodes it lists itself afterwards).

@@ -225,6 +225,67 @@ fn read_capped(path: &Path, cap: usize) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The first Slurm release whose slurmctld answers `GET /readyz` on its own port (25.11).
+pub const READYZ_SINCE: (u32, u32) = (25, 11);
+/// How long [`readyz`] waits for slurmctld's answer.
+pub const READYZ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `SlurmctldPort` (the first port of a range such as `6817-6818`), else Slurm's 6817; `None`
+/// when the value is not a port.
+pub fn slurmctld_port(conf: &SlurmConf) -> Option<u16> {
+    match conf.last("SlurmctldPort") {
+        None => Some(6817),
+        Some(s) => s.value.trim().split('-').next()?.trim().parse().ok(),
+    }
+}
+
+/// What the slurmctld at `addr:port` answers to `GET /readyz` (25.11 and later, measured on
+/// 26.05: 204 from the controller in control, 500 from a standby): `Some(true)` for a 2xx,
+/// `Some(false)` for any other status, `None` when it does not answer an HTTP status line
+/// within `timeout` (down, older release, not HTTP). Plain HTTP/1.0 on slurmctld's own port;
+/// at most 256 bytes of the answer are read.
+pub fn readyz(addr: &str, port: u16, timeout: std::time::Duration) -> Option<bool> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let started = std::time::Instant::now();
+    let target = (addr, port).to_socket_addrs().ok()?.next()?;
+    let mut conn = std::net::TcpStream::connect_timeout(&target, timeout).ok()?;
+    let left = timeout.checked_sub(started.elapsed())?;
+    conn.set_read_timeout(Some(left.max(std::time::Duration::from_millis(10))))
+        .ok()?;
+    conn.set_write_timeout(Some(left.max(std::time::Duration::from_millis(10))))
+        .ok()?;
+    conn.write_all(format!("GET /readyz HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut head = [0u8; 256];
+    let mut n = 0;
+    while n < head.len() && !head[..n].contains(&b'\n') {
+        match conn.read(&mut head[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+        if started.elapsed() > timeout {
+            break;
+        }
+    }
+    http_status(&head[..n]).map(|code| (200..300).contains(&code))
+}
+
+/// The status code of an HTTP status line (`HTTP/1.1 204 No Content`).
+fn http_status(head: &[u8]) -> Option<u16> {
+    let line = head.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let mut words = line.split_whitespace();
+    if !words.next()?.starts_with("HTTP/") {
+        return None;
+    }
+    words
+        .next()?
+        .parse()
+        .ok()
+        .filter(|c| (100..600).contains(c))
+}
+
 /// Is `controller` this host, as slurmctld decides it: its `SlurmctldHost` name equals the
 /// host's short name (`hostname -s`) or its full name; `localhost` stands for this host.
 pub fn is_this_host(controller: &Controller, hostname: &str) -> bool {
@@ -238,6 +299,60 @@ mod tests {
     use super::*;
     use crate::slurm_conf::parse_slurm_conf;
     use std::path::PathBuf;
+
+    /// A one-shot HTTP server on 127.0.0.1 answering `answer`; its port.
+    fn answer_once(answer: &'static [u8]) -> u16 {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            if let Ok((mut c, _)) = l.accept() {
+                let mut buf = [0u8; 512];
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(answer);
+            }
+        });
+        port
+    }
+
+    #[test]
+    fn readyz_reads_slurmctlds_answer() {
+        let t = std::time::Duration::from_secs(2);
+        let p = answer_once(b"HTTP/1.1 204 No Content\r\n\r\n");
+        assert_eq!(readyz("127.0.0.1", p, t), Some(true));
+        let p = answer_once(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n");
+        assert_eq!(readyz("127.0.0.1", p, t), Some(false));
+        // Not HTTP (an older slurmctld's RPC port), or nothing: no answer.
+        let p = answer_once(b"\x00\x00\x00\x10garbage");
+        assert_eq!(readyz("127.0.0.1", p, t), None);
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        assert_eq!(readyz("127.0.0.1", closed, t), None);
+        assert_eq!(http_status(b"HTTP/1.0 204\r\n"), Some(204));
+        assert_eq!(http_status(b"HTTP/1.1 99999 x"), None);
+    }
+
+    #[test]
+    fn slurmctld_port_from_slurm_conf() {
+        let conf = |text: &str| {
+            let t = text.to_string();
+            parse_slurm_conf(
+                std::path::Path::new("/etc/slurm/slurm.conf"),
+                &move |_| Ok(t.clone()),
+                &|_| Vec::new(),
+            )
+            .unwrap()
+        };
+        assert_eq!(slurmctld_port(&conf("ClusterName=a\n")), Some(6817));
+        assert_eq!(slurmctld_port(&conf("SlurmctldPort=7000\n")), Some(7000));
+        assert_eq!(
+            slurmctld_port(&conf("SlurmctldPort=6817-6818\n")),
+            Some(6817)
+        );
+        assert_eq!(slurmctld_port(&conf("SlurmctldPort=x\n")), None);
+    }
 
     fn conf(text: &str) -> SlurmConf {
         let t = text.to_string();

@@ -452,6 +452,10 @@ class Standin:
                     f["message"] = str(req["message"])
                 if "code" in req:
                     f["code"] = req["code"]
+                if "from" in req:
+                    if not isinstance(req["from"], str):
+                        raise Invalid("from must be a client address (string)")
+                    f["from"] = req["from"]
                 self.fault = f
                 self.remaining = count
                 if delay is not None:
@@ -485,11 +489,14 @@ class Standin:
             self.behaviour.update(req)
             return dict(self.behaviour)
 
-    def take_fault(self):
-        """Called under lock for each API request: the fault to apply (or None)."""
+    def take_fault(self, client=None):
+        """Called under lock for each API request: the fault to apply (or None). A fault
+        with "from" applies only to requests from that client address."""
         if self.fault["mode"] == "ok":
             return None
         f = self.fault
+        if "from" in f and client != f["from"]:
+            return None
         if self.remaining is not None:
             self.remaining -= 1
             if self.remaining <= 0:
@@ -737,7 +744,7 @@ class Handler(BaseHTTPRequestHandler):
         resp = None
         status = 200
         with st.cond:
-            fault = st.take_fault()
+            fault = st.take_fault(self.client_address[0] if self.client_address else None)
             delay_ms = st.delay_ms
             gen = st.generation
             entry["auth_ok"] = auth == "Bearer " + st.token
