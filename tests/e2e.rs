@@ -60,10 +60,7 @@ fn fixture() -> &'static Fixture {
     FIXTURE.get_or_init(|| {
         keep_inherited_fds_to_ourselves();
         let work = PathBuf::from(WORK);
-        let _ = Command::new("sh").arg("-c").arg(format!("for p in {WORK}/*.pid; do [ -f \"$p\" ] && kill $(cat \"$p\") 2>/dev/null; done; true")).status();
-        let _ = fs::remove_dir_all(&work);
-        fs::create_dir_all(&work).unwrap();
-        fs::set_permissions(&work, fs::Permissions::from_mode(0o755)).unwrap();
+        fresh_work_dir(&work, "TERM");
         // The shipped static binary, installed the way an admin would, with the hook symlink.
         let src = std::env::var_os("CVSLURM_E2E_BIN").map(PathBuf::from).unwrap_or_else(bin);
         let bin = work.join("cvslurm");

@@ -89,10 +89,7 @@ fn pair() -> &'static Pair {
     PAIR.get_or_init(|| {
         keep_inherited_fds_to_ourselves();
         let work = PathBuf::from(WORK);
-        let _ = Command::new("sh").arg("-c").arg(format!("for p in {WORK}/*.pid; do [ -f \"$p\" ] && kill -9 $(cat \"$p\") 2>/dev/null; done; true")).status();
-        let _ = fs::remove_dir_all(&work);
-        fs::create_dir_all(&work).unwrap();
-        fs::set_permissions(&work, fs::Permissions::from_mode(0o755)).unwrap();
+        fresh_work_dir(&work, "KILL");
         // What the admin installs on each controller: /opt/cvslurm with the binary, the
         // hook's link, StateDir and the log directory (SlurmUser's).
         let stage = work.join("opt");
@@ -455,6 +452,14 @@ fn iso(t: i64) -> String {
     cvslurm::internals::timefmt::format_epoch(t).unwrap()
 }
 
+/// Does CloudVision's record `j` hold Slurm's `row`: its final state, start and end?
+fn holds(j: &Value, (_, state, start, end): &Row) -> bool {
+    let word = state.split_whitespace().next().unwrap_or("");
+    j["state"] == format!("JOB_STATE_{word}").as_str()
+        && j["start_time"] == iso(*start).as_str()
+        && j["end_time"] == iso(*end).as_str()
+}
+
 /// The scenario's checks on what CloudVision got, waiting (within the lateness bound past the
 /// last end) until every job is there in its final state with sacct's times.
 fn check_delivered(p: &Pair, stream: &Stream, what: &str) {
@@ -474,15 +479,7 @@ fn check_delivered_since(p: &Pair, stream: &Stream, what: &str, held_until: f64)
     let rows = stream.ended(Duration::from_secs(150));
     let last_end = rows.iter().map(|r| r.3).max().unwrap();
     let deadline = (last_end as f64).max(held_until) + LATE_AT_MOST + 5.0;
-    let want = |st: &str| format!("JOB_STATE_{}", st.split_whitespace().next().unwrap_or(""));
-    let all_there = |jobs: &Value| {
-        rows.iter().all(|(id, st, s, e)| {
-            let j = &jobs[key(id)];
-            j["state"] == want(st).as_str()
-                && j["start_time"] == iso(*s).as_str()
-                && j["end_time"] == iso(*e).as_str()
-        })
-    };
+    let all_there = |jobs: &Value| rows.iter().all(|r| holds(&jobs[key(&r.0)], r));
     loop {
         let jobs = p.cv.state()["jobs"].clone();
         if all_there(&jobs) {
@@ -491,12 +488,7 @@ fn check_delivered_since(p: &Pair, stream: &Stream, what: &str, held_until: f64)
         if epoch_now() > deadline {
             let missing: Vec<String> = rows
                 .iter()
-                .filter(|(id, st, s, e)| {
-                    let j = &jobs[key(id)];
-                    !(j["state"] == want(st).as_str()
-                        && j["start_time"] == iso(*s).as_str()
-                        && j["end_time"] == iso(*e).as_str())
-                })
+                .filter(|r| !holds(&jobs[key(&r.0)], r))
                 .map(|(id, st, s, e)| {
                     format!(
                         "{id} (Slurm: {st} {} {}): CloudVision has {}",
@@ -564,12 +556,10 @@ fn check_delivered_since(p: &Pair, stream: &Stream, what: &str, held_until: f64)
     let mut not_in_sacct = Vec::new();
     for (id, _, _, _) in &rows {
         match acct.get(id) {
-            Some((_, st, s, e)) => {
+            Some(row @ (_, st, s, e)) => {
                 let j = &jobs[key(id)];
                 assert!(
-                    j["state"] == want(st).as_str()
-                        && j["start_time"] == iso(*s).as_str()
-                        && j["end_time"] == iso(*e).as_str(),
+                    holds(j, row),
                     "{what}: job {id}: sacct has {st} {} {}, CloudVision {j}",
                     iso(*s),
                     iso(*e)

@@ -145,12 +145,13 @@ impl CatchUp {
                 .map_err(|e| format!("catch-up: slurmctld could not be asked: {e}"))?
         };
         let later: HashSet<&str> = by_id.later.iter().map(String::as_str).collect();
+        let asked_ids: HashSet<&str> = ask.iter().map(String::as_str).collect();
         let mut queued = 0;
         for j in chosen {
             if later.contains(j.job_id.as_str()) {
                 continue; // a bound left it unasked: next pass
             }
-            let asked = ask.contains(&j.job_id);
+            let asked = asked_ids.contains(j.job_id.as_str());
             let (info, from) = match (asked, by_id.found.get(&j.job_id)) {
                 (true, Some(r)) if !r.ended() => {
                     log::debug!(

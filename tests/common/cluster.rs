@@ -126,6 +126,22 @@ pub fn keep_inherited_fds_to_ourselves() {
     }
 }
 
+/// Stops what an earlier run of a test binary left running (the processes whose pids are in
+/// `WORK/*.pid`, with `kill -SIGNAL`) and makes `work` again, empty, mode 0755.
+pub fn fresh_work_dir(work: &Path, signal: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "for p in {}/*.pid; do [ -f \"$p\" ] && kill -{signal} $(cat \"$p\") 2>/dev/null; done; true",
+            work.display()
+        ))
+        .status();
+    let _ = fs::remove_dir_all(work);
+    fs::create_dir_all(work).unwrap();
+    fs::set_permissions(work, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 /// The cluster's Slurm commands (the version under test), from the host and from inside the
 /// cluster's root filesystem alike.
 pub fn slurm_bin_dir() -> PathBuf {
