@@ -305,6 +305,17 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
         let out = slurm_cmd("scontrol").args(args).output().unwrap();
         assert!(out.status.success(), "scontrol {args:?}: {}", stderr(&out));
     };
+    // Drained once the service's first poll has inventoried n1 (drained before, n1 is
+    // never "now drain" to it: found in CI, where that poll came after the drain).
+    let until = Instant::now() + Duration::from_secs(30);
+    while !site.log().contains("node n1: appeared") {
+        assert!(
+            Instant::now() < until,
+            "the service never inventoried n1: {}",
+            site.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     scontrol(&["update", "nodename=n1", "state=drain", "reason=nic-swap"]);
     let until = Instant::now() + Duration::from_secs(30);
     while !site.log().contains("node n1: now drain") {

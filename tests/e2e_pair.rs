@@ -179,6 +179,24 @@ fn scenario() -> (&'static Pair, MutexGuard<'static, ()>) {
             start_service(p, k);
         }
     }
+    // Each service has decided since ctl1 is in control, ctl1's to lead and ctl2's to stand
+    // by: a scenario starts with one writer (ctl2's may still be in a discovery that began
+    // while it led: found in CI on 22.05, where it then caught up the next scenario's jobs).
+    let since = epoch_now() as i64;
+    wait_until(
+        "ctl1's service leads, ctl2's stands by",
+        Duration::from_secs(90),
+        || {
+            let decided = |k: u8| -> Option<bool> {
+                let v: Value = serde_json::from_slice(
+                    &fs::read(on_host(k, "state/service-status.json")).ok()?,
+                )
+                .ok()?;
+                (v["leader_at"].as_i64()? >= since).then(|| v["leader"].as_bool())?
+            };
+            decided(1) == Some(true) && decided(2) == Some(false)
+        },
+    );
     (p, g)
 }
 

@@ -848,6 +848,105 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
     assert_eq!(site.log().matches("cannot list nodes").count(), inventories);
 }
 
+/// Issue 19 (found by CI on 22.05): a leader whose poll outlasts its control (discovery's
+/// srun waits for a scheduler that does not schedule at a takeover) asks again who leads
+/// before it resends or reconciles: a RUNNING it sent then could land after the new leader's
+/// end. Here srun waits while the heartbeat turns to the other controller; the site has
+/// no `scontrol`, so every reconciliation pass says `reconcile:` in the log. Old code
+/// reconciled once more as leader when srun returned.
+#[test]
+fn a_leader_whose_discovery_outlasts_its_control_asks_again_before_it_reconciles() {
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+    let cv = Standin::start();
+    let site = Site::new(
+        &cv.server(),
+        &cv.ca(),
+        "PollInterval=1\nReconcileInterval=1\nDiscoveryTimeout=30",
+    );
+    let scratch = site.dir.path();
+    let started = scratch.join("srun-started");
+    let go = scratch.join("srun-returns");
+    for (name, body) in [
+        ("sinfo", "echo 'n1 idle p1'".to_string()),
+        (
+            "srun",
+            // Returns once the test says so (at most 30 s), and not before 1.5 s: the
+            // reconciliation (every second) is due by then.
+            format!(
+                "touch {}\nsleep 1.5\nfor i in $(seq 300); do [ -e {} ] && exit 1; sleep 0.1; done\nexit 1",
+                started.display(),
+                go.display()
+            ),
+        ),
+    ] {
+        let p = site.bin_dir.join(name);
+        fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let me = short_hostname();
+    let save = scratch.join("statesave");
+    fs::create_dir_all(&save).unwrap();
+    let slurm_conf = scratch.join("slurm.conf");
+    fs::write(
+        &slurm_conf,
+        format!(
+            "ClusterName=hpc-cluster-west\nSlurmctldHost=cvslurm-other-ctl(10.99.0.2)\n\
+             SlurmctldHost={me}\nSlurmctldTimeout=60\nStateSaveLocation={}\n",
+            save.display()
+        ),
+    )
+    .unwrap();
+    let heartbeat = |index: u64| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut b = now.to_be_bytes().to_vec();
+        b.extend_from_slice(&index.to_be_bytes());
+        let tmp = save.join("heartbeat.new");
+        fs::write(&tmp, b).unwrap();
+        fs::rename(&tmp, save.join("heartbeat")).unwrap();
+    };
+    // This host in control: the heartbeat names it and a process named slurmctld runs here.
+    let fake = scratch.join("slurmctld");
+    std::os::unix::fs::symlink("/bin/sleep", &fake).unwrap();
+    let mut slurmctld = Command::new(&fake).arg("120").spawn().unwrap();
+    heartbeat(1);
+    let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
+    wait_for("discovery's srun", Duration::from_secs(20), || {
+        started.exists()
+    });
+    let during = site.log().len();
+    assert!(
+        site.log().contains("this host now leads: the heartbeat"),
+        "{}",
+        site.log()
+    );
+    // The other controller takes over while srun waits.
+    heartbeat(0);
+    fs::write(&go, b"").unwrap();
+    wait_for("the lost lead said", Duration::from_secs(20), || {
+        site.log()[during..].contains("no longer leads")
+    });
+    let log = site.log();
+    let after = &log[during..];
+    let lost = after.find("no longer leads").unwrap();
+    assert!(
+        !after[..lost].contains("reconcile:"),
+        "reconciled as leader after control was lost: {after}"
+    );
+    // And not after either.
+    std::thread::sleep(Duration::from_millis(2500));
+    let log = site.log();
+    assert!(
+        !log[during..].contains("reconcile:"),
+        "reconciled on a standby: {log}"
+    );
+    let _ = slurmctld.kill();
+    let _ = slurmctld.wait();
+}
+
 /// On a controller pair, events this host queued before its service started may be older
 /// than what the other controller sent meanwhile: each is checked against Slurm first. Job 3
 /// ended while they waited (slurmctld's record, captured on 24.11, says COMPLETED): its

@@ -257,6 +257,16 @@ impl Leadership {
     /// answers `GET /readyz`, asked too), logs a change (info; a warning when it cannot be
     /// told), records it in service-status.json, and returns it.
     pub fn update(&mut self, outbox: &StateDir, readyz_answers: bool) -> &Role {
+        self.decide_now(outbox, readyz_answers, true)
+    }
+
+    /// As [`Leadership::update`], within a poll (after a step that took a while) rather than
+    /// at its start: not counted as a poll for [`Leadership::may_delete`].
+    pub fn recheck(&mut self, outbox: &StateDir, readyz_answers: bool) -> &Role {
+        self.decide_now(outbox, readyz_answers, false)
+    }
+
+    fn decide_now(&mut self, outbox: &StateDir, readyz_answers: bool, poll: bool) -> &Role {
         let path = crate::slurm_conf::slurm_conf_path();
         let conf = crate::slurm_conf::load_slurm_conf(&path);
         let now = crate::timefmt::now_epoch();
@@ -276,11 +286,11 @@ impl Leadership {
                 leader::readyz(addr, port, leader::READYZ_TIMEOUT)
             }),
         );
-        self.apply(role, now, outbox);
+        self.apply(role, now, outbox, poll);
         self.role.as_ref().expect("set by apply")
     }
 
-    fn apply(&mut self, role: Role, now: i64, outbox: &StateDir) {
+    fn apply(&mut self, role: Role, now: i64, outbox: &StateDir, poll: bool) {
         let changed = !self.role.as_ref().is_some_and(|r| r.same_as(&role));
         if changed {
             self.since = now;
@@ -302,7 +312,7 @@ impl Leadership {
                 ),
             }
         }
-        if role.leads() {
+        if role.leads() && poll {
             self.polls_as_leader += 1;
         }
         outbox
@@ -447,21 +457,24 @@ mod tests {
         let outbox = StateDir::new(&dir);
         let mut l = Leadership::default();
         assert!(!l.may_delete());
-        l.apply(Role::Leads("x".into()), 100, &outbox);
+        l.apply(Role::Leads("x".into()), 100, &outbox, true);
         assert!(!l.may_delete(), "first poll as leader");
-        l.apply(Role::Leads("y".into()), 110, &outbox);
+        // A recheck within that poll (after a long discovery) is not a second poll.
+        l.apply(Role::Leads("x".into()), 105, &outbox, false);
+        assert!(!l.may_delete(), "rechecked within the first poll");
+        l.apply(Role::Leads("y".into()), 110, &outbox, true);
         assert!(l.may_delete());
         let v = outbox.status.read().unwrap();
         assert_eq!(v["leader"], true);
         assert_eq!(v["leader_reason"], "y");
         assert_eq!(v["leader_since"], 100);
-        l.apply(Role::CannotTell("stale".into()), 120, &outbox);
+        l.apply(Role::CannotTell("stale".into()), 120, &outbox, true);
         assert!(!l.may_delete());
         assert_eq!(
             outbox.status.read().unwrap()["leader"],
             serde_json::Value::Null
         );
-        l.apply(Role::Leads("again".into()), 130, &outbox);
+        l.apply(Role::Leads("again".into()), 130, &outbox, true);
         assert!(!l.may_delete(), "first poll after leading again");
         l.apply(
             Role::Standby {
@@ -470,6 +483,7 @@ mod tests {
             },
             140,
             &outbox,
+            true,
         );
         let v = outbox.status.read().unwrap();
         assert_eq!(v["leader"], false);

@@ -72,16 +72,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                 .is_ok_and(|v| (v.major, v.minor) >= crate::slurm::leader::READYZ_SINCE);
             leads = leadership.update(outbox, readyz).leads();
             if was && !leads {
-                // What it knew is stale when it leads again: it starts over then, as at a
-                // start (it deletes only nodes it lists itself afterwards).
-                known.clear();
-                ours.clear();
-                resend_on.clear();
-                catch_up = None;
-                // What this host queued so far may be overtaken by the new leader's events.
-                sender.check_queued_before(
-                    u64::try_from(super::engine::now_nanos()).unwrap_or(u64::MAX),
-                );
+                stand_down(&mut known, &mut ours, &mut resend_on, &mut catch_up, sender);
             }
             if leads {
                 if !was {
@@ -102,6 +93,16 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                     }
                 }
                 poll(inv, &mut known, &mut ours, outbox, leadership.may_delete());
+                // A poll can take long (discovery's srun waits for the scheduler, which does
+                // not schedule at a takeover): who leads is asked again before this host
+                // resends or reconciles, so that a host that lost control meanwhile does not
+                // send RUNNING events the new leader's ends may already have overtaken.
+                leads = leadership.recheck(outbox, readyz).leads();
+                if !leads {
+                    stand_down(&mut known, &mut ours, &mut resend_on, &mut catch_up, sender);
+                }
+            }
+            if leads {
                 if follow_records {
                     resend_on.extend(records.changed(outbox));
                     resend(inv, &mut resend_on, outbox);
@@ -128,6 +129,23 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     log::info!("stopping");
     systemd::notify("STOPPING=1");
     0
+}
+
+/// What a host that no longer leads forgets: what it knew is stale when it leads again, so it
+/// starts over then, as at a start (it deletes only nodes it lists itself afterwards); what it
+/// queued so far may be overtaken by the new leader's events.
+fn stand_down(
+    known: &mut BTreeMap<String, Seen>,
+    ours: &mut BTreeSet<String>,
+    resend_on: &mut BTreeSet<String>,
+    catch_up: &mut Option<CatchUp>,
+    sender: &Sender,
+) {
+    known.clear();
+    ours.clear();
+    resend_on.clear();
+    *catch_up = None;
+    sender.check_queued_before(u64::try_from(super::engine::now_nanos()).unwrap_or(u64::MAX));
 }
 
 /// One reconciliation pass, then the new leader's catch-up while it is due.
