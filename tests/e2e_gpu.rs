@@ -305,27 +305,19 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
         let out = slurm_cmd("scontrol").args(args).output().unwrap();
         assert!(out.status.success(), "scontrol {args:?}: {}", stderr(&out));
     };
+    // Waits (30 s at most) until the service's log says `line`; panics with `what` and the log.
+    let wait_log = |line: &str, what: &str| {
+        let until = Instant::now() + Duration::from_secs(30);
+        while !site.log().contains(line) {
+            assert!(Instant::now() < until, "{what}: {}", site.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
     // Drained once the service's first poll has inventoried n1 (drained before, n1 is
     // never "now drain" to it: found in CI, where that poll came after the drain).
-    let until = Instant::now() + Duration::from_secs(30);
-    while !site.log().contains("node n1: appeared") {
-        assert!(
-            Instant::now() < until,
-            "the service never inventoried n1: {}",
-            site.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_log("node n1: appeared", "the service never inventoried n1");
     scontrol(&["update", "nodename=n1", "state=drain", "reason=nic-swap"]);
-    let until = Instant::now() + Duration::from_secs(30);
-    while !site.log().contains("node n1: now drain") {
-        assert!(
-            Instant::now() < until,
-            "the service never saw n1 drained: {}",
-            site.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_log("node n1: now drain", "the service never saw n1 drained");
     mount_topology("n1", "02:ee:00:01");
     scontrol(&["update", "nodename=n1", "state=resume"]);
     let new_a = dgx_macs("02:ee:00:01", &gpus_of(&a, "n1"));

@@ -38,6 +38,7 @@ mod cluster;
 mod common;
 use cluster::*;
 use common::*;
+use cvslurm::internals::state::layout::SERVICE_STATUS;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs;
@@ -189,7 +190,7 @@ fn scenario() -> (&'static Pair, MutexGuard<'static, ()>) {
         || {
             let decided = |k: u8| -> Option<bool> {
                 let v: Value = serde_json::from_slice(
-                    &fs::read(on_host(k, "state/service-status.json")).ok()?,
+                    &fs::read(on_host(k, &format!("state/{SERVICE_STATUS}"))).ok()?,
                 )
                 .ok()?;
                 (v["leader_at"].as_i64()? >= since).then(|| v["leader"].as_bool())?
@@ -328,6 +329,15 @@ impl Stream {
             self.submitted.push(id.clone());
             self.long.push(id);
             self.jobs += 1;
+        }
+    }
+
+    /// The stream's first array alone (submitted with `tasks` tasks), as a stream of its own.
+    fn first_array(&self, tasks: usize) -> Stream {
+        Stream {
+            submitted: vec![self.submitted[0].clone()],
+            long: Vec::new(),
+            jobs: tasks,
         }
     }
 
@@ -672,12 +682,7 @@ fn kill_9_of_the_primarys_slurmctld_and_service() {
     // The array ends first and Slurm has saved that before the kill: a controller killed
     // within its state-save lag after jobs ended makes the backup recover them as running,
     // and Slurm keeps them so (measured on 26.05: the tasks RUNNING 150 s after they ended).
-    Stream {
-        submitted: vec![s.submitted[0].clone()],
-        long: Vec::new(),
-        jobs: 6,
-    }
-    .ended(Duration::from_secs(60));
+    s.first_array(6).ended(Duration::from_secs(60));
     wait_state_saved(&s.submitted);
     kill_service(p, 1);
     cl(&["kill-slurmctld", "ctl1"]);
@@ -700,12 +705,7 @@ fn power_off_of_the_primary_and_its_return() {
     let mut s = Stream::default();
     s.submit("power-a", 4, Some(60));
     // The short jobs end under ctl1; their ends wait in ctl1's StateDir.
-    let first: Vec<String> = s.submitted.clone();
-    let mut early = Stream {
-        submitted: vec![first[0].clone()],
-        long: Vec::new(),
-        jobs: 4,
-    };
+    let early = s.first_array(4);
     let rows = early.ended(Duration::from_secs(60));
     // Held in ctl1's StateDir: not in CloudVision. (22.05 may run a hook of the first jobs
     // after a failback on the backup still, which sends it: said, and the others suffice.)
@@ -731,7 +731,6 @@ fn power_off_of_the_primary_and_its_return() {
     s.submit("power-b", 4, None);
     // Before ctl1 returns: the new leader caught up the ends ctl1 could not send, and the
     // long job's RUNNING (reconciliation: running, no hook reported it here).
-    early.long.clear();
     check_delivered_since(
         p,
         &early,

@@ -54,17 +54,13 @@ fn a_bad_config_line_is_skipped_and_reported_the_rest_applies() {
 /// records the environment it was given.
 #[test]
 fn slurm_commands_do_not_get_the_token() {
-    use std::os::unix::fs::PermissionsExt;
     let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
     let env_file = site.dir.path().join("scontrol.env");
     for name in ["scontrol", "sacct", "squeue", "sinfo", "srun"] {
-        let p = site.bin_dir.join(name);
-        fs::write(
-            &p,
-            format!("#!/bin/sh\nenv >> {}\nexit 1\n", env_file.display()),
-        )
-        .unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        site.command(
+            name,
+            &format!("#!/bin/sh\nenv >> {}\nexit 1\n", env_file.display()),
+        );
     }
     let out = std::process::Command::new(bin())
         .args(["send", "42"])
@@ -538,16 +534,13 @@ fn broadcast_copy_verifies_itself() {
 /// A site whose Slurm is three scripts: `scontrol show config` names cluster c1, `sinfo` lists
 /// node n1 idle, and `srun` runs `srun_body` (a shell script body) as the worker would answer.
 fn fake_slurm_site(server: &str, ca: &std::path::Path, extra: &str, srun_body: &str) -> Site {
-    use std::os::unix::fs::PermissionsExt;
     let site = Site::new(server, ca, extra);
     for (name, body) in [
         ("scontrol", "printf 'ClusterName = c1\\n'"),
         ("sinfo", "echo 'n1 idle p1'"),
         ("srun", srun_body),
     ] {
-        let p = site.bin_dir.join(name);
-        fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        site.command(name, &format!("#!/bin/sh\n{body}\n"));
     }
     site
 }
@@ -1178,16 +1171,13 @@ fn root_drops_to_the_owners_own_groups_not_the_state_dirs() {
     fs::create_dir(&seen).unwrap();
     fs::set_permissions(&seen, fs::Permissions::from_mode(0o777)).unwrap();
     for cmd in ["squeue", "scontrol", "sacct", "sinfo"] {
-        let p = site.bin_dir.join(cmd);
-        fs::write(
-            &p,
-            format!(
+        site.command(
+            cmd,
+            &format!(
                 "#!/bin/sh\necho \"$(id -u) $(id -g) $(id -G)\" > {}/{cmd}\nexit 1\n",
                 seen.display()
             ),
-        )
-        .unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        );
     }
     let out = run_as_root(&site, &slurm_conf, &["flush"]);
     let said = stderr(&out);

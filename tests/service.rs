@@ -681,6 +681,50 @@ fn an_end_chained_behind_a_waiting_running_is_synced_and_its_start_record_droppe
     assert!(cv.accepted("JobConfig").is_empty(), "nothing delivered yet");
 }
 
+/// A scratch slurm.conf (for SLURM_CONF) naming two SlurmctldHosts, `cvslurm-other-ctl`
+/// first and this host second, and its empty StateSaveLocation: (slurm.conf, that directory).
+fn pair_this_host_second(site: &Site) -> (std::path::PathBuf, std::path::PathBuf) {
+    let me = short_hostname();
+    assert_ne!(me, "cvslurm-other-ctl");
+    let save = site.dir.path().join("statesave");
+    std::fs::create_dir_all(&save).unwrap();
+    let slurm_conf = site.dir.path().join("slurm.conf");
+    std::fs::write(
+        &slurm_conf,
+        format!(
+            "ClusterName=hpc-cluster-west\nSlurmctldHost=cvslurm-other-ctl(10.99.0.2)\n\
+             SlurmctldHost={me}\nSlurmctldTimeout=60\nStateSaveLocation={}\n",
+            save.display()
+        ),
+    )
+    .unwrap();
+    (slurm_conf, save)
+}
+
+/// Writes Slurm's heartbeat in `save` as the slurmctld in control does (atomically): the time
+/// now and `index`, the place in slurm.conf of the controller in control (0 the first).
+fn write_heartbeat(save: &std::path::Path, index: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut b = now.to_be_bytes().to_vec();
+    b.extend_from_slice(&index.to_be_bytes());
+    let tmp = save.join("heartbeat.new");
+    std::fs::write(&tmp, b).unwrap();
+    std::fs::rename(&tmp, save.join("heartbeat")).unwrap();
+}
+
+/// A process named slurmctld running on this host for 120 s: sleep run through a symlink of
+/// that name in the site's directory (its comm is the link's name). Not a copy: a test thread
+/// forking meanwhile can hold the copy's write descriptor until its exec, and the spawn fails
+/// with ETXTBSY (seen once in a full run).
+fn fake_slurmctld(site: &Site) -> std::process::Child {
+    let fake = site.dir.path().join("slurmctld");
+    std::os::unix::fs::symlink("/bin/sleep", &fake).unwrap();
+    Command::new(&fake).arg("120").spawn().unwrap()
+}
+
 /// Issue 19: the service on each controller of a pair; Slurm's heartbeat decides which one
 /// leads. A scratch slurm.conf (SLURM_CONF) names two SlurmctldHosts, this host second, and
 /// the site has no Slurm commands: a service that inventories or reconciles says so in its
@@ -694,31 +738,8 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
         &cv.ca(),
         "PollInterval=1\nReconcileInterval=1",
     );
-    let me = short_hostname();
-    assert_ne!(me, "cvslurm-other-ctl");
-    let save = site.dir.path().join("statesave");
-    fs::create_dir_all(&save).unwrap();
-    let slurm_conf = site.dir.path().join("slurm.conf");
-    fs::write(
-        &slurm_conf,
-        format!(
-            "ClusterName=hpc-cluster-west\nSlurmctldHost=cvslurm-other-ctl(10.99.0.2)\n\
-             SlurmctldHost={me}\nSlurmctldTimeout=60\nStateSaveLocation={}\n",
-            save.display()
-        ),
-    )
-    .unwrap();
-    let heartbeat = |index: u64| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        let mut b = now.to_be_bytes().to_vec();
-        b.extend_from_slice(&index.to_be_bytes());
-        let tmp = save.join("heartbeat.new");
-        fs::write(&tmp, b).unwrap();
-        fs::rename(&tmp, save.join("heartbeat")).unwrap();
-    };
+    let (slurm_conf, save) = pair_this_host_second(&site);
+    let heartbeat = |index: u64| write_heartbeat(&save, index);
     let status = || {
         let out = Command::new(bin())
             .args(["status", "--offline", "--json"])
@@ -787,14 +808,9 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
         "{text}"
     );
 
-    // A takeover: the heartbeat names this host, and a process named slurmctld runs here
-    // (sleep run through a symlink of that name: its comm is the link's name). Not a copy:
-    // a test thread forking meanwhile can hold the copy's write descriptor until its exec,
-    // and the spawn fails with ETXTBSY (seen once in a full run).
+    // A takeover: the heartbeat names this host, and a process named slurmctld runs here.
     let other_slurmctld = cvslurm::internals::service::leadership::own_slurmctld_runs();
-    let fake = site.dir.path().join("slurmctld");
-    std::os::unix::fs::symlink("/bin/sleep", &fake).unwrap();
-    let mut slurmctld = Command::new(&fake).arg("120").spawn().unwrap();
+    let mut slurmctld = fake_slurmctld(&site);
     heartbeat(1);
     wait_for("this host leads", Duration::from_secs(10), || {
         site.log().contains("this host now leads: the heartbeat")
@@ -857,7 +873,6 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
 #[test]
 fn a_leader_whose_discovery_outlasts_its_control_asks_again_before_it_reconciles() {
     use std::fs;
-    use std::os::unix::fs::PermissionsExt;
     let cv = Standin::start();
     let site = Site::new(
         &cv.server(),
@@ -880,38 +895,12 @@ fn a_leader_whose_discovery_outlasts_its_control_asks_again_before_it_reconciles
             ),
         ),
     ] {
-        let p = site.bin_dir.join(name);
-        fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        site.command(name, &format!("#!/bin/sh\n{body}\n"));
     }
-    let me = short_hostname();
-    let save = scratch.join("statesave");
-    fs::create_dir_all(&save).unwrap();
-    let slurm_conf = scratch.join("slurm.conf");
-    fs::write(
-        &slurm_conf,
-        format!(
-            "ClusterName=hpc-cluster-west\nSlurmctldHost=cvslurm-other-ctl(10.99.0.2)\n\
-             SlurmctldHost={me}\nSlurmctldTimeout=60\nStateSaveLocation={}\n",
-            save.display()
-        ),
-    )
-    .unwrap();
-    let heartbeat = |index: u64| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        let mut b = now.to_be_bytes().to_vec();
-        b.extend_from_slice(&index.to_be_bytes());
-        let tmp = save.join("heartbeat.new");
-        fs::write(&tmp, b).unwrap();
-        fs::rename(&tmp, save.join("heartbeat")).unwrap();
-    };
+    let (slurm_conf, save) = pair_this_host_second(&site);
+    let heartbeat = |index: u64| write_heartbeat(&save, index);
     // This host in control: the heartbeat names it and a process named slurmctld runs here.
-    let fake = scratch.join("slurmctld");
-    std::os::unix::fs::symlink("/bin/sleep", &fake).unwrap();
-    let mut slurmctld = Command::new(&fake).arg("120").spawn().unwrap();
+    let mut slurmctld = fake_slurmctld(&site);
     heartbeat(1);
     let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
     wait_for("discovery's srun", Duration::from_secs(20), || {
@@ -955,7 +944,6 @@ fn a_leader_whose_discovery_outlasts_its_control_asks_again_before_it_reconciles
 #[test]
 fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm() {
     use std::fs;
-    use std::os::unix::fs::PermissionsExt;
     let cv = Standin::start();
     let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
     let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/slurm-24.11");
@@ -971,9 +959,7 @@ fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm(
         ("scontrol", scontrol.as_str()),
         ("sacct", "#!/bin/sh\necho '{\"jobs\": []}'\n"),
     ] {
-        let p = site.bin_dir.join(name);
-        fs::write(&p, body).unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        site.command(name, body);
     }
     let me = short_hostname();
     let save = site.dir.path().join("statesave");
@@ -1031,8 +1017,6 @@ fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm(
 /// COMPLETED.
 #[test]
 fn a_listing_past_the_bound_takes_the_recorded_jobs_ends_from_accounting() {
-    use std::fs;
-    use std::os::unix::fs::PermissionsExt;
     let cv = Standin::start();
     let site = Site::new(&cv.server(), &cv.ca(), "SlurmOutputMaxMiB=1");
     let sacct = concat!(
@@ -1049,9 +1033,7 @@ fn a_listing_past_the_bound_takes_the_recorded_jobs_ends_from_accounting() {
         ("squeue", "#!/bin/sh\nexec yes\n".to_string()),
         ("sacct", format!("#!/bin/sh\ncat {sacct}\n")),
     ] {
-        let p = site.bin_dir.join(name);
-        fs::write(&p, body).unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        site.command(name, &body);
     }
     let out = run_hook(
         &site,

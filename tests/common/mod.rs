@@ -262,6 +262,14 @@ impl Site {
         fs::read_to_string(&self.log_file).unwrap_or_default()
     }
 
+    /// Writes `script` (whole, its `#!` line included) as the Slurm command `name` of this
+    /// site (`SlurmBinDir`), executable.
+    pub fn command(&self, name: &str, script: &str) {
+        let p = self.bin_dir.join(name);
+        fs::write(&p, script).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
     /// A symlink to the binary named `name` (argv[0] dispatch).
     pub fn link(&self, name: &str) -> PathBuf {
         let p = self.dir.path().join(name);
