@@ -723,11 +723,22 @@ fn hanging_cloudvision_delays_no_job_and_loses_nothing() {
     wait_until("the job to end", Duration::from_secs(60), || {
         !stdout(&slurm("squeue", &["-h", "-j", &id])).contains(&id)
     });
-    let out = stdout(&slurm(
-        "sacct",
-        &["-j", &id, "-X", "-n", "-P", "--format=State"],
-    ));
-    assert_eq!(out.trim(), "COMPLETED", "the hook never fails a job");
+    // Accounting gets the end after squeue drops the job (seen on 22.05 in a full run:
+    // sacct still said PENDING): its final state, once it has one.
+    let acct_state = || {
+        stdout(&slurm(
+            "sacct",
+            &["-j", &id, "-X", "-n", "-P", "--format=State"],
+        ))
+        .trim()
+        .to_string()
+    };
+    wait_until(
+        "accounting's final state of the job",
+        Duration::from_secs(60),
+        || !matches!(acct_state().as_str(), "" | "PENDING" | "RUNNING"),
+    );
+    assert_eq!(acct_state(), "COMPLETED", "the hook never fails a job");
     // CloudVision comes back: the service delivers what the hooks kept, ending COMPLETED.
     f.cv.set_mode(json!({"mode": "ok"}));
     let v = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(120));
