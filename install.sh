@@ -415,8 +415,9 @@ unset TOKEN API_TOKEN
 
 # CloudVision answers with the token? (token via a header file, never on the command line)
 # The probe is cvslurm's own (src/cloudvision.rs `probe`): a GetOne of a JobConfig key no job
-# has. CloudVision needs a full key for a GET of JobConfig, so 404 (no such job) is the answer
-# that proves the server and the token; 200 is as good.
+# has. CloudVision needs a full key for a GET of JobConfig, so its not-found answer (404 with
+# the gRPC-gateway body {"code":5,...}) proves the server and the token; 200 with JSON is as
+# good. Any other 404, or a 200 page that is not JSON, is a web server, not CloudVision.
 check_cloudvision() {
     local -a tls=()
     local code why
@@ -428,8 +429,21 @@ check_cloudvision() {
         2>"$WORK/curl.err")" || true
     # the server's message, one line, printable only
     why="$(head -c 2000 "$WORK/probe.body" 2>/dev/null | sed -n 's/.*"message" *: *"\([^"]*\)".*/\1/p' | head -n 1 | tr -cd '[:print:]' | head -c 300 || true)"
+    # the first bytes of the body, one line, printable only
+    local head
+    head="$(head -c 120 "$WORK/probe.body" 2>/dev/null | tr '\n\t' '  ' | tr -cd '[:print:]' || true)"
+    local not_cv="CloudVision $SERVER: the server is not answering as CloudVision: HTTP $code \"$head\": set --api-server (ApiServer) to CloudVision's own address (not a web server, proxy or stub in front of it)"
     case "$code" in
-        2?? | 404) return 0 ;;
+        2??)
+            if [[ -z "${head//[[:space:]]/}" ]] || [[ "$(tr -d '[:space:]' <"$WORK/probe.body" | head -c 1)" == "{" ]]; then
+                return 0
+            fi
+            echo "$not_cv" ;;
+        404)
+            if grep -Eq '"code"[[:space:]]*:[[:space:]]*5[^0-9]' "$WORK/probe.body" 2>/dev/null; then
+                return 0
+            fi
+            echo "$not_cv" ;;
         401 | 403) echo "CloudVision $SERVER refused the token (HTTP $code${why:+: $why}): use a service-account token with JobConfig/NodeConfig permission" ;;
         000 | "") echo "CloudVision $SERVER is not reachable: $(head -c 300 "$WORK/curl.err" | tr '\n' ' ')(check the name, port, firewall and --ca-file)" ;;
         *) echo "CloudVision $SERVER answered HTTP $code${why:+ ($why)} to a GetOne of JobConfig: is it CloudVision with the computejob API?" ;;

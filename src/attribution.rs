@@ -222,9 +222,282 @@ pub fn enrich(
     a
 }
 
+/// Why a job's stored record in CloudVision is deleted before its record is posted whole
+/// ([`crate::service::engine::forget_stored_job`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forget {
+    /// The RUNNING of a requeued job's later run: the earlier run's `end_time` (which a Set,
+    /// a partial update, would keep) must not show the new run as ended.
+    Rerun,
+    /// An end whose job's representation is not recorded on this host, where jobs may go
+    /// either way (`JobInterfaces=gpu|auto`): CloudVision may hold the other list, which a
+    /// Set would keep beside this one.
+    Representation,
+}
+
+/// Why a job's record goes out, as far as its representation is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// A record of the job as it was queued: the representation it was first sent with.
+    Plain,
+    /// The RUNNING of a requeued job's later run: decided anew, the earlier run's record
+    /// deleted first.
+    Rerun,
+    /// A RUNNING queued again because the inventory of one of its nodes changed: decided
+    /// anew from the new records; where the kind changes (node names ↔ MACs) the stored
+    /// record is deleted first.
+    Anew,
+}
+
+/// A job's record as it goes out ([`outgoing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The record: exactly one of `nodes` and `interfaces`.
+    pub job: crate::payload::JobConfig,
+    /// Delete CloudVision's stored record of the job first, and why.
+    pub forget: Option<Forget>,
+    /// The rule that decided the representation now (`None`: a recorded one, or a tenant
+    /// job's own), for a dry run and the debug log.
+    pub rule: Option<String>,
+}
+
+/// The one rule for how a job's record goes out, for the service's engine, the hook's own
+/// send and `send`: one representation per job, never both lists, never an empty one.
+///
+/// - A tenant job goes as its caller gave it; one whose caller switches lists (recorded as
+///   for any job) deletes the stored record first ([`Forget::Representation`]).
+/// - A job whose representation is recorded in `reps` goes that way (an end the way its
+///   RUNNING went, by the same MACs even once slurmctld has forgotten its GPUs).
+/// - Otherwise it is decided now: by node names with `JobInterfaces=nodes`, or where Slurm
+///   cannot be asked (`ask` is `None`: the hook never asks), else by [`enrich`]; a list of
+///   more than [`crate::state::job_reps::MAX_MACS`] MACs goes by node names. A RUNNING's
+///   decision is recorded (when `write`) before the record is sent, so that a retry and the
+///   job's later records go the same way.
+/// - An end decided here, where jobs may go either way, has no record of how its RUNNING
+///   went (sent by the other controller, or the record lost): CloudVision's stored record is
+///   deleted first ([`Forget::Representation`]) and the whole new one posted.
+/// - A re-run's RUNNING ([`Why::Rerun`]) decides anew and deletes the earlier run's record
+///   first; a RUNNING resent for its nodes' new inventory ([`Why::Anew`]) decides anew and,
+///   where the kind changes, deletes the stored record first.
+pub fn outgoing(
+    mode: JobInterfaces,
+    reps: &crate::state::job_reps::JobReps,
+    job: &crate::payload::JobConfig,
+    why: Why,
+    ask: Option<(&crate::runner::Slurm, &crate::state::StateDir)>,
+    write: bool,
+) -> Outgoing {
+    use crate::state::job_reps::Representation;
+    let key = job.key.id.clone();
+    let running = !job.state.is_terminal();
+    let save = |rep: &Representation| {
+        if write && running {
+            if let Err(e) = reps.save(&key, rep) {
+                log::warn!("job {key}: cannot record how its records go: {e}");
+            }
+        }
+    };
+    let same_kind = |a: &Representation, b: &Representation| {
+        std::mem::discriminant(a) == std::mem::discriminant(b)
+    };
+    if job.job_type == Some(crate::payload::JobType::Tenant) {
+        // The caller chose the list; one that switches lists replaces the stored record.
+        let now = representation_of(job);
+        let forget = match (why, reps.load(&key)) {
+            (Why::Rerun, _) => Some(Forget::Rerun),
+            (_, Some(r)) if !same_kind(&r, &now) => Some(Forget::Representation),
+            _ => None,
+        };
+        save(&now);
+        return Outgoing {
+            job: job.clone(),
+            forget,
+            rule: None,
+        };
+    }
+    if why == Why::Rerun && write {
+        reps.forget(&key);
+    }
+    let recorded = match why {
+        Why::Rerun => None,
+        _ => reps.load(&key),
+    };
+    let reassess = why == Why::Anew && ask.is_some() && running;
+    if let (Some(rep), false) = (&recorded, reassess) {
+        let mut out = job.clone();
+        match rep {
+            Representation::Interfaces(macs) => {
+                log::debug!(
+                    "job {key}: interfaces: the {} MAC(s) of its first record",
+                    macs.len()
+                );
+                out.nodes = None;
+                out.interfaces = Some(macs.clone().into());
+            }
+            Representation::Nodes => {
+                if out.nodes.as_ref().is_some_and(|n| !n.values.is_empty()) {
+                    out.interfaces = None;
+                } else {
+                    // A record without node names cannot go by them: decided below.
+                    out.nodes = None;
+                    out.interfaces = None;
+                }
+            }
+        }
+        if out.nodes.is_some() || out.interfaces.is_some() {
+            return Outgoing {
+                job: out,
+                forget: None,
+                rule: None,
+            };
+        }
+    }
+    let (out, rep, rule) = decide(mode, job, ask);
+    let forget = match (why, &recorded) {
+        (Why::Rerun, _) => Some(Forget::Rerun),
+        (Why::Anew, Some(was)) if reassess && !same_kind(was, &rep) => Some(Forget::Representation),
+        (Why::Anew, Some(_)) if reassess => None,
+        // An end with no record here, where it may go either way.
+        _ if !running && mode != JobInterfaces::Nodes => Some(Forget::Representation),
+        _ => None,
+    };
+    if mode != JobInterfaces::Nodes || recorded.is_some() {
+        save(&rep);
+    }
+    Outgoing {
+        job: out,
+        forget,
+        rule,
+    }
+}
+
+/// The representation a record names.
+fn representation_of(job: &crate::payload::JobConfig) -> crate::state::job_reps::Representation {
+    use crate::state::job_reps::Representation;
+    match &job.interfaces {
+        Some(i) if job.nodes.is_none() => Representation::Interfaces(i.values.clone()),
+        _ => Representation::Nodes,
+    }
+}
+
+/// Decides a job's representation now: node names with `JobInterfaces=nodes` or without
+/// Slurm to ask, else [`enrich`] (more than [`crate::state::job_reps::MAX_MACS`] MACs: node
+/// names). Returns the record, its representation and the rule (`None`: nothing was asked).
+fn decide(
+    mode: JobInterfaces,
+    job: &crate::payload::JobConfig,
+    ask: Option<(&crate::runner::Slurm, &crate::state::StateDir)>,
+) -> (
+    crate::payload::JobConfig,
+    crate::state::job_reps::Representation,
+    Option<String>,
+) {
+    use crate::state::job_reps::{Representation, MAX_MACS};
+    let mut out = job.clone();
+    let by_nodes = job.nodes.as_ref().is_some_and(|n| !n.values.is_empty());
+    if mode == JobInterfaces::Nodes || !by_nodes {
+        // The reference's bytes: node names as built (or a record built by interfaces).
+        if by_nodes {
+            out.interfaces = None;
+        }
+        let rep = representation_of(&out);
+        return (out, rep, None);
+    }
+    let rule = match ask {
+        Some((slurm, outbox)) => enrich(mode, slurm, outbox, &mut out).rule,
+        None => format!("nodes ({}): decided without asking Slurm", mode.word()),
+    };
+    if let Some(i) = &out.interfaces {
+        if i.values.len() > MAX_MACS {
+            log::warn!(
+                "job {}: {} interfaces, more than the {MAX_MACS} a record keeps: sent by node names",
+                job.key.id,
+                i.values.len()
+            );
+            out = job.clone();
+            out.interfaces = None;
+            return (out, Representation::Nodes, Some(rule));
+        }
+    }
+    let rep = representation_of(&out);
+    (out, rep, Some(rule))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one rule ([`outgoing`]) where Slurm is not asked (the hook's own send): one list
+    /// per record, a job's records the way its first went, a delete first where that cannot
+    /// be known or kept, nothing recorded with `JobInterfaces=nodes` or by a dry run.
+    #[test]
+    fn one_representation_per_job() {
+        use crate::payload::{JobConfig, JobState, JobType, Key};
+        use crate::state::job_reps::Representation;
+        let d = std::env::temp_dir().join(format!("cvslurm-outgoing-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let reps = crate::state::StateDir::new(&d).job_reps;
+        let job = |id: &str, state: JobState| JobConfig {
+            key: Key { id: id.into() },
+            name: Some("j".into()),
+            state,
+            start_time: Some("2025-12-05T10:30:00Z".into()),
+            end_time: state.is_terminal().then(|| "2025-12-05T11:00:00Z".into()),
+            location: Some("c".into()),
+            job_type: None,
+            nodes: Some(vec!["n1".to_string()].into()),
+            interfaces: None,
+        };
+        let run = |mode, j: &JobConfig, why, write| outgoing(mode, &reps, j, why, None, write);
+        use JobInterfaces::{Gpu, Nodes};
+        use JobState::{Completed, Running};
+        // JobInterfaces=nodes: as built, nothing recorded, no delete.
+        let o = run(Nodes, &job("1@c", Running), Why::Plain, true);
+        assert_eq!((o.job, o.forget), (job("1@c", Running), None));
+        assert_eq!(reps.load("1@c"), None);
+        let o = run(Nodes, &job("1@c", Completed), Why::Plain, true);
+        assert_eq!(o.forget, None);
+        // Either way: a RUNNING decided here goes by node names and is recorded; its end the
+        // same way, with no delete.
+        let o = run(Gpu, &job("2@c", Running), Why::Plain, true);
+        assert_eq!((o.job.interfaces, o.forget), (None, None));
+        assert_eq!(reps.load("2@c"), Some(Representation::Nodes));
+        let o = run(Gpu, &job("2@c", Completed), Why::Plain, true);
+        assert_eq!((o.job.nodes.is_some(), o.forget), (true, None));
+        // An end with no record here: the stored record is deleted first.
+        let o = run(Gpu, &job("3@c", Completed), Why::Plain, true);
+        assert_eq!(o.forget, Some(Forget::Representation));
+        assert_eq!(o.job.validate(), Ok(()));
+        // Recorded MACs: every record goes by them, in any mode.
+        let macs = vec!["02:00:00:00:00:01".to_string()];
+        reps.save("4@c", &Representation::Interfaces(macs.clone()))
+            .unwrap();
+        for mode in [Gpu, Nodes] {
+            let o = run(mode, &job("4@c", Completed), Why::Plain, true);
+            assert_eq!(o.job.nodes, None);
+            assert_eq!(o.job.interfaces, Some(macs.clone().into()));
+            assert_eq!(o.forget, None);
+            assert_eq!(o.job.validate(), Ok(()));
+        }
+        // A re-run decides anew and deletes the earlier run's record first.
+        let o = run(Gpu, &job("4@c", Running), Why::Rerun, true);
+        assert_eq!((o.job.interfaces, o.forget), (None, Some(Forget::Rerun)));
+        assert_eq!(reps.load("4@c"), Some(Representation::Nodes));
+        // A dry run records nothing.
+        let o = run(Gpu, &job("5@c", Running), Why::Plain, false);
+        assert_eq!(o.forget, None);
+        assert_eq!(reps.load("5@c"), None);
+        // A tenant job goes as given; a switch of lists deletes first.
+        let mut t = job("tenant-1", Running);
+        t.job_type = Some(JobType::Tenant);
+        assert_eq!(run(Nodes, &t, Why::Plain, true).forget, None);
+        t.nodes = None;
+        t.interfaces = Some(macs.clone().into());
+        let o = run(Nodes, &t, Why::Plain, true);
+        assert_eq!((o.job, o.forget), (t.clone(), Some(Forget::Representation)));
+        assert_eq!(run(Nodes, &t, Why::Plain, true).forget, None);
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     #[test]
     fn modes_and_indices() {

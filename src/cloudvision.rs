@@ -70,6 +70,16 @@ pub enum SendError {
     },
     /// The payload is invalid; caught before sending (what CloudVision would answer with 400).
     Invalid(String),
+    /// An answer that is not CloudVision's: a 404 without CloudVision's not-found body (the
+    /// gRPC-gateway `{"code":5,…}`), or a 2xx whose body is not JSON. A plain web server, a
+    /// proxy's error page, or a server without the computejob API: nothing is taken as
+    /// "absent" or "delivered" from it, and the request is kept for when ApiServer is right.
+    NotCloudVision {
+        /// HTTP status.
+        status: u16,
+        /// The first bytes of the body, on one line.
+        excerpt: String,
+    },
     /// Any other 4xx: CloudVision will not take this payload as it is.
     Rejected {
         /// HTTP status.
@@ -113,6 +123,14 @@ impl fmt::Display for SendError {
             SendError::Rejected { status, message } => {
                 write!(f, "CloudVision rejected the request: HTTP {status}{}", suffix(message))
             }
+            SendError::NotCloudVision { status, excerpt } => write!(
+                f,
+                "the server is not answering as CloudVision: HTTP {status}{}: check that ApiServer names CloudVision (with the computejob API), not a web server or proxy",
+                match excerpt.is_empty() {
+                    true => " with an empty body".to_string(),
+                    false => format!(" {excerpt:?}"),
+                }
+            ),
         }
     }
 }
@@ -453,8 +471,9 @@ impl Client {
     /// Why a GetOne of a key that cannot exist: in CloudVision's REST mapping a `GET …/JobConfig`
     /// is a GetOne, which needs a fully specified key (a GET without one may be refused with
     /// 400), and GetAll (`…/all`) streams every job. A GetOne of a missing key is answered 404
-    /// (or 200 with an empty body by a lenient server) once the token is accepted: see
-    /// [`judge_probe`].
+    /// with CloudVision's not-found body (or 200 with JSON by a lenient server) once the token
+    /// is accepted; any other 404, or a 200 that is not JSON, is
+    /// [`SendError::NotCloudVision`]: see [`judge_probe`].
     pub fn probe(&self, deadline: Option<Instant>) -> Result<Answer, SendError> {
         judge_probe(self.get_job(PROBE_KEY, deadline))
     }
@@ -583,11 +602,20 @@ impl Client {
             .read_to_string(&mut text);
         let elapsed = start.elapsed();
         if (200..300).contains(&status) {
+            // CloudVision answers JSON (a Set echoes the record, a GetOne holds `value`): a
+            // page of HTML is a web server that takes anything.
+            if !text.trim().is_empty() && !is_json_object(&text) {
+                return Err(not_cloudvision(status, &text));
+            }
             return Ok(Answer {
                 status,
                 elapsed,
                 body: text,
             });
+        }
+        // "Absent" is CloudVision's not-found error, never any 404.
+        if status == 404 && !is_not_found_body(&text) {
+            return Err(not_cloudvision(status, &text));
         }
         let message = error_message(&text);
         Err(match status {
@@ -669,15 +697,19 @@ pub enum Kind {
 /// `<number>@<cluster>`), and nothing of cvslurm ever writes it.
 pub const PROBE_KEY: &str = "cvslurm-probe-key-that-no-job-has";
 
-/// What a probe's GetOne says: 200 or 404 (the key does not exist, as intended) mean
-/// CloudVision is reachable and took the token; 401/403 stay [`SendError::TokenRefused`];
-/// anything else stays the error it is, with its status and the server's message.
+/// What a probe's GetOne says: 200 with JSON, or CloudVision's not-found answer (the key does
+/// not exist, as intended), mean CloudVision is reachable and took the token; 401/403 stay
+/// [`SendError::TokenRefused`]; an answer that is not CloudVision's (a plain 404, a page of
+/// HTML) stays [`SendError::NotCloudVision`]; anything else stays the error it is, with its
+/// status and the server's message.
 pub fn judge_probe(r: Result<Answer, SendError>) -> Result<Answer, SendError> {
     absent_is_answer(r)
 }
 
-/// A 404 (the key does not exist) as an answer, not an error: what a probe of a key no job
-/// has, and a delete of something already gone, both expect.
+/// CloudVision's not-found answer (the key does not exist) as an answer, not an error: what a
+/// probe of a key no job has, and a delete of something already gone, both expect. Only
+/// CloudVision's 404 gets here as `Rejected { status: 404 }`: any other is
+/// [`SendError::NotCloudVision`].
 fn absent_is_answer(r: Result<Answer, SendError>) -> Result<Answer, SendError> {
     match r {
         Err(SendError::Rejected {
@@ -690,6 +722,33 @@ fn absent_is_answer(r: Result<Answer, SendError>) -> Result<Answer, SendError> {
         }),
         other => other,
     }
+}
+
+/// The most characters of a body that is not CloudVision's that an error quotes.
+const MAX_EXCERPT_CHARS: usize = 120;
+
+fn not_cloudvision(status: u16, body: &str) -> SendError {
+    SendError::NotCloudVision {
+        status,
+        excerpt: crate::text::one_line(body.trim(), MAX_EXCERPT_CHARS),
+    }
+}
+
+/// True when `body` is one JSON object.
+fn is_json_object(body: &str) -> bool {
+    matches!(
+        serde_json::from_str::<serde_json::Value>(body),
+        Ok(serde_json::Value::Object(_))
+    )
+}
+
+/// True for CloudVision's not-found answer: the gRPC-gateway error body with code 5
+/// (`NOT_FOUND`), `{"code":5,"message":…}`.
+pub fn is_not_found_body(body: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("code").and_then(serde_json::Value::as_i64))
+        == Some(5)
 }
 
 /// Picks CloudVision's `message` out of a JSON error body, else a short excerpt of the text.
@@ -791,6 +850,24 @@ mod tests {
             e.to_string(),
             "CloudVision rejected the request: HTTP 400: m"
         );
+        // A plain web server's 404 or page: named, never "answers".
+        let web = SendError::NotCloudVision {
+            status: 404,
+            excerpt: "<html>Not Found</html>".into(),
+        };
+        let e = judge_probe(Err(web)).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "the server is not answering as CloudVision: HTTP 404 \"<html>Not Found</html>\""
+            ),
+            "{e}"
+        );
+        assert!(is_not_found_body(r#"{"code":5,"message":"not found"}"#));
+        assert!(!is_not_found_body(
+            r#"{"errors":["GET not supported by CV stub"]}"#
+        ));
+        assert!(!is_not_found_body("<html>404</html>"));
+        assert!(!is_not_found_body(r#"{"code":"5"}"#));
         let e = judge_probe(Err(SendError::Server {
             status: 502,
             message: "bad gateway".into(),

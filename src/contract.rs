@@ -3,10 +3,55 @@
 //! compatibility"), and says for each what the server did and whether cvslurm's assumption
 //! holds.
 //!
-//! It WRITES to CloudVision: one JobConfig and one NodeConfig under throw-away keys
-//! (`cvslurm-contract-<pid>-<unix time>@<cluster>`, which no Slurm job or node has), created,
-//! read back (GetOne), changed and deleted. Both keys are deleted at the end whatever happened
-//! before; a key that could not be deleted is named, with the curl command that deletes it.
+//! It WRITES to CloudVision: a JobConfig (and, for question 5, a NodeConfig) under a
+//! throw-away key (`cvslurm-contract-<pid>-<unix time>@<cluster>`, which no Slurm job or node
+//! has), created, read back (GetOne), changed and deleted. Every record it posts is a whole
+//! one, as cvslurm itself sends them and as a server that validates each POST as a whole
+//! record (Arista's own fake CloudVision) requires: a JobConfig has `key`, `name`, `state`,
+//! `start_time`, `location` (the cluster) and exactly one non-empty list (`nodes` or
+//! `interfaces`), `end_time` only when ended; a NodeConfig has `key`, `location`, `hostname`
+//! and a non-empty `data_interfaces`. Only the requests that ask about a refusal differ: an
+//! unknown field (6), a `type` (8), a hostname other than `key.id` (5).
+//!
+//! The questions (the numbers stay those of README.md; 3b, whether an empty list clears the
+//! stored one, is gone: cvslurm never sends an empty list):
+//! 1. `GET …/JobConfig` without a key: any CloudVision answer is fine.
+//! 2. GetOne of a key that does not exist: CloudVision's not-found answer (404, code 5).
+//! 3. A whole Set by `nodes`, then a whole Set of the same key by `interfaces`: merged (both
+//!    lists stored) or replaced (interfaces only) are both fine, since cvslurm deletes a
+//!    job's record before it switches lists; the line says which.
+//! 4. A whole RUNNING Set (no `end_time`) after a whole COMPLETED one: `end_time` kept (a
+//!    merging Set) holds; gone is a harmless difference (`note`).
+//! 5. A NodeConfig whose `hostname` is not its `key.id`: asked only when the configuration
+//!    makes cvslurm send such records (`NodeHostname=hostname`, `QualifyNodeNames=yes`); a
+//!    refusal is a `FAIL` naming the setting to turn off. Otherwise an `ok` line says why it
+//!    is not asked.
+//! 6. A whole Set with an unknown field: refused or ignored, both fine (cvslurm sends none).
+//! 7. `DELETE …/JobConfig?key.id=`, then a whole RUNNING: deleted, and no old `end_time`. A
+//!    server without the DELETE (405, 501, or an answer that is not CloudVision's) is a
+//!    `note`: cvslurm then posts the whole record without deleting it first.
+//! 8. A whole ended Set with `"type":"JOB_TYPE_CONFIGURED"` (what `cvslurm send <jobid>`
+//!    sends, as Arista's newer Slurm client does): accepted holds; refused is a `note`
+//!    (those records would be refused; the hooks' records carry no type).
+//!
+//! Answers are read as CloudVision's ([`SendError::NotCloudVision`]). An opening probe that
+//! is not answered as CloudVision does not stop the run: one `note` line says so, and the
+//! writes are asked all the same. Each question whose GET or GetOne is not answered as
+//! CloudVision (Arista's fake CloudVision answers no GET) says `note … cannot tell` and is
+//! counted as not answered: it is never "holds". A Set not answered as CloudVision (a web
+//! server's page) means nothing can be asked of this server: that question and the later
+//! ones are `SKIP`ped.
+//!
+//! Each key a Set may have stored is deleted at the end whatever happened before (a key no
+//! Set was taken under has nothing to delete and gets no DELETE); a key that could not be
+//! deleted is named, with the curl command that deletes it: as `note clean-up:` where the
+//! server has no JobConfig DELETE (the job is left COMPLETED), as `FAIL clean-up:` otherwise.
+//!
+//! Exit codes: [`EXIT_HOLDS`] (0) when every question was answered and every assumption holds
+//! or differs in a way cvslurm copes with (`note`); [`EXIT_DOES_NOT_HOLD`] (1) when one does
+//! not (`FAIL`); else [`EXIT_COULD_NOT_RUN`] (2) when a question could not be asked (`SKIP`),
+//! or its answer could not be told (`note … cannot tell`: e.g. Arista's fake CloudVision,
+//! which takes every write but answers no GET), or a key could not be deleted.
 //!
 //! What the server answers is hostile like any outside byte: it is only compared, and quoted
 //! on one line, capped, control characters escaped.
@@ -15,11 +60,13 @@ use crate::cloudvision::{Answer, Client, Kind, SendError};
 use crate::text::one_line;
 use serde_json::{json, Value};
 
-/// Every assumption holds.
+/// Every question answered, and every assumption holds (or differs harmlessly).
 pub const EXIT_HOLDS: i32 = 0;
 /// Some assumption does not hold (named in the output).
 pub const EXIT_DOES_NOT_HOLD: i32 = 1;
-/// The questions could not be asked (CloudVision unreachable, the token refused).
+/// Some question could not be asked (CloudVision unreachable, the token refused, a failure
+/// midway, a server that does not answer as CloudVision), or its answer could not be told (a
+/// GetOne not answered as CloudVision), or a throw-away key could not be deleted.
 pub const EXIT_COULD_NOT_RUN: i32 = 2;
 
 /// The most characters of the server's words quoted in one line.
@@ -28,15 +75,36 @@ const QUOTE: usize = 160;
 /// A locally administered MAC (no NIC's burnt-in address) for the throw-away job.
 const MAC: &str = "02:00:00:c5:00:01";
 
+/// The throw-away job's `name`.
+const NAME: &str = "cvslurm check --contract";
+
+/// The field no schema knows, of question 6.
+const UNKNOWN_FIELD: &str = "cvslurm_contract_unknown_field";
+
+/// The `type` of question 8: what `cvslurm send <jobid>` sends.
+const CONFIGURED: &str = "JOB_TYPE_CONFIGURED";
+
+const RUNNING: &str = "JOB_STATE_RUNNING";
+const COMPLETED: &str = "JOB_STATE_COMPLETED";
+
 /// What one question found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verdict {
     Holds,
     DoesNotHold,
-    /// The server differs from what cvslurm assumes in a way that changes nothing for it.
+    /// The server differs from what cvslurm assumes in a way it copes with.
     Differs,
+    /// Asked, but the answer cannot be read: the server does not answer a GET as CloudVision.
+    CannotTell,
     /// Not asked, or no answer: CloudVision failed, did not answer or refused the token.
     Unasked,
+}
+
+/// The list a throw-away JobConfig names (exactly one, never empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum List {
+    Nodes,
+    Interfaces,
 }
 
 /// One run of the questions against one server.
@@ -45,28 +113,50 @@ struct Run<'a> {
     curl: String,
     job: String,
     node: String,
+    /// `location` of every record: the cluster.
+    cluster: String,
     start: String,
     end: String,
+    /// The settings that make cvslurm's NodeConfig `hostname` differ from its `key.id`.
+    hostname_settings: Vec<String>,
     /// Set once a request could not be made at all: the later questions are not asked.
     broken: Option<String>,
     failed: Vec<&'static str>,
     differs: Vec<&'static str>,
+    untold: Vec<&'static str>,
     unasked: Vec<&'static str>,
+    /// A Set of the job (of the node) may have been stored: it is deleted at the end.
+    job_stored: bool,
+    node_stored: bool,
+    /// A Set was not answered as CloudVision: the questions stopped there.
+    not_cloudvision: bool,
 }
 
 /// Runs the questions with `client` (token and server from the configuration), the keys
-/// qualified by `cluster`; `curl` is what a hand-made curl needs for CloudVision (the token
-/// header read from the token file, the CA), shown if a key cannot be deleted; prints one line per question, the clean-up and a summary; returns
-/// [`EXIT_HOLDS`], [`EXIT_DOES_NOT_HOLD`] or [`EXIT_COULD_NOT_RUN`].
-pub fn run(client: &Client, cluster: &str, curl: &str) -> i32 {
+/// qualified by `cluster` (also every record's `location`); `curl` is what a hand-made curl
+/// needs for CloudVision (the token header read from the token file, the CA), shown if a key
+/// cannot be deleted; `hostname_settings` are the settings in force that make a NodeConfig's
+/// `hostname` differ from its `key.id` (`NodeHostname=hostname`, `QualifyNodeNames=yes`):
+/// question 5 is asked only when there is one. Prints one line per question, the clean-up
+/// and a summary; returns [`EXIT_HOLDS`], [`EXIT_DOES_NOT_HOLD`] or [`EXIT_COULD_NOT_RUN`].
+pub fn run(client: &Client, cluster: &str, curl: &str, hostname_settings: &[&str]) -> i32 {
     let server = client.base_url().trim_start_matches("https://").to_string();
-    // Reachable, TLS, the token: else nothing is written.
-    if let Err(e) = client.probe(None) {
-        println!(
-            "FAIL CloudVision {server}: {}: nothing was written; run cvslurm check",
-            one_line(&e.to_string(), 400)
-        );
-        return EXIT_COULD_NOT_RUN;
+    // Reachable, TLS, the token: else nothing is written. A server that answers, but not as
+    // CloudVision, is still asked the writes.
+    match client.probe(None) {
+        Ok(_) => {}
+        Err(e @ SendError::NotCloudVision { .. }) => println!(
+            "note {} does not answer a GetOne as CloudVision ({}): the questions that read a record back cannot be answered; the writes are asked all the same",
+            crate::text::escape_control(&server),
+            said_err(&e)
+        ),
+        Err(e) => {
+            println!(
+                "FAIL CloudVision {server}: {}: nothing was written; run cvslurm check",
+                one_line(&e.to_string(), 400)
+            );
+            return EXIT_COULD_NOT_RUN;
+        }
     }
     let now = crate::timefmt::now_epoch();
     let stem = format!("cvslurm-contract-{}-{now}", std::process::id());
@@ -75,53 +165,41 @@ pub fn run(client: &Client, cluster: &str, curl: &str) -> i32 {
         curl: curl.to_string(),
         job: format!("{stem}@{cluster}"),
         node: format!("{stem}@{cluster}"),
+        cluster: cluster.to_string(),
         start: crate::timefmt::format_epoch(now - 60).unwrap_or_default(),
         end: crate::timefmt::format_epoch(now).unwrap_or_default(),
+        hostname_settings: hostname_settings.iter().map(|s| s.to_string()).collect(),
         broken: None,
         failed: Vec::new(),
         differs: Vec::new(),
+        untold: Vec::new(),
         unasked: Vec::new(),
+        job_stored: false,
+        node_stored: false,
+        not_cloudvision: false,
     };
     println!(
-        "asking CloudVision {server} with the throw-away JobConfig and NodeConfig {} (deleted at the end)",
+        "asking CloudVision {server} with the throw-away {} {} (deleted at the end)",
+        if r.hostname_settings.is_empty() {
+            "JobConfig"
+        } else {
+            "JobConfig and NodeConfig"
+        },
         r.job
     );
     r.q1_get_without_key();
     r.q2_unknown_key();
-    r.q3_set_merges();
-    r.q3_empty_list_clears();
+    r.q3_other_list();
     r.q4_end_time_kept();
     r.q5_hostname();
     r.q6_unknown_field();
     r.q7_delete_job();
+    r.q8_type();
     let clean = r.clean_up();
-    if r.failed.is_empty() && r.unasked.is_empty() {
-        if r.differs.is_empty() {
-            println!("all of cvslurm's assumptions hold");
-        } else {
-            println!(
-                "cvslurm works with this CloudVision: every assumption holds but question(s) {}, where it differs harmlessly",
-                r.differs.join(", ")
-            );
-        }
-    }
-    if !r.failed.is_empty() {
-        println!(
-            "{} assumption(s) do not hold: question(s) {}; see README.md, \"CloudVision compatibility\"",
-            r.failed.len(),
-            r.failed.join(", ")
-        );
-    }
-    if !r.unasked.is_empty() {
-        println!(
-            "{} question(s) could not be asked: {}",
-            r.unasked.len(),
-            r.unasked.join(", ")
-        );
-    }
+    r.summary();
     if !r.failed.is_empty() {
         EXIT_DOES_NOT_HOLD
-    } else if !r.unasked.is_empty() || !clean {
+    } else if !r.unasked.is_empty() || !r.untold.is_empty() || !clean {
         EXIT_COULD_NOT_RUN
     } else {
         EXIT_HOLDS
@@ -130,27 +208,58 @@ pub fn run(client: &Client, cluster: &str, curl: &str) -> i32 {
 
 /// A request's outcome in words: `HTTP 404: not found`, or why there was none.
 fn said(r: &Result<Answer, SendError>) -> String {
-    let words = match r {
+    match r {
         Ok(a) => format!("HTTP {}", a.status),
-        Err(
-            SendError::Rejected { status, message }
-            | SendError::Server { status, message }
-            | SendError::TokenRefused { status, message },
-        ) if !message.is_empty() => format!("HTTP {status}: {message}"),
-        Err(
-            SendError::Rejected { status, .. }
-            | SendError::Server { status, .. }
-            | SendError::TokenRefused { status, .. },
-        ) => format!("HTTP {status}"),
-        Err(e) => e.to_string(),
+        Err(e) => said_err(e),
+    }
+}
+
+/// [`said`] of an error.
+fn said_err(e: &SendError) -> String {
+    let words = match e {
+        SendError::Rejected { status, message }
+        | SendError::Server { status, message }
+        | SendError::TokenRefused { status, message }
+            if !message.is_empty() =>
+        {
+            format!("HTTP {status}: {message}")
+        }
+        SendError::Rejected { status, .. }
+        | SendError::Server { status, .. }
+        | SendError::TokenRefused { status, .. } => format!("HTTP {status}"),
+        SendError::NotCloudVision { status, excerpt } if excerpt.is_empty() => {
+            format!("HTTP {status} with an empty body")
+        }
+        SendError::NotCloudVision { status, excerpt } => format!("HTTP {status} {excerpt:?}"),
+        e => e.to_string(),
     };
     one_line(&words, QUOTE)
 }
 
 /// True when the outcome says nothing about the question: no answer, a server failure, rate
-/// limiting, the token.
+/// limiting, the token, or an answer that is not CloudVision's.
 fn no_answer(e: &SendError) -> bool {
     !matches!(e, SendError::Rejected { .. } | SendError::Invalid(_))
+}
+
+/// True when the outcome of a Set leaves its record possibly stored: accepted, or no answer
+/// that says it was not (a timeout, a lost connection, a server failure).
+fn may_store(r: &Result<Answer, SendError>) -> bool {
+    matches!(
+        r,
+        Ok(_) | Err(SendError::Unreachable(_) | SendError::Timeout(_) | SendError::Server { .. })
+    )
+}
+
+/// True for a DELETE answer of a server without a JobConfig DELETE: 405, 501, or an answer
+/// that is not CloudVision's (Arista's fake CloudVision: 404 `{"errors":[…]}`).
+fn no_delete(e: &SendError) -> bool {
+    matches!(
+        e,
+        SendError::NotCloudVision { .. }
+            | SendError::Rejected { status: 405, .. }
+            | SendError::Server { status: 501, .. }
+    )
 }
 
 /// A field of a GetOne's value by its request name (`start_time`) or CloudVision's
@@ -205,6 +314,10 @@ impl Run<'_> {
                 self.differs.push(n);
                 "note"
             }
+            Verdict::CannotTell => {
+                self.untold.push(n);
+                "note"
+            }
             Verdict::Unasked => {
                 self.unasked.push(n);
                 "SKIP"
@@ -235,6 +348,21 @@ impl Run<'_> {
         r: &Result<Answer, SendError>,
     ) -> bool {
         match r {
+            Err(e @ SendError::NotCloudVision { status, .. }) => {
+                self.line(
+                    n,
+                    Verdict::Unasked,
+                    &format!(
+                        "{question}: {step}: the server is not answering as CloudVision: {}",
+                        said_err(e)
+                    ),
+                );
+                self.broken = Some(format!(
+                    "the server did not answer as CloudVision (question {n}, {step}: HTTP {status})"
+                ));
+                self.not_cloudvision = true;
+                false
+            }
             Err(e) if no_answer(e) => {
                 let why = format!("{step}: {}", said(r));
                 self.line(n, Verdict::Unasked, &format!("{question}: {why}"));
@@ -245,21 +373,64 @@ impl Run<'_> {
         }
     }
 
-    fn post_job(&self, body: Value) -> Result<Answer, SendError> {
-        self.client.post_raw(Kind::Job, &body, None)
+    /// Reports question `n` as not answered: the server does not answer a GET as CloudVision.
+    fn cannot_tell(&mut self, n: &'static str, question: &str, done: &str, e: &SendError) {
+        let done = if done.is_empty() {
+            String::new()
+        } else {
+            format!("{done}; ")
+        };
+        self.line(
+            n,
+            Verdict::CannotTell,
+            &format!(
+                "{question}: {done}cannot tell: the server does not answer GetOne as CloudVision ({})",
+                said_err(e)
+            ),
+        );
     }
 
-    /// The job body cvslurm would send: RUNNING since `start` on `MAC`.
-    fn running(&self) -> Value {
-        json!({
+    /// Posts a JobConfig as it is, and notes whether it may be stored.
+    fn post_job(&mut self, body: Value) -> Result<Answer, SendError> {
+        let r = self.client.post_raw(Kind::Job, &body, None);
+        self.job_stored |= may_store(&r);
+        r
+    }
+
+    /// The whole JobConfig of the throw-away job, as cvslurm sends one: `state` since `start`
+    /// (with `end_time` when ended), by `list` (the node, or `MAC`).
+    fn whole(&self, state: &str, by: List) -> Value {
+        let mut v = json!({
             "key": {"id": self.job},
-            "state": "JOB_STATE_RUNNING",
+            "name": NAME,
+            "location": self.cluster,
+            "state": state,
             "start_time": self.start,
-            "interfaces": {"values": [MAC]},
+        });
+        if state != RUNNING {
+            v["end_time"] = json!(self.end);
+        }
+        match by {
+            List::Nodes => v["nodes"] = json!({"values": [self.node]}),
+            List::Interfaces => v["interfaces"] = json!({"values": [MAC]}),
+        }
+        v
+    }
+
+    /// The whole NodeConfig of the throw-away node, with `hostname`.
+    fn whole_node(&self, hostname: &str) -> Value {
+        json!({
+            "key": {"id": self.node},
+            "location": self.cluster,
+            "hostname": hostname,
+            "data_interfaces": {"values": [
+                {"name": "eth0", "mac_address": MAC, "ip_addresses": {"values": []}}
+            ]},
         })
     }
 
-    /// GetOne: `Ok(Some(value))`, `Ok(None)` for a missing key (404, or 200 without a value).
+    /// GetOne: `Ok(Some(value))`, `Ok(None)` for a missing key (CloudVision's not-found
+    /// answer, or 200 without a value).
     fn read(&self, kind: Kind, id: &str) -> Result<Option<Value>, SendError> {
         let r = match kind {
             Kind::Job => self.client.get_job(id, None),
@@ -275,16 +446,21 @@ impl Run<'_> {
         }
     }
 
-    /// [`Run::read`] of the job for question `n`, reported when it fails.
-    fn read_job(&mut self, n: &'static str, question: &str) -> Option<Value> {
+    /// [`Run::read`] of the job for question `n`, after `done` (what was accepted); reported
+    /// when it fails.
+    fn read_job(&mut self, n: &'static str, question: &str, done: &str) -> Option<Value> {
         match self.read(Kind::Job, &self.job.clone()) {
             Ok(Some(v)) => Some(v),
             Ok(None) => {
                 self.line(
                     n,
                     Verdict::DoesNotHold,
-                    &format!("{question}: a GetOne right after the accepted Set found no record"),
+                    &format!("{question}: {done}, yet a GetOne right after finds no record"),
                 );
+                None
+            }
+            Err(e @ SendError::NotCloudVision { .. }) => {
+                self.cannot_tell(n, question, done, &e);
                 None
             }
             Err(e) => {
@@ -324,6 +500,10 @@ impl Run<'_> {
             return;
         }
         let r = self.client.get_job_without_key(None);
+        if let Err(e @ SendError::NotCloudVision { .. }) = &r {
+            self.cannot_tell("1", q, "", e);
+            return;
+        }
         if !self.answered("1", q, "the GET", &r) {
             return;
         }
@@ -343,6 +523,10 @@ impl Run<'_> {
             return;
         }
         let r = self.client.get_job(&self.job.clone(), None);
+        if let Err(e @ SendError::NotCloudVision { .. }) = &r {
+            self.cannot_tell("2", q, "", e);
+            return;
+        }
         if !self.answered("2", q, "the GetOne", &r) {
             return;
         }
@@ -350,137 +534,73 @@ impl Run<'_> {
             Err(SendError::Rejected { status: 404, .. }) => self.line(
                 "2",
                 Verdict::Holds,
-                &format!("{q}: {}; cvslurm assumes 404: holds", said(&r)),
+                &format!("{q}: {}; cvslurm assumes CloudVision's not-found answer: holds", said(&r)),
             ),
             _ => self.line(
                 "2",
                 Verdict::DoesNotHold,
                 &format!(
-                    "{q}: {}; cvslurm assumes 404 (its probe takes 200 as well, this check reads a missing record as 404 or an empty answer)",
+                    "{q}: {}; cvslurm assumes CloudVision's not-found answer, 404 (its probe takes 200 as well, this check reads a missing record as 404 or an empty answer)",
                     said(&r)
                 ),
             ),
         }
     }
 
-    fn q3_set_merges(&mut self) {
-        let q = "a Set with interfaces only, after one with nodes and start_time";
-        if !self.go("3a", q) {
+    fn q3_other_list(&mut self) {
+        let q = "a whole Set by interfaces after a whole Set by nodes";
+        if !self.go("3", q) {
             return;
         }
-        let first = json!({
-            "key": {"id": self.job},
-            "state": "JOB_STATE_RUNNING",
-            "start_time": self.start,
-            "name": "cvslurm check --contract",
-            "nodes": {"values": [self.node]},
-        });
-        if !self.set("3a", q, "the first Set (nodes)", first) {
+        if !self.set("3", q, "the Set by nodes", self.whole(RUNNING, List::Nodes)) {
             return;
         }
-        let second = json!({
-            "key": {"id": self.job},
-            "state": "JOB_STATE_RUNNING",
-            "interfaces": {"values": [MAC]},
-        });
-        if !self.set("3a", q, "the second Set (interfaces only)", second) {
+        let by_interfaces = self.whole(RUNNING, List::Interfaces);
+        if !self.set("3", q, "the Set by interfaces", by_interfaces) {
             return;
         }
-        let Some(v) = self.read_job("3a", q) else {
+        let Some(v) = self.read_job("3", q, "both Sets were accepted") else {
             return;
         };
         let nodes = !list(&v, "nodes").is_empty();
-        let start = field(&v, "start_time").is_some();
         let interfaces = !list(&v, "interfaces").is_empty();
-        let stored = format!(
-            "stored: nodes {}, start_time {}, interfaces {}",
-            if nodes { "kept" } else { "gone" },
-            if start { "kept" } else { "gone" },
-            if interfaces { "set" } else { "absent" }
-        );
-        if nodes && start && interfaces {
-            self.line(
-                "3a",
+        let fine = "either is fine: cvslurm deletes a job's record before it switches lists";
+        match (nodes, interfaces) {
+            (true, true) => self.line(
+                "3",
                 Verdict::Holds,
-                &format!(
-                    "{q}: {stored}: a Set merges the fields present; cvslurm assumes so: holds"
-                ),
-            );
-        } else {
-            self.line(
-                "3a",
-                Verdict::DoesNotHold,
-                &format!("{q}: {stored}: cvslurm assumes a Set merges the fields present (absent ones keep their value)"),
-            );
-        }
-    }
-
-    fn q3_empty_list_clears(&mut self) {
-        let q = "a Set with an empty nodes list";
-        if !self.go("3b", q) {
-            return;
-        }
-        let before = match self.read(Kind::Job, &self.job.clone()) {
-            Ok(Some(v)) => !list(&v, "nodes").is_empty(),
-            _ => false,
-        };
-        if !before {
-            // 3a did not leave nodes stored (a server that replaces records): store them.
-            let with_nodes = json!({
-                "key": {"id": self.job},
-                "state": "JOB_STATE_RUNNING",
-                "start_time": self.start,
-                "nodes": {"values": [self.node]},
-            });
-            if !self.set("3b", q, "the Set with nodes", with_nodes) {
-                return;
-            }
-        }
-        let clear = json!({
-            "key": {"id": self.job},
-            "state": "JOB_STATE_RUNNING",
-            "nodes": {"values": []},
-        });
-        if !self.set("3b", q, "the Set with \"nodes\":{\"values\":[]}", clear) {
-            return;
-        }
-        let Some(v) = self.read_job("3b", q) else {
-            return;
-        };
-        let left = list(&v, "nodes");
-        if left.is_empty() {
-            self.line(
-                "3b",
+                &format!("{q}: merged (both lists are stored); {fine}: holds"),
+            ),
+            (false, true) => self.line(
+                "3",
                 Verdict::Holds,
-                &format!("{q}: the stored nodes are cleared; cvslurm assumes so: holds"),
-            );
-        } else {
-            self.line(
-                "3b",
+                &format!("{q}: replaced (only the interfaces are stored); {fine}: holds"),
+            ),
+            (_, false) => self.line(
+                "3",
                 Verdict::DoesNotHold,
                 &format!(
-                    "{q}: the stored nodes are kept ({}); cvslurm assumes an empty list clears them",
-                    left.join(",")
+                    "{q}: the interfaces of the accepted Set are not stored (nodes {}); cvslurm assumes a Set's list is stored",
+                    if nodes { "kept" } else { "gone" }
                 ),
-            );
+            ),
         }
     }
 
     fn q4_end_time_kept(&mut self) {
-        let q = "a RUNNING Set without end_time after a COMPLETED one with it";
+        let q = "a whole RUNNING Set (no end_time) after a whole COMPLETED one";
         if !self.go("4", q) {
             return;
         }
-        let mut done = self.running();
-        done["state"] = json!("JOB_STATE_COMPLETED");
-        done["end_time"] = json!(self.end);
+        let done = self.whole(COMPLETED, List::Interfaces);
         if !self.set("4", q, "the COMPLETED Set", done) {
             return;
         }
-        if !self.set("4", q, "the RUNNING Set", self.running()) {
+        let running = self.whole(RUNNING, List::Interfaces);
+        if !self.set("4", q, "the RUNNING Set", running) {
             return;
         }
-        let Some(v) = self.read_job("4", q) else {
+        let Some(v) = self.read_job("4", q, "both Sets were accepted") else {
             return;
         };
         match field(&v, "end_time") {
@@ -499,18 +619,34 @@ impl Run<'_> {
 
     fn q5_hostname(&mut self) {
         let q = "a NodeConfig whose hostname is not its key.id";
+        if self.hostname_settings.is_empty() {
+            // A question of the configuration, not of the server: answered even when the
+            // server stopped answering.
+            self.line(
+                "5",
+                Verdict::Holds,
+                &format!("{q}: not asked: with this configuration (NodeHostname=nodename, QualifyNodeNames=no) cvslurm sends hostname = key.id"),
+            );
+            return;
+        }
         if !self.go("5", q) {
             return;
         }
+        let settings = self.hostname_settings.join(" and ");
+        let off = self
+            .hostname_settings
+            .iter()
+            .map(|s| match s.split('=').next() {
+                Some("NodeHostname") => "NodeHostname=nodename",
+                Some("QualifyNodeNames") => "QualifyNodeNames=no",
+                _ => s,
+            })
+            .collect::<Vec<_>>()
+            .join(" and ");
         let host = format!("cvslurm-contract-host-{}", std::process::id());
-        let body = json!({
-            "key": {"id": self.node},
-            "hostname": host,
-            "data_interfaces": {"values": [
-                {"name": "eth0", "mac_address": MAC, "ip_addresses": {"values": []}}
-            ]},
-        });
+        let body = self.whole_node(&host);
         let r = self.client.post_raw(Kind::Node, &body, None);
+        self.node_stored |= may_store(&r);
         if !self.answered("5", q, "the Set", &r) {
             return;
         }
@@ -519,7 +655,7 @@ impl Run<'_> {
                 "5",
                 Verdict::DoesNotHold,
                 &format!(
-                    "{q}: refused: {}; cvslurm assumes any hostname is accepted",
+                    "{q}: refused: {}; with {settings} cvslurm sends such NodeConfigs, and this server refuses them: turn {settings} off in cloudvision.conf ({off}: hostname = key.id)",
                     said(&r)
                 ),
             );
@@ -532,70 +668,82 @@ impl Run<'_> {
                 None => "GetOne shows no hostname".to_string(),
             },
             Ok(None) => "GetOne finds no record".to_string(),
-            Err(e) => format!("GetOne: {}", said(&Err(e))),
+            Err(e @ SendError::NotCloudVision { .. }) => format!(
+                "the server does not answer GetOne as CloudVision: {}",
+                said_err(&e)
+            ),
+            Err(e) => format!("GetOne: {}", said_err(&e)),
         };
         self.line(
             "5",
             Verdict::Holds,
-            &format!("{q}: accepted ({shown}); cvslurm assumes it is accepted: holds"),
+            &format!(
+                "{q}: accepted ({shown}); cvslurm sends such NodeConfigs with {settings}: holds"
+            ),
         );
     }
 
     fn q6_unknown_field(&mut self) {
-        let q = "a Set with an unknown field";
+        let q = "a whole Set with an unknown field";
         if !self.go("6", q) {
             return;
         }
-        let mut body = self.running();
-        body["cvslurm_contract_unknown_field"] = json!("x");
+        let mut body = self.whole(RUNNING, List::Interfaces);
+        body[UNKNOWN_FIELD] = json!("x");
         let r = self.post_job(body);
         if !self.answered("6", q, "the Set", &r) {
             return;
         }
+        let fine = "either a refusal or ignoring it is fine: cvslurm sends no other field";
         match &r {
-            Err(SendError::Rejected { status: 400, .. }) => self.line(
+            Err(SendError::Rejected { .. }) => self.line(
                 "6",
                 Verdict::Holds,
-                &format!(
-                    "{q}: rejected ({}); cvslurm sends no unknown field: holds",
-                    said(&r)
-                ),
+                &format!("{q}: rejected ({}); {fine}: holds", said(&r)),
             ),
             Ok(_) => {
-                let kept = matches!(
-                    self.read(Kind::Job, &self.job.clone()),
-                    Ok(Some(v)) if field(&v, "cvslurm_contract_unknown_field").is_some()
-                );
+                let kept = match self.read(Kind::Job, &self.job.clone()) {
+                    Ok(Some(v)) if field(&v, UNKNOWN_FIELD).is_some() => "stored",
+                    Ok(_) => "not stored",
+                    Err(_) => "stored or not: the GetOne did not tell",
+                };
                 self.line(
                     "6",
                     Verdict::Holds,
                     &format!(
-                        "{q}: ignored ({}, the field {}); cvslurm sends no unknown field: holds",
-                        said(&r),
-                        if kept { "stored" } else { "not stored" }
+                        "{q}: ignored ({}, the field {kept}); {fine}: holds",
+                        said(&r)
                     ),
                 );
             }
             Err(_) => self.line(
                 "6",
                 Verdict::DoesNotHold,
-                &format!("{q}: {}; cvslurm assumes 400 or ignored", said(&r)),
+                &format!("{q}: {}; cvslurm assumes a refusal or ignored", said(&r)),
             ),
         }
     }
 
     fn q7_delete_job(&mut self) {
-        let q = "JobConfig DELETE, then a new RUNNING";
+        let q = "JobConfig DELETE, then a whole RUNNING";
         if !self.go("7", q) {
             return;
         }
-        let mut done = self.running();
-        done["state"] = json!("JOB_STATE_COMPLETED");
-        done["end_time"] = json!(self.end);
+        let done = self.whole(COMPLETED, List::Interfaces);
         if !self.set("7", q, "the COMPLETED Set", done) {
             return;
         }
         let r = self.client.delete_job(&self.job.clone(), None);
+        if let Err(e) = &r {
+            if no_delete(e) {
+                self.line(
+                    "7",
+                    Verdict::Differs,
+                    &format!("{q}: the server has no JobConfig DELETE ({}): cvslurm then posts the whole record without deleting it first (a requeued job's RUNNING may show the earlier run's end_time on a server whose Set merges)", said(&r)),
+                );
+                return;
+            }
+        }
         if !self.answered("7", q, "the DELETE", &r) {
             return;
         }
@@ -607,17 +755,19 @@ impl Run<'_> {
             );
             return;
         }
+        let deleted = format!("the DELETE answered {}", said(&r));
         match self.read(Kind::Job, &self.job.clone()) {
             Ok(None) => {}
             Ok(Some(_)) => {
                 self.line(
                     "7",
                     Verdict::DoesNotHold,
-                    &format!(
-                        "{q}: the DELETE answered {} but a GetOne still finds the record",
-                        said(&r)
-                    ),
+                    &format!("{q}: {deleted} but a GetOne still finds the record"),
                 );
+                return;
+            }
+            Err(e @ SendError::NotCloudVision { .. }) => {
+                self.cannot_tell("7", q, &deleted, &e);
                 return;
             }
             Err(e) => {
@@ -632,10 +782,11 @@ impl Run<'_> {
                 return;
             }
         }
-        if !self.set("7", q, "the RUNNING Set after the DELETE", self.running()) {
+        let running = self.whole(RUNNING, List::Interfaces);
+        if !self.set("7", q, "the RUNNING Set after the DELETE", running) {
             return;
         }
-        let Some(v) = self.read_job("7", q) else {
+        let Some(v) = self.read_job("7", q, &format!("{deleted}, the RUNNING was accepted")) else {
             return;
         };
         if field(&v, "end_time").is_some() {
@@ -659,63 +810,153 @@ impl Run<'_> {
         }
     }
 
-    /// Deletes both throw-away keys (a missing one is gone already). A JobConfig that cannot
-    /// be deleted is at least ended. Returns false, after naming what is left and how to
-    /// delete it by hand, when something could not be removed.
+    fn q8_type(&mut self) {
+        let q = "a whole ended Set with \"type\":\"JOB_TYPE_CONFIGURED\" (what cvslurm send <jobid> sends)";
+        if !self.go("8", q) {
+            return;
+        }
+        let mut body = self.whole(COMPLETED, List::Nodes);
+        body["type"] = json!(CONFIGURED);
+        let r = self.post_job(body);
+        if !self.answered("8", q, "the Set", &r) {
+            return;
+        }
+        match &r {
+            Ok(_) => self.line(
+                "8",
+                Verdict::Holds,
+                &format!("{q}: accepted ({}); cvslurm send <jobid> sends it, as Arista's cv-job-send.py does: holds", said(&r)),
+            ),
+            Err(_) => self.line(
+                "8",
+                Verdict::Differs,
+                &format!("{q}: refused ({}): the records of cvslurm send <jobid> would be refused by this server, while the hooks' records (no type) are not", said(&r)),
+            ),
+        }
+    }
+
+    /// Deletes each throw-away key a Set may have stored (a missing one is gone already). A
+    /// JobConfig that cannot be deleted is at least ended. Returns false, after naming what
+    /// is left and how to delete it by hand, when something could not be removed (a job left
+    /// by a server without a JobConfig DELETE is named too, but counts as cleaned up: there
+    /// is no other way).
     fn clean_up(&mut self) -> bool {
-        let mut left = Vec::new();
+        // (kind, key, URL, the DELETE's answer, true when the server cannot delete it)
+        let mut left: Vec<(&str, String, String, String, bool)> = Vec::new();
+        let mut deleted = Vec::new();
         let job = self.job.clone();
-        let gone = |r: &Result<Answer, SendError>| {
-            matches!(r, Ok(_) | Err(SendError::Rejected { status: 404, .. }))
-        };
-        let r = self.client.delete_job(&job, None);
-        if !gone(&r) {
-            // Not deletable here: leave it ended rather than RUNNING.
-            let mut done = self.running();
-            done["state"] = json!("JOB_STATE_COMPLETED");
-            done["end_time"] = json!(self.end);
-            let ended = self.post_job(done).is_ok();
-            left.push((
-                "JobConfig",
-                job.clone(),
-                self.client.job_key_url(&job),
-                format!(
-                    "{}{}",
-                    said(&r),
-                    if ended { "; it is left COMPLETED" } else { "" }
-                ),
-            ));
+        if self.job_stored {
+            let r = self.client.delete_job(&job, None);
+            if matches!(r, Ok(_) | Err(SendError::Rejected { status: 404, .. })) {
+                deleted.push("JobConfig");
+            } else {
+                // Not deletable here: leave it ended rather than RUNNING.
+                let done = self.whole(COMPLETED, List::Interfaces);
+                let ended = self.client.post_raw(Kind::Job, &done, None).is_ok();
+                left.push((
+                    "JobConfig",
+                    job.clone(),
+                    self.client.job_key_url(&job),
+                    format!(
+                        "{}{}",
+                        said(&r),
+                        if ended { "; it is left COMPLETED" } else { "" }
+                    ),
+                    ended && r.as_ref().is_err_and(no_delete),
+                ));
+            }
         }
         let node = self.node.clone();
-        let r = self.client.delete_node(&node, None);
-        if r.is_err() {
-            left.push((
-                "NodeConfig",
-                node.clone(),
-                self.client.node_key_url(&node),
-                said(&r),
-            ));
+        if self.node_stored {
+            match self.client.delete_node(&node, None) {
+                Ok(_) => deleted.push("NodeConfig"),
+                Err(e) => left.push((
+                    "NodeConfig",
+                    node.clone(),
+                    self.client.node_key_url(&node),
+                    said_err(&e),
+                    false,
+                )),
+            }
         }
-        if left.is_empty() {
-            println!("cleaned up: the throw-away JobConfig and NodeConfig {job} are deleted");
-            return true;
-        }
-        for (kind, key, url, why) in &left {
+        for (kind, key, url, why, cannot) in &left {
+            let (tag, since) = match cannot {
+                true => ("note", ", as this server has no JobConfig DELETE"),
+                false => ("FAIL", ""),
+            };
             println!(
-                "FAIL clean-up: the throw-away {kind} {} is still in CloudVision (its DELETE: {}): delete it by hand: curl -X DELETE {} '{}'",
+                "{tag} clean-up: the throw-away {kind} {} is still in CloudVision{since} (its DELETE: {}): delete it by hand: curl -X DELETE {} '{}'",
                 one_line(key, QUOTE),
                 crate::text::escape_control(why),
                 crate::text::escape_control(&self.curl),
                 one_line(url, 400)
             );
         }
-        false
+        if left.is_empty() {
+            match deleted.as_slice() {
+                [] => println!(
+                    "cleaned up: nothing to delete: no Set under the throw-away keys was taken"
+                ),
+                [one] => println!("cleaned up: the throw-away {one} {job} is deleted"),
+                _ => println!(
+                    "cleaned up: the throw-away JobConfig and NodeConfig {job} are deleted"
+                ),
+            }
+        }
+        left.iter().all(|l| l.4)
+    }
+
+    /// The closing lines: what holds, what not, what could not be told or asked.
+    fn summary(&self) {
+        let complete = self.failed.is_empty() && self.unasked.is_empty() && self.untold.is_empty();
+        if complete && self.differs.is_empty() {
+            println!("all of cvslurm's assumptions hold");
+        } else if complete {
+            println!(
+                "cvslurm works with this CloudVision: no assumption fails; question(s) {} differ from what it assumes, as their note lines say",
+                self.differs.join(", ")
+            );
+        }
+        if !self.failed.is_empty() {
+            println!(
+                "{} assumption(s) do not hold: question(s) {}; see README.md, \"CloudVision compatibility\"",
+                self.failed.len(),
+                self.failed.join(", ")
+            );
+        }
+        if !self.untold.is_empty() {
+            println!(
+                "{} question(s) cannot be told: {}: the server does not answer GetOne as CloudVision, so what it stores could not be read back",
+                self.untold.len(),
+                self.untold.join(", ")
+            );
+        }
+        if !complete && !self.differs.is_empty() {
+            println!(
+                "question(s) {} differ from what cvslurm assumes, as their note lines say",
+                self.differs.join(", ")
+            );
+        }
+        if !self.unasked.is_empty() {
+            println!(
+                "{} question(s) could not be asked: {}{}",
+                self.unasked.len(),
+                self.unasked.join(", "),
+                if self.not_cloudvision {
+                    ": the server is not answering as CloudVision: check that ApiServer names CloudVision (with the computejob API), not a web server or proxy"
+                } else {
+                    ""
+                }
+            );
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloudvision::ClientOptions;
+    use crate::payload::JobConfig;
 
     #[test]
     fn fields_by_either_name() {
@@ -727,5 +968,98 @@ mod tests {
         // Hostile values are quoted on one line.
         let v = json!({"hostname": "a\u{1b}[2J\nb"});
         assert!(!text(&v, "hostname").unwrap().chars().any(char::is_control));
+    }
+
+    fn run_on(client: &Client) -> Run<'_> {
+        Run {
+            client,
+            curl: String::new(),
+            job: "cvslurm-contract-1-2@west".into(),
+            node: "cvslurm-contract-1-2@west".into(),
+            cluster: "west".into(),
+            start: "2025-12-05T10:30:00Z".into(),
+            end: "2025-12-05T10:31:00Z".into(),
+            hostname_settings: Vec::new(),
+            broken: None,
+            failed: Vec::new(),
+            differs: Vec::new(),
+            untold: Vec::new(),
+            unasked: Vec::new(),
+            job_stored: false,
+            node_stored: false,
+            not_cloudvision: false,
+        }
+    }
+
+    /// Every JobConfig the questions post is a whole record, as cvslurm's own are: its
+    /// payload check takes each (exactly one non-empty list, name, location, start_time,
+    /// end_time only when ended).
+    #[test]
+    fn every_record_is_whole() {
+        let client = Client::new(ClientOptions {
+            server: "127.0.0.1:9".into(),
+            token: None,
+            ca_file: None,
+            pins: Vec::new(),
+            insecure: true,
+            timeout: std::time::Duration::from_secs(1),
+        })
+        .unwrap();
+        let r = run_on(&client);
+        for state in [RUNNING, COMPLETED] {
+            for by in [List::Nodes, List::Interfaces] {
+                let v = r.whole(state, by);
+                let j: JobConfig = serde_json::from_value(v.clone()).unwrap();
+                assert_eq!(j.validate(), Ok(()), "{v}");
+                assert_eq!(v["location"], "west");
+                assert_eq!(v["name"], NAME);
+                assert_eq!(v.get("end_time").is_some(), state != RUNNING, "{v}");
+                let lists = ["nodes", "interfaces"].map(|k| v.get(k).is_some());
+                assert_eq!(lists, [by == List::Nodes, by == List::Interfaces], "{v}");
+            }
+        }
+        let n = r.whole_node("h");
+        assert_eq!(n["key"]["id"], r.node);
+        assert_eq!(n["location"], "west");
+        assert_eq!(n["hostname"], "h");
+        assert_eq!(n["data_interfaces"]["values"].as_array().unwrap().len(), 1);
+    }
+
+    /// Answers that are not CloudVision's are quoted with their status; a server without a
+    /// JobConfig DELETE is told from a refusal; only what may have stored a record is deleted.
+    #[test]
+    fn answers_in_words() {
+        let web = SendError::NotCloudVision {
+            status: 404,
+            excerpt: "<html>Not Found</html>".into(),
+        };
+        assert_eq!(said_err(&web), "HTTP 404 \"<html>Not Found</html>\"");
+        let empty = SendError::NotCloudVision {
+            status: 200,
+            excerpt: String::new(),
+        };
+        assert_eq!(said_err(&empty), "HTTP 200 with an empty body");
+        let hostile = SendError::Rejected {
+            status: 400,
+            message: format!("\u{1b}[2J{}", "x".repeat(500)),
+        };
+        let s = said_err(&hostile);
+        assert!(
+            !s.chars().any(char::is_control) && s.chars().count() <= QUOTE,
+            "{s}"
+        );
+        assert!(no_answer(&web) && !no_answer(&hostile));
+        let rejected = |status| SendError::Rejected {
+            status,
+            message: String::new(),
+        };
+        assert!(no_delete(&web) && no_delete(&rejected(405)));
+        assert!(no_delete(&SendError::Server {
+            status: 501,
+            message: String::new()
+        }));
+        assert!(!no_delete(&rejected(400)) && !no_delete(&rejected(404)));
+        assert!(!may_store(&Err(web)) && !may_store(&Err(rejected(400))));
+        assert!(may_store(&Err(SendError::Timeout("t".into()))));
     }
 }

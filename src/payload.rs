@@ -134,9 +134,9 @@ pub struct JobConfig {
     /// Who configured the record; absent for hook records.
     #[serde(rename = "type", skip_serializing_if = "Option::is_none", default)]
     pub job_type: Option<JobType>,
-    /// The node names. At most one of `nodes` and `interfaces` is non-empty; the other is
-    /// absent, or present and empty (`{"values":[]}`) to clear what an earlier request of the
-    /// job stored ([`JobConfig::clear_other_list`]).
+    /// The node names. Exactly one of `nodes` and `interfaces` is sent, never empty
+    /// ([`JobConfig::validate`]); which one is the job's representation, the same for every
+    /// record of the job (`StateDir/reps/`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub nodes: Option<Values<String>>,
     /// The interface MAC addresses (tenant jobs placed by interface; `JobInterfaces=gpu|auto`).
@@ -145,27 +145,55 @@ pub struct JobConfig {
 }
 
 impl JobConfig {
-    /// Checks what CloudVision would refuse with a 400: an empty key, both `nodes` and
-    /// `interfaces` non-empty, a MAC that is not `aa:bb:cc:dd:ee:ff`, an ended job without
-    /// `end_time`. An empty list next to the other is the request clearing it: valid.
+    /// Checks that this is a whole record CloudVision (and Arista's own fake CloudVision, which
+    /// validates every POST as a whole record) takes: a non-empty `key.id`, `name` and
+    /// `location`; a `start_time`; **exactly one** of `nodes` and `interfaces`, its list not
+    /// empty (node names not empty, MACs `aa:bb:cc:dd:ee:ff`); `end_time` for an ended job
+    /// and none for a running one. What fails is never sent.
     pub fn validate(&self) -> Result<(), String> {
         let id = &self.key.id;
         if id.trim().is_empty() {
             return Err("empty key.id".into());
         }
-        let nodes = self.nodes.as_ref().is_some_and(|n| !n.values.is_empty());
-        if let Some(i) = self.interfaces.as_ref().filter(|i| !i.values.is_empty()) {
-            if nodes {
-                return Err(format!("job {id}: both nodes and interfaces"));
+        for (field, v) in [("name", &self.name), ("location", &self.location)] {
+            if v.as_deref().is_none_or(str::is_empty) {
+                return Err(format!("job {id}: no {field}"));
             }
-            if let Some(bad) = i.values.iter().find(|m| !is_mac(m)) {
+        }
+        if self.start_time.is_none() {
+            return Err(format!("job {id}: no start_time"));
+        }
+        match (&self.nodes, &self.interfaces) {
+            (Some(_), Some(_)) => {
                 return Err(format!(
-                    "job {id}: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
-                ));
+                    "job {id}: both nodes and interfaces (a record names exactly one)"
+                ))
+            }
+            (None, None) => return Err(format!("job {id}: neither nodes nor interfaces")),
+            (Some(n), None) => {
+                if n.values.is_empty() {
+                    return Err(format!("job {id}: an empty list of nodes"));
+                }
+                if n.values.iter().any(String::is_empty) {
+                    return Err(format!("job {id}: an empty node name"));
+                }
+            }
+            (None, Some(i)) => {
+                if i.values.is_empty() {
+                    return Err(format!("job {id}: an empty list of interfaces"));
+                }
+                if let Some(bad) = i.values.iter().find(|m| !is_mac(m)) {
+                    return Err(format!(
+                        "job {id}: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
+                    ));
+                }
             }
         }
         if self.state.is_terminal() && self.end_time.is_none() {
             return Err(format!("job {id}: {} without end_time", self.state.word()));
+        }
+        if !self.state.is_terminal() && self.end_time.is_some() {
+            return Err(format!("job {id}: running with an end_time"));
         }
         Ok(())
     }
@@ -177,21 +205,6 @@ impl JobConfig {
             .is_some_and(|i| !i.values.is_empty())
     }
 
-    /// Makes the request name the list the job does not use, empty, so that CloudVision's Set
-    /// (a partial update: an absent field keeps its stored value) clears what an earlier
-    /// request of the same job stored the other way. A job sent by interfaces always gets
-    /// `"nodes":{"values":[]}`; a job sent by node names gets `"interfaces":{"values":[]}` when
-    /// `either_way` (`JobInterfaces=gpu|auto`: another of its events may go by interfaces).
-    /// With `JobInterfaces=nodes` a job by node names keeps the reference's bytes (only
-    /// `nodes`).
-    pub fn clear_other_list(&mut self, either_way: bool) {
-        if self.by_interfaces() {
-            self.nodes = Some(Vec::new().into());
-        } else if either_way && self.nodes.as_ref().is_some_and(|n| !n.values.is_empty()) {
-            self.interfaces = Some(Vec::new().into());
-        }
-    }
-
     /// The job id part of `key.id` (before the last `@`).
     pub fn job_id(&self) -> &str {
         self.key
@@ -201,8 +214,13 @@ impl JobConfig {
     }
 }
 
-/// CloudVision's job name: `<jobname>@<partition>`, the bare job name without a partition.
+/// The name a job without one is given ([`job_name`]): CloudVision requires a name.
+pub const NO_NAME: &str = "(no name)";
+
+/// CloudVision's job name: `<jobname>@<partition>`, the bare job name without a partition;
+/// [`NO_NAME`] stands for an empty job name.
 pub fn job_name(name: &str, partition: Option<&str>) -> String {
+    let name = if name.is_empty() { NO_NAME } else { name };
     match partition.filter(|p| !p.is_empty()) {
         Some(p) => format!("{name}@{p}"),
         None => name.to_string(),
@@ -415,54 +433,54 @@ mod tests {
         }
     }
 
-    /// The bytes of each representation: with `JobInterfaces=nodes` a job by node names is the
-    /// reference's (only `nodes`); where a job may go either way, the other list is sent
-    /// present and empty so that CloudVision's partial update clears it; a job by interfaces
-    /// always clears `nodes`.
+    /// The bytes of each representation: one list, never empty, never both (what Arista's own
+    /// fake CloudVision takes, and a protobuf `oneof` would); and whole records only.
     #[test]
-    fn the_list_a_job_does_not_use_is_sent_empty_where_it_may_go_either_way() {
+    fn a_record_names_exactly_one_list_and_is_whole() {
         let bytes = |j: &JobConfig| serde_json::to_string(j).unwrap();
         let head = r#"{"key":{"id":"7@c"},"name":"j","state":"JOB_STATE_RUNNING","start_time":"2025-12-05T10:30:00Z","location":"c""#;
-        let mut j = job_on(Some(&["n1", "n2"]), None);
-        j.clear_other_list(false);
+        let j = job_on(Some(&["n1", "n2"]), None);
         assert_eq!(
             bytes(&j),
             format!(r#"{head},"nodes":{{"values":["n1","n2"]}}}}"#)
         );
-        j.clear_other_list(true);
-        assert_eq!(
-            bytes(&j),
-            format!(r#"{head},"nodes":{{"values":["n1","n2"]}},"interfaces":{{"values":[]}}}}"#)
-        );
         assert_eq!(j.validate(), Ok(()));
-        for either_way in [false, true] {
-            let mut m = job_on(None, Some(&["02:00:00:00:00:01"]));
-            m.clear_other_list(either_way);
-            assert_eq!(
-                bytes(&m),
-                format!(
-                    r#"{head},"nodes":{{"values":[]}},"interfaces":{{"values":["02:00:00:00:00:01"]}}}}"#
-                )
-            );
-            assert_eq!(m.validate(), Ok(()));
-            assert!(m.by_interfaces());
-        }
-        // An empty list read back (an event file) is still there to clear, and serializes
-        // again as it came.
-        let back: JobConfig = serde_json::from_str(&bytes(&j)).unwrap();
-        assert_eq!(back, j);
-        // Both lists non-empty is what CloudVision would refuse; a bad MAC too.
-        let both = job_on(Some(&["n1"]), Some(&["02:00:00:00:00:01"]));
+        let m = job_on(None, Some(&["02:00:00:00:00:01"]));
         assert_eq!(
-            both.validate(),
-            Err("job 7@c: both nodes and interfaces".into())
+            bytes(&m),
+            format!(r#"{head},"interfaces":{{"values":["02:00:00:00:00:01"]}}}}"#)
         );
-        let bad = job_on(Some(&[]), Some(&["02:00:00:00:00:0G"]));
-        assert!(bad.validate().unwrap_err().contains("is not a MAC"));
-        // Neither list non-empty: nothing to clear with.
-        let mut none = job_on(Some(&[]), None);
-        none.clear_other_list(true);
-        assert_eq!(none.interfaces, None);
+        assert_eq!(m.validate(), Ok(()));
+        assert!(m.by_interfaces());
+        let err = |j: JobConfig| j.validate().unwrap_err();
+        // Both lists, even one empty: refused.
+        assert!(err(job_on(Some(&["n1"]), Some(&["02:00:00:00:00:01"]))).contains("both"));
+        assert!(err(job_on(Some(&[]), Some(&["02:00:00:00:00:01"]))).contains("both"));
+        assert!(err(job_on(Some(&["n1"]), Some(&[]))).contains("both"));
+        // An empty list, or none: refused.
+        assert!(err(job_on(Some(&[]), None)).contains("empty list of nodes"));
+        assert!(err(job_on(None, Some(&[]))).contains("empty list of interfaces"));
+        assert!(err(job_on(None, None)).contains("neither"));
+        assert!(err(job_on(Some(&[""]), None)).contains("empty node name"));
+        assert!(err(job_on(None, Some(&["02:00:00:00:00:0G"]))).contains("is not a MAC"));
+        // Whole records: name, location, start_time; end_time only for ends.
+        let mut no_name = job_on(Some(&["n1"]), None);
+        no_name.name = Some(String::new());
+        assert_eq!(err(no_name), "job 7@c: no name");
+        let mut no_location = job_on(Some(&["n1"]), None);
+        no_location.location = None;
+        assert_eq!(err(no_location), "job 7@c: no location");
+        let mut no_start = job_on(Some(&["n1"]), None);
+        no_start.start_time = None;
+        assert_eq!(err(no_start), "job 7@c: no start_time");
+        let mut running_end = job_on(Some(&["n1"]), None);
+        running_end.end_time = Some("2025-12-05T11:00:00Z".into());
+        assert_eq!(err(running_end), "job 7@c: running with an end_time");
+        let mut done = job_on(Some(&["n1"]), None);
+        done.state = JobState::Failed;
+        assert_eq!(err(done.clone()), "job 7@c: failed without end_time");
+        done.end_time = Some("2025-12-05T11:00:00Z".into());
+        assert_eq!(done.validate(), Ok(()));
     }
 
     #[test]
@@ -539,6 +557,8 @@ mod tests {
         assert_eq!(job_name("train", Some("gpu")), "train@gpu");
         assert_eq!(job_name("train", None), "train");
         assert_eq!(job_name("train", Some("")), "train");
+        assert_eq!(job_name("", Some("gpu")), "(no name)@gpu");
+        assert_eq!(job_name("", None), "(no name)");
     }
 
     /// Slurm's own notion of a final state (`JobInfo::ended`) and the CloudVision mapping

@@ -771,6 +771,66 @@ fn check_and_status_probe_a_strict_cloudvision() {
     );
 }
 
+/// Issue 29: the probe says "answers with the token" only on CloudVision's own answers. A
+/// plain web server that answers every path 404 (or 200 with a page of HTML), and Arista's own
+/// fake CloudVision (a plain 404 `{"errors":[…]}` to every GET), are named for what answered:
+/// `check` fails, `status` says so; nothing is written.
+#[test]
+fn check_and_status_know_cloudvision_from_any_web_server() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    for (profile, status, excerpt) in [
+        (
+            "web",
+            404,
+            "<html><head><title>404 Not Found</title></head><body><h1>Not Found</h1></body></html>",
+        ),
+        (
+            "web200",
+            200,
+            "<html><body><h1>It works!</h1></body></html>",
+        ),
+        (
+            "arista",
+            404,
+            r#"{"errors":["GET not supported by CV stub"]}"#,
+        ),
+    ] {
+        cv.set_behaviour(json!({ "profile": profile }));
+        let out = site.run(&["check"]);
+        assert_eq!(out.status.code(), Some(1), "{profile}: {}", stdout(&out));
+        let text = stdout(&out);
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("CloudVision {}", cv.server())))
+            .unwrap_or_else(|| panic!("no CloudVision line: {text}"));
+        let want = format!(
+            "FAIL CloudVision {}: the server is not answering as CloudVision: HTTP {status} {excerpt:?}",
+            cv.server()
+        );
+        assert!(line.starts_with(&want), "{profile}:\n{line}\n{want}");
+        assert!(
+            line.contains("set ApiServer to CloudVision's own address"),
+            "{line}"
+        );
+        let out = site.run(&["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let said = v["cloudvision"].as_str().unwrap();
+        assert!(
+            said.starts_with(&format!(
+                "the server is not answering as CloudVision: HTTP {status}"
+            )),
+            "{profile}: {said}"
+        );
+        assert_eq!(cv.state(), json!({"jobs": {}, "nodes": {}}), "{profile}");
+    }
+    // Back to CloudVision's answers: the same site passes.
+    cv.set_behaviour(json!({ "profile": "cloudvision" }));
+    let out = site.run(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["cloudvision"], "ok", "{v}");
+}
+
 /// Issue 20: a bound the service reached asking Slurm (jobs left for the next pass, a listing
 /// past the output bound) is shown by `status`, escaped like everything read from StateDir.
 #[test]

@@ -786,6 +786,122 @@ fn outage_of_cloudvision_loses_no_event() {
     let _ = &f.state_dir;
 }
 
+/// Puts the stand-in back to CloudVision's contract when the test ends, passed or not.
+struct ContractProfile<'a>(&'a Standin);
+
+impl Drop for ContractProfile<'_> {
+    fn drop(&mut self) {
+        self.0.set_behaviour(json!({"profile": "cloudvision"}));
+    }
+}
+
+/// Issue 29, on a real cluster against Arista's own fake CloudVision's rules (every POST a
+/// whole record that replaces the stored one; no GET): a job's RUNNING and end from the hooks
+/// and the service, and a one-shot inventory, are each accepted and the records held are the
+/// job's and the nodes'; a node whose interfaces no filter lets through gets no NodeConfig
+/// (a warning naming the filters, exit 0), and its record stays.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn arista_rules_take_every_record_and_a_node_without_nics_is_not_posted() {
+    let (f, _g) = exclusive();
+    f.cv.set_mode(json!({"mode": "ok"}));
+    let from =
+        f.cv.requests()
+            .last()
+            .map_or(0, |r| r["seq"].as_u64().unwrap_or(0));
+    f.cv.set_behaviour(json!({"profile": "arista"}));
+    let _back = ContractProfile(&f.cv);
+    let id = sbatch(&["-J", "e2e-arista", "--wrap", "sleep 1"]);
+    let done = wait_job(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+    check_times(&done);
+    assert_eq!(done["name"], "e2e-arista@debug");
+    assert_eq!(nodes_of(&done).len(), 1);
+    assert!(done.get("interfaces").is_none(), "{done}");
+    let out = Command::new(&f.bin).args(["inventory"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains(&format!("{NODES} sent, 0 failed, 0 unavailable")),
+        "{}",
+        stdout(&out)
+    );
+    for i in 1..=NODES {
+        let n = f.cv.stored_node(&format!("n{i}")).unwrap();
+        assert_eq!(
+            n["data_interfaces"]["values"],
+            expected_interfaces(i),
+            "{n}"
+        );
+    }
+    // No interface passes InterfaceRegex: nothing posted, one warning per node, exit 0.
+    let conf = Scratch::new("no-nics");
+    let path = conf.path().join("cv.conf");
+    fs::write(
+        &path,
+        format!(
+            "{}InterfaceRegex=^nomatch\n",
+            fs::read_to_string(&f.conf).unwrap()
+        ),
+    )
+    .unwrap();
+    let posts = |f: &Fixture| {
+        f.cv.requests()
+            .iter()
+            .filter(|r| {
+                r["method"] == "POST" && r["path"].as_str().unwrap().ends_with("NodeConfig")
+            })
+            .count()
+    };
+    let before = posts(f);
+    let out = Command::new(&f.bin)
+        .args(["inventory", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains(&format!(
+            "0 sent, 0 failed, 0 unavailable, {NODES} without an interface (n1, n2, n3, n4)"
+        )),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stderr(&out).contains(
+            "node n1: no interface passes the filters (InterfaceRegex=^nomatch, \
+             InterfacePhysicalOnly="
+        ),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(posts(f), before, "a NodeConfig was posted");
+    assert!(f.cv.stored_node("n1").is_some(), "n1's record is gone");
+    // Every request since the switch was accepted: whole records, one list each.
+    for r in f.cv.requests() {
+        if r["seq"].as_u64().unwrap_or(0) <= from || r["method"] != "POST" {
+            continue;
+        }
+        assert_eq!(r["status"], 200, "refused: {r}");
+        if r["path"].as_str().unwrap().ends_with("JobConfig") {
+            let lists = ["nodes", "interfaces"]
+                .iter()
+                .filter(|l| r["body"].get(**l).is_some())
+                .count();
+            assert_eq!(lists, 1, "{r}");
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn monitor_follows_nodes_that_appear_leave_and_return() {

@@ -354,15 +354,14 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     );
     let whole = cv.state()["jobs"][key(&c)].clone();
     assert_eq!(strings(&whole["nodes"]["values"]), ["n2"], "{whole}");
-    // The service keeps the MACs each RUNNING went with, for the job's end.
-    let kept = fs::read_to_string(site.state_dir.join(layout::JOB_MACS).join(key(&a))).unwrap();
+    // The service records how each RUNNING went (the MACs), for the job's later records.
+    let kept = fs::read_to_string(site.state_dir.join(layout::JOB_REPS).join(key(&a))).unwrap();
     assert_eq!(kept.lines().collect::<Vec<_>>(), new_a, "{kept}");
     drop(svc);
 
-    // One representation per job (issue 18): CloudVision's Set keeps the fields a request
-    // leaves out, so every switch between node names and MACs must clear the other list.
-    // The service is down (its socket bound by nobody): a hook sends job a's RUNNING itself,
-    // by node names, and the MACs stored before are cleared.
+    // One representation per job (issues 18 and 29): every record of a job goes the way its
+    // first went. The service is down (its socket bound by nobody): a hook sends job a's
+    // RUNNING itself, by the MACs recorded (it never asks slurmctld), not by node names.
     let hook_vars = |ctx: &'static str, id: &str, name: &'static str| -> Vec<(String, String)> {
         [
             ("SLURM_SCRIPT_CONTEXT", ctx.to_string()),
@@ -392,13 +391,15 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
         );
     };
     assert!(stored(&a)["interfaces"]["values"].is_array());
+    let before = cv.requests().len();
     run_hook(&site, hook_vars("prolog_slurmctld", &a, "share-a"));
+    assert_eq!(cv.requests().len(), before + 1, "{}", site.log());
     let j = stored(&a);
     assert_eq!(j["state"], "JOB_STATE_RUNNING", "{}", site.log());
-    only(&j, "nodes", "interfaces");
-    assert_eq!(strings(&j["nodes"]["values"]), ["n1"]);
-    // The service is back: the end it sends goes by the MACs of the job's GPUs (slurmctld
-    // still knows the job here), and the node names are cleared.
+    only(&j, "interfaces", "nodes");
+    assert_eq!(strings(&j["interfaces"]["values"]), new_a, "{j}");
+    // The service is back: the end it sends goes by the same MACs, and the record of them
+    // ends with the job.
     let svc = Service::start(&site);
     run_hook(&site, hook_vars("epilog_slurmctld", &a, "share-a"));
     let until = Instant::now() + Duration::from_secs(30);
@@ -409,12 +410,14 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     let j = stored(&a);
     only(&j, "interfaces", "nodes");
     assert_eq!(strings(&j["interfaces"]["values"]), new_a, "{j}");
+    assert!(!site.state_dir.join(layout::JOB_REPS).join(key(&a)).exists());
     drop(svc);
 
     // A resend after a node's first inventory: a site whose StateDir has no record of n1
-    // yet. A hook without the service sends job b's RUNNING by node names (the MACs stored
-    // before are cleared); the service, started, inventories n1 for the first time and sends
-    // b again by the MACs of its GPUs, clearing the node names.
+    // yet. A hook without the service sends job b's RUNNING by node names (with no record of
+    // b here, that is its first record: CloudVision's earlier one by MACs is replaced whole);
+    // the service, started, inventories n1 for the first time and sends b again, decided
+    // anew by the MACs of its GPUs: another kind, so the stored record is deleted first.
     let fresh = Site::new(
         &cv.server(),
         &cv.ca(),
@@ -422,8 +425,10 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
          PollInterval=1"),
     );
     run_hook(&fresh, hook_vars("prolog_slurmctld", &b, "share-b"));
-    let j = stored(&b);
-    only(&j, "nodes", "interfaces");
+    let sent = cv.accepted("JobConfig");
+    let last = sent.last().unwrap();
+    assert_eq!(last["key"]["id"], key(&b).as_str(), "{last}");
+    only(last, "nodes", "interfaces");
     let svc = Service::start(&fresh);
     let until = Instant::now() + Duration::from_secs(60);
     while !stored(&b)["interfaces"]["values"].is_array() {
@@ -437,6 +442,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     let j = stored(&b);
     only(&j, "interfaces", "nodes");
     assert_eq!(strings(&j["interfaces"]["values"]), new_b, "{j}");
+    cv.assert_one_list_each();
     assert!(
         fresh
             .log()

@@ -216,3 +216,65 @@ fn a_qualified_delete_names_the_qualified_key() {
     assert_eq!(deletes_of(&cv, &id), 1);
     assert_eq!(deletes_of(&cv, "n1"), 0);
 }
+
+/// Against Arista's own fake CloudVision, which answers every GET with a plain 404 (not
+/// CloudVision's not-found): the delete of a node that left cannot check the location, so it
+/// is sent all the same, and the log says which requests were made and what came back. Against
+/// CloudVision, a node it does not hold gets no DELETE, and the log says so (before: a 404
+/// of any kind read as "gone", logged as `delivered delete node n2 (HTTP 404)`).
+#[test]
+fn a_delete_says_which_requests_it_made_against_either_profile() {
+    for profile in PROFILES {
+        let cv = Standin::start_profile(profile);
+        let site = Site::new(&cv.server(), &cv.ca(), "");
+        queue_node_event(&site, "n2", node_event("n2"));
+        let (summary, _) = flush(&site);
+        assert_eq!(summary.trim(), "outbox: 1 delivered, 0 kept, 0 rejected");
+        assert!(cv.stored_node("n2").is_some(), "{profile}");
+        queue_node_event(&site, "n2", delete_event("n2"));
+        queue_node_event(&site, "n3", delete_event("n3"));
+        let (summary, log) = flush(&site);
+        assert_eq!(
+            summary.trim(),
+            "outbox: 2 delivered, 0 kept, 0 rejected",
+            "{log}"
+        );
+        assert!(cv.stored_node("n2").is_none(), "{profile}");
+        let gets = |id: &str| {
+            cv.requests()
+                .iter()
+                .filter(|r| r["method"] == "GET" && r["query"]["key.id"] == id)
+                .count()
+        };
+        assert_eq!((gets("n2"), gets("n3")), (1, 1), "{profile}");
+        assert_eq!(deletes_of(&cv, "n2"), 1, "{profile}");
+        if profile == "arista" {
+            assert_eq!(deletes_of(&cv, "n3"), 1, "{profile}");
+            for n in ["n2", "n3"] {
+                let line = format!(
+                    "outbox: delete node {n}: GET (its location) answered HTTP 404 \
+                     \"{{\\\"errors\\\":[\\\"GET not supported by CV stub\\\"]}}\", not as \
+                     CloudVision; DELETE answered HTTP 200 ("
+                );
+                assert!(log.contains(&line), "{line}\n{log}");
+            }
+        } else {
+            assert_eq!(deletes_of(&cv, "n3"), 0, "{profile}");
+            assert!(
+                log.contains(
+                    "outbox: delete node n2: GET answered HTTP 200 (cluster hpc-cluster-west's); \
+                     DELETE answered HTTP 200 ("
+                ),
+                "{log}"
+            );
+            assert!(
+                log.contains(
+                    "outbox: delete node n3: GET answered CloudVision's not-found: it holds no \
+                     NodeConfig of it; no DELETE sent ("
+                ),
+                "{log}"
+            );
+        }
+        assert!(!log.contains("delivered delete node"), "{log}");
+    }
+}

@@ -1,11 +1,15 @@
-//! CloudVision's Set is a partial update (issue 18): a job's stored record holds exactly one of
-//! `nodes` and `interfaces` whichever way its events went, and a requeued job's new RUNNING
-//! does not keep the earlier run's `end_time`. Each sequence runs through the binary against
-//! the strict stand-in, and the assertions are on the record it stores (what a GetOne would
-//! answer), not on the requests. No slurmctld here (SlurmBinDir is empty): the job's GPUs can
-//! never be asked, as after slurmctld forgot the job. The sequences that need slurmctld's
-//! answer (a resend after a node's first inventory; an end the service attributes to MACs
-//! after a hook sent the RUNNING by names) are in tests/e2e_gpu.rs.
+//! One representation per job (issues 18 and 29): every JobConfig names exactly one of
+//! `nodes` and `interfaces`, never an empty list, and a job's records all go the same way (the
+//! way its first went, recorded in StateDir/reps/); where that cannot be (an end with no record
+//! of how its RUNNING went, a tenant job switched between lists) the stored record is deleted
+//! and the whole new one posted. A requeued job's new RUNNING does not keep the earlier run's
+//! `end_time`. Each sequence runs through the binary against both profiles of the stand-in —
+//! CloudVision's contract (a Set merges) and Arista's own fake CloudVision (a whole record per
+//! POST, no GET, no JobConfig delete) — and the assertions are on the records each holds and
+//! on every request. No slurmctld here (SlurmBinDir is empty): the job's GPUs can never be
+//! asked, as after slurmctld forgot the job. The sequences that need slurmctld's answer (a
+//! resend after a node's first inventory; an end the service attributes to MACs) are in
+//! tests/e2e_gpu.rs.
 
 mod common;
 use common::*;
@@ -83,124 +87,190 @@ fn epilog(id: &str) -> Vec<(&str, &str)> {
     job_env("epilog_slurmctld", id, &[("SLURM_JOB_EXIT_CODE2", "0:0")])
 }
 
-/// The RUNNING went by MACs; the end, sent by a hook without the service after slurmctld
-/// forgot the job (no GPUs to ask, no record of the MACs), goes by node names and clears the
-/// MACs: the record holds node names only (before: both lists).
-#[test]
-fn an_end_by_node_names_after_a_running_by_macs_clears_the_macs() {
-    let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "JobInterfaces=gpu");
-    running_by_macs(&cv);
-    let (out, _) = site.hook(&epilog("31"));
-    assert_eq!(out.status.code(), Some(0));
-    let job = cv.stored_job(KEY_31).unwrap();
-    assert_eq!(job["state"], "JOB_STATE_COMPLETED", "{}", site.log());
-    holds_only(&job, "nodes", &NODES);
+/// The methods and statuses of the requests so far, in order.
+fn methods(cv: &Standin) -> Vec<String> {
+    cv.requests()
+        .iter()
+        .map(|r| format!("{} {}", r["method"].as_str().unwrap(), r["status"]))
+        .collect()
 }
 
-/// The same end with the record of the MACs the RUNNING went with (what the service keeps in
-/// StateDir/macs/ when it sends a RUNNING by interfaces): the end goes by those MACs, both
-/// from a hook sending by itself and from the service (`flush`, the same engine), and the
-/// record is forgotten once the end is out.
-#[test]
-fn an_end_goes_by_the_macs_its_running_went_with() {
-    for by_service in [false, true] {
-        let cv = Standin::start();
-        let site = Site::new(&cv.server(), &cv.ca(), "JobInterfaces=gpu");
-        running_by_macs(&cv);
-        let macs_dir = site.state_dir.join("macs");
-        std::fs::create_dir_all(&macs_dir).unwrap();
-        let record = macs_dir.join(KEY_31);
-        std::fs::write(&record, format!("{}\n", MACS.join("\n"))).unwrap();
-        if by_service {
-            // A socket bound here stands for a service: the hook only queues; flush sends.
-            std::fs::create_dir_all(&site.state_dir).unwrap();
-            let sock = site.state_dir.join(layout::WAKE_SOCKET);
-            let listener = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
-            let (out, _) = site.hook(&epilog("31"));
-            assert_eq!(out.status.code(), Some(0));
-            drop(listener);
-            std::fs::remove_file(&sock).unwrap();
-            assert!(cv.accepted("JobConfig").len() == 1, "the hook sent nothing");
-            let out = site.run(&["flush", "--no-reconcile"]);
-            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        } else {
-            let (out, _) = site.hook(&epilog("31"));
-            assert_eq!(out.status.code(), Some(0));
-        }
-        let job = cv.stored_job(KEY_31).unwrap();
-        assert_eq!(job["state"], "JOB_STATE_COMPLETED", "{}", site.log());
-        holds_only(&job, "interfaces", &MACS);
-        assert!(!record.exists(), "the record of the MACs outlived the end");
+/// What a JobConfig delete is answered by the profile: CloudVision deletes (200); Arista's
+/// fake CloudVision has no JobConfig delete (a plain 404, not CloudVision's not-found).
+fn delete_answer(profile: &str) -> &'static str {
+    if profile == "arista" {
+        "DELETE 404"
+    } else {
+        "DELETE 200"
     }
 }
 
-/// A hook without the service sends the RUNNING by node names (it never asks slurmctld);
-/// with `JobInterfaces=gpu` the request clears `interfaces`, so a record an earlier request
-/// stored by MACs is left with node names only.
+/// The RUNNING went by MACs from elsewhere (the other controller; this host has no record of
+/// it); the end, sent by a hook without the service after slurmctld forgot the job, goes by
+/// node names: CloudVision's stored record is deleted first and the whole end posted, so the
+/// record holds node names only (before: both lists, or a request with an empty list).
 #[test]
-fn a_running_by_node_names_clears_macs_stored_before() {
-    let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "JobInterfaces=gpu");
-    running_by_macs(&cv);
-    let (out, _) = site.hook(&job_env("prolog_slurmctld", "31", &[]));
-    assert_eq!(out.status.code(), Some(0));
-    let job = cv.stored_job(KEY_31).unwrap();
-    assert_eq!(job["state"], "JOB_STATE_RUNNING", "{}", site.log());
-    holds_only(&job, "nodes", &NODES);
-    // With JobInterfaces=nodes (the default) the request is the reference's: only `nodes`.
-    let plain = Site::new(&cv.server(), &cv.ca(), "");
-    let (out, _) = plain.hook(&job_env("prolog_slurmctld", "32", &[]));
-    assert_eq!(out.status.code(), Some(0));
-    let sent = cv.accepted("JobConfig");
-    let last = sent.last().unwrap();
-    assert_eq!(last["key"]["id"], "32@hpc-cluster-west");
-    assert!(last.get("interfaces").is_none(), "{last}");
+fn an_end_with_no_record_of_its_running_replaces_the_stored_record() {
+    for profile in PROFILES {
+        let cv = Standin::start_profile(profile);
+        let site = Site::new(&cv.server(), &cv.ca(), "JobInterfaces=gpu");
+        running_by_macs(&cv);
+        let (out, _) = site.hook(&epilog("31"));
+        assert_eq!(out.status.code(), Some(0));
+        let job = cv.stored_job(KEY_31).unwrap();
+        assert_eq!(
+            job["state"],
+            "JOB_STATE_COMPLETED",
+            "{profile}: {}",
+            site.log()
+        );
+        holds_only(&job, "nodes", &NODES);
+        assert_eq!(
+            methods(&cv),
+            ["POST 200", delete_answer(profile), "POST 200"],
+            "{profile}"
+        );
+        cv.assert_one_list_each();
+    }
+}
+
+/// The same end with the record of the MACs the RUNNING went with (what the service keeps in
+/// StateDir/reps/ when it sends a RUNNING by interfaces): the end goes by those MACs, both
+/// from a hook sending by itself and from the service (`flush`, the same engine), with no
+/// delete, and the record is forgotten once the end is out.
+#[test]
+fn an_end_goes_by_the_macs_its_running_went_with() {
+    for profile in PROFILES {
+        for by_service in [false, true] {
+            let cv = Standin::start_profile(profile);
+            let site = Site::new(&cv.server(), &cv.ca(), "JobInterfaces=gpu");
+            running_by_macs(&cv);
+            let reps = site.state_dir.join(layout::JOB_REPS);
+            std::fs::create_dir_all(&reps).unwrap();
+            let record = reps.join(KEY_31);
+            std::fs::write(&record, format!("{}\n", MACS.join("\n"))).unwrap();
+            if by_service {
+                // A socket bound here stands for a service: the hook only queues; flush sends.
+                let sock = site.state_dir.join(layout::WAKE_SOCKET);
+                let listener = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+                let (out, _) = site.hook(&epilog("31"));
+                assert_eq!(out.status.code(), Some(0));
+                drop(listener);
+                std::fs::remove_file(&sock).unwrap();
+                assert!(cv.accepted("JobConfig").len() == 1, "the hook sent nothing");
+                let out = site.run(&["flush", "--no-reconcile"]);
+                assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+            } else {
+                let (out, _) = site.hook(&epilog("31"));
+                assert_eq!(out.status.code(), Some(0));
+            }
+            let job = cv.stored_job(KEY_31).unwrap();
+            assert_eq!(
+                job["state"],
+                "JOB_STATE_COMPLETED",
+                "{profile}: {}",
+                site.log()
+            );
+            holds_only(&job, "interfaces", &MACS);
+            assert_eq!(methods(&cv), ["POST 200", "POST 200"], "{profile}");
+            cv.assert_one_list_each();
+            assert!(!record.exists(), "the record of the MACs outlived the end");
+        }
+    }
+}
+
+/// A hook without the service sends the RUNNING by node names (it never asks slurmctld) and
+/// records that; the job's end, sent later by the service (`flush`), goes the same way with
+/// no delete. With JobInterfaces=nodes (the default) the requests are the reference's (only
+/// `nodes`) and nothing is recorded.
+#[test]
+fn a_hooks_running_by_node_names_and_its_end_go_the_same_way() {
+    for profile in PROFILES {
+        let cv = Standin::start_profile(profile);
+        let site = Site::new(&cv.server(), &cv.ca(), "JobInterfaces=gpu");
+        let (out, _) = site.hook(&job_env("prolog_slurmctld", "31", &[]));
+        assert_eq!(out.status.code(), Some(0));
+        let record = site.state_dir.join(layout::JOB_REPS).join(KEY_31);
+        assert_eq!(std::fs::read_to_string(&record).unwrap(), "nodes\n");
+        let sock = site.state_dir.join(layout::WAKE_SOCKET);
+        let listener = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+        let (out, _) = site.hook(&epilog("31"));
+        assert_eq!(out.status.code(), Some(0));
+        drop(listener);
+        std::fs::remove_file(&sock).unwrap();
+        let out = site.run(&["flush", "--no-reconcile"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let job = cv.stored_job(KEY_31).unwrap();
+        assert_eq!(
+            job["state"],
+            "JOB_STATE_COMPLETED",
+            "{profile}: {}",
+            site.log()
+        );
+        holds_only(&job, "nodes", &NODES);
+        assert_eq!(methods(&cv), ["POST 200", "POST 200"], "{profile}");
+        assert!(!record.exists(), "the record outlived the end");
+        // JobInterfaces=nodes: the reference's bytes, no record.
+        let plain = Site::new(&cv.server(), &cv.ca(), "");
+        let (out, _) = plain.hook(&job_env("prolog_slurmctld", "32", &[]));
+        assert_eq!(out.status.code(), Some(0));
+        let sent = cv.accepted("JobConfig");
+        let last = sent.last().unwrap();
+        assert_eq!(last["key"]["id"], "32@hpc-cluster-west");
+        assert!(last.get("interfaces").is_none(), "{last}");
+        assert!(!plain
+            .state_dir
+            .join(layout::JOB_REPS)
+            .join("32@hpc-cluster-west")
+            .exists());
+        cv.assert_one_list_each();
+    }
 }
 
 /// A tenant job sent by node names, then by interfaces, then by node names again (`send
-/// --tenant`): each request leaves the record with its own list only. With JobInterfaces=nodes
-/// a job by node names is sent as the reference sends it (only `nodes`), so there only the
-/// switch to interfaces clears.
+/// --tenant`): each switch deletes the stored record first and posts the whole new one, so
+/// the record holds the latest list only, whatever the profile and JobInterfaces; no request
+/// names both lists or an empty one.
 #[test]
 fn a_tenant_job_switched_between_nodes_and_interfaces_holds_the_latest_list() {
-    let cv = Standin::start();
-    for conf in ["", "JobInterfaces=auto"] {
-        let site = Site::new(&cv.server(), &cv.ca(), conf);
-        let send = |place: &[&str]| {
-            let mut args = vec![
-                "send",
-                "--tenant",
-                "tenant-7",
-                "--name",
-                "train",
-                "--location",
-                "tenant-a",
-                "--state",
-                "running",
-                "--start",
-                "2025-12-05T10:30:00Z",
-            ];
-            args.extend_from_slice(place);
-            let out = site.run(&args);
-            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-            cv.stored_job("tenant-7").unwrap()
-        };
-        holds_only(&send(&["--nodes", "a[1-2]"]), "nodes", &["a1", "a2"]);
-        holds_only(
-            &send(&["--interfaces", "02:aa:00:00:00:01"]),
-            "interfaces",
-            &["02:aa:00:00:00:01"],
-        );
-        let back = send(&["--nodes", "a3"]);
-        if conf.is_empty() {
-            assert_eq!(list(&back, "nodes"), Some(vec!["a3".to_string()]), "{back}");
-            let sent = cv.accepted("JobConfig");
-            assert!(sent.last().unwrap().get("interfaces").is_none(), "{sent:?}");
-            // The reset for the next round: the record starts anew.
+    for profile in PROFILES {
+        let cv = Standin::start_profile(profile);
+        for conf in ["", "JobInterfaces=auto"] {
             cv.reset();
-        } else {
-            holds_only(&back, "nodes", &["a3"]);
+            let site = Site::new(&cv.server(), &cv.ca(), conf);
+            let send = |place: &[&str]| {
+                let mut args = vec![
+                    "send",
+                    "--tenant",
+                    "tenant-7",
+                    "--name",
+                    "train",
+                    "--location",
+                    "tenant-a",
+                    "--state",
+                    "running",
+                    "--start",
+                    "2025-12-05T10:30:00Z",
+                ];
+                args.extend_from_slice(place);
+                let out = site.run(&args);
+                assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+                cv.stored_job("tenant-7").unwrap()
+            };
+            holds_only(&send(&["--nodes", "a[1-2]"]), "nodes", &["a1", "a2"]);
+            holds_only(
+                &send(&["--interfaces", "02:aa:00:00:00:01"]),
+                "interfaces",
+                &["02:aa:00:00:00:01"],
+            );
+            holds_only(&send(&["--nodes", "a3"]), "nodes", &["a3"]);
+            let d = delete_answer(profile);
+            assert_eq!(
+                methods(&cv),
+                ["POST 200", d, "POST 200", d, "POST 200"],
+                "{profile} {conf}"
+            );
+            cv.assert_one_list_each();
         }
     }
 }
@@ -210,7 +280,13 @@ fn a_tenant_job_switched_between_nodes_and_interfaces_holds_the_latest_list() {
 /// (before: the COMPLETED run's end stayed beside state RUNNING).
 #[test]
 fn a_requeued_jobs_running_leaves_no_end_time_from_the_hook() {
-    let cv = Standin::start();
+    for profile in PROFILES {
+        requeued_from_the_hook(profile);
+    }
+}
+
+fn requeued_from_the_hook(profile: &str) {
+    let cv = Standin::start_profile(profile);
     let site = Site::new(&cv.server(), &cv.ca(), "");
     let key = "41@hpc-cluster-west";
     for vars in [
@@ -241,15 +317,21 @@ fn a_requeued_jobs_running_leaves_no_end_time_from_the_hook() {
     assert_eq!(deletes.len(), 1, "{deletes:?}");
     // The first run's RUNNING deleted nothing.
     assert_eq!(cv.accepted("JobConfig").len(), 3);
+    cv.assert_one_list_each();
 }
 
-/// The same through the service's delivery engine, and with a CloudVision that cannot delete
-/// a JobConfig (405): a warning, and the RUNNING is sent anyway.
+/// The same through the service's delivery engine, with a CloudVision that cannot delete a
+/// JobConfig (405: a warning, and the RUNNING is sent anyway), and against Arista's fake
+/// CloudVision (no JobConfig delete, but every POST replaces the record: no end_time left).
 #[test]
 fn a_requeued_jobs_running_leaves_no_end_time_from_the_service() {
-    for deletable in [true, false] {
-        let cv = Standin::start();
-        if !deletable {
+    for (profile, deletable) in [
+        ("cloudvision", true),
+        ("cloudvision", false),
+        ("arista", false),
+    ] {
+        let cv = Standin::start_profile(profile);
+        if !deletable && profile == "cloudvision" {
             cv.set_behaviour(json!({"delete_job": "unsupported"}));
         }
         let site = Site::new(&cv.server(), &cv.ca(), "");
@@ -286,16 +368,27 @@ fn a_requeued_jobs_running_leaves_no_end_time_from_the_service() {
             assert!(rerun.get("end_time").is_none(), "{rerun}");
             assert!(!log.contains("did not delete"), "{log}");
         } else {
-            // CloudVision cannot delete: the stale end stays, and the admin is told.
-            assert!(rerun["end_time"].is_string(), "{rerun}");
+            // No delete: the admin is told once; where a Set merges the stale end stays,
+            // where every POST is a whole record (Arista's) it is gone.
             assert_eq!(
-                log.matches("a re-run, but CloudVision did not delete the earlier run's record")
+                rerun["end_time"].is_string(),
+                profile == "cloudvision",
+                "{rerun}"
+            );
+            assert_eq!(
+                log.matches("a re-run, but CloudVision did not delete its stored record")
                     .count(),
                 1,
                 "{log}"
             );
-            assert!(log.contains("HTTP 405"), "{log}");
+            let why = if profile == "arista" {
+                "the server is not answering as CloudVision: HTTP 404"
+            } else {
+                "HTTP 405"
+            };
+            assert!(log.contains(why), "{log}");
         }
+        cv.assert_one_list_each();
         wait_for("an empty outbox", Duration::from_secs(10), || {
             site.outbox().is_empty()
         });
@@ -307,7 +400,13 @@ fn a_requeued_jobs_running_leaves_no_end_time_from_the_service() {
 /// deletes first, then sends it.
 #[test]
 fn a_failed_delete_keeps_the_reruns_running_queued() {
-    let cv = Standin::start();
+    for profile in PROFILES {
+        failed_delete(profile);
+    }
+}
+
+fn failed_delete(profile: &str) {
+    let cv = Standin::start_profile(profile);
     let site = Site::new(&cv.server(), &cv.ca(), "");
     let key = "43@hpc-cluster-west";
     for vars in [
@@ -335,19 +434,15 @@ fn a_failed_delete_keeps_the_reruns_running_queued() {
     let rerun = cv.stored_job(key).unwrap();
     assert_eq!(rerun["state"], "JOB_STATE_RUNNING");
     assert!(rerun.get("end_time").is_none(), "{rerun}");
-    let methods: Vec<String> = cv
-        .requests()
-        .iter()
-        .map(|r| format!("{} {}", r["method"].as_str().unwrap(), r["status"]))
-        .collect();
     assert_eq!(
-        methods,
+        methods(&cv),
         [
             "POST 200",
             "POST 200",
             "DELETE 503",
-            "DELETE 200",
+            delete_answer(profile),
             "POST 200"
         ]
     );
+    cv.assert_one_list_each();
 }

@@ -49,6 +49,7 @@ impl Inventory<'_> {
         let found = self.discover(&avail);
         let mut ok_nodes = Vec::new();
         let mut failed: Vec<String> = Vec::new();
+        let mut without: Vec<String> = Vec::new();
         let outbox = self
             .client
             .is_some()
@@ -58,6 +59,14 @@ impl Inventory<'_> {
                 Ok(rec) => {
                     if let Some(o) = &outbox {
                         save_record(o, rec);
+                    }
+                    if rec.interfaces.is_empty() {
+                        log::warn!(
+                            "{}",
+                            crate::logging::escape_control(&no_interface(name, self.cfg))
+                        );
+                        without.push(name.clone());
+                        continue;
                     }
                     ok_nodes.push(rec.to_node_config(&self.cluster, self.cfg.node_hostname))
                 }
@@ -114,7 +123,7 @@ impl Inventory<'_> {
         };
         // Node names and states come from sinfo: printed with control characters escaped.
         let summary = format!(
-            "inventory of cluster {}: {} {verb}, {} failed{}, {} unavailable{}",
+            "inventory of cluster {}: {} {verb}, {} failed{}, {} unavailable{}{}",
             self.cluster,
             if self.client.is_some() {
                 sent
@@ -133,6 +142,15 @@ impl Inventory<'_> {
             } else {
                 format!(" ({})", unavailable.join(", "))
             },
+            if without.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", {} without an interface ({})",
+                    without.len(),
+                    without.join(", ")
+                )
+            },
         );
         println!("{}", crate::logging::escape_control(&summary));
         if let Some(o) = &outbox {
@@ -145,6 +163,30 @@ impl Inventory<'_> {
         }
         i32::from(!failed.is_empty())
     }
+}
+
+/// Why a node whose discovery found no interface (none passed `InterfaceRegex`,
+/// `InterfacePhysicalOnly`, `InterfaceRequireIp`) gets no NodeConfig: CloudVision (and
+/// Arista's own fake CloudVision) takes a NodeConfig only with at least one data interface.
+/// Not a failure: the node's existing record in CloudVision stays as it is.
+pub fn no_interface(node: &str, cfg: &Config) -> String {
+    format!(
+        "node {node}: no interface passes the filters (InterfaceRegex={}, \
+         InterfacePhysicalOnly={}, InterfaceRequireIp={}): no NodeConfig sent (CloudVision \
+         needs at least one interface), its existing record stays; widen the filters in \
+         cloudvision.conf if it has data NICs",
+        cfg.interface_regex.as_str(),
+        if cfg.interface_physical_only {
+            "yes"
+        } else {
+            "no"
+        },
+        if cfg.interface_require_ip {
+            "yes"
+        } else {
+            "no"
+        },
+    )
 }
 
 /// Keeps a node's record in StateDir (for `JobInterfaces`); a failure is logged, not fatal.

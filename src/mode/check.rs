@@ -279,8 +279,9 @@ pub struct Args {
     #[argh(option)]
     config: Option<PathBuf>,
     /// WRITES to CloudVision: asks it the questions of README's "CloudVision compatibility"
-    /// with a throw-away JobConfig and NodeConfig (deleted at the end) and says whether
-    /// cvslurm's assumptions hold (exit 0), do not (1), or could not be asked (2)
+    /// with throw-away records (deleted at the end) and says whether cvslurm's assumptions
+    /// hold (exit 0), do not (1), or could not all be asked and answered (2: also a server
+    /// that takes the writes but answers no GetOne as CloudVision)
     #[argh(switch)]
     contract: bool,
     /// print what install.sh needs to know about slurm.conf and Slurm as key=value lines
@@ -367,7 +368,15 @@ fn contract(a: &Args) -> i32 {
     } else if let Some(ca) = &cfg.ca_file {
         curl.push_str(&format!(" --cacert {}", ca.display()));
     }
-    crate::contract::run(&client, &cluster, &curl)
+    // Question 5 (a NodeConfig hostname other than its key.id) only where cvslurm sends one.
+    let mut hostname_settings = Vec::new();
+    if cfg.node_hostname == crate::config::NodeHostname::HostName {
+        hostname_settings.push("NodeHostname=hostname");
+    }
+    if cfg.qualify_node_names {
+        hostname_settings.push("QualifyNodeNames=yes");
+    }
+    crate::contract::run(&client, &cluster, &curl, &hostname_settings)
 }
 
 /// `--slurm-facts`: exit 0 with the facts, 1 when slurm.conf cannot be read.
@@ -758,6 +767,9 @@ fn probe_hint(e: &crate::cloudvision::SendError) -> &'static str {
         }
         E::RateLimited { .. } | E::Server { .. } => "CloudVision is busy or failing; try again later",
         E::Rejected { .. } => "is ApiServer really CloudVision (with the computejob API)?",
+        E::NotCloudVision { .. } => {
+            "set ApiServer to CloudVision's own address (not a web server, proxy or stub in front of it)"
+        }
         E::Invalid(_) => "this is a bug in cvslurm, please report it",
     }
 }

@@ -334,23 +334,24 @@ fn handle(
     let send_deadline = deadline
         .checked_sub(Duration::from_millis(50))
         .unwrap_or(deadline);
-    // The list the job does not use goes empty where its events may go either way, and a
-    // re-run's RUNNING first deletes the earlier run's record (see the engine).
-    let mut job = job.clone();
-    let either_way = cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
-    // An end goes the way the service sent its RUNNING (by the MACs it recorded).
-    let macs = (either_way && state.is_terminal())
-        .then(|| outbox.job_macs.load(&key))
-        .flatten();
-    if let Some(macs) = macs {
-        job.nodes = None;
-        job.interfaces = Some(macs.into());
-    }
-    job.clear_other_list(either_way);
-    let rerun = event.starts_a_rerun();
+    // The one rule for what goes out (the hook never asks Slurm: a job it decides goes by
+    // node names), and a re-run's RUNNING first deletes the earlier run's record.
+    let out = crate::attribution::outgoing(
+        cfg.job_interfaces,
+        &outbox.job_reps,
+        job,
+        if event.starts_a_rerun() {
+            crate::attribution::Why::Rerun
+        } else {
+            crate::attribution::Why::Plain
+        },
+        None,
+        true,
+    );
+    let job = out.job;
     let result = client_for(cfg, token, cfg.hook_timeout).and_then(|c| {
-        if rerun {
-            crate::service::engine::forget_earlier_run(&c, &job, Some(send_deadline))?;
+        if let Some(why) = out.forget {
+            crate::service::engine::forget_stored_job(&c, &job, why, Some(send_deadline))?;
         }
         c.post_job(&job, Some(send_deadline))
     });
@@ -360,7 +361,7 @@ fn handle(
                 outbox.starts.forget(&key);
             }
             if state.is_terminal() {
-                outbox.job_macs.forget(&key);
+                outbox.job_reps.forget(&key);
             }
             if queued {
                 if let Err(e) = outbox.queue.remove_if_same(&event) {

@@ -3,6 +3,7 @@
 //! scheduler's job given on the command line.
 
 use super::startup::{usage, ClientNeed, Options, Startup};
+use crate::attribution::Outgoing;
 use crate::cloudvision::{Client, JOB_CONFIG_PATH};
 use crate::config::Config;
 use crate::hostlist;
@@ -111,8 +112,16 @@ pub fn run(a: Args) -> i32 {
     };
     let cfg = &started.cfg;
     let mut failed = 0;
-    let mut jobs: Vec<JobConfig> = match tenant_job {
-        Some(j) => vec![j],
+    let outbox = StateDir::new(&cfg.state_dir);
+    let jobs: Vec<Outgoing> = match tenant_job {
+        Some(j) => vec![crate::attribution::outgoing(
+            cfg.job_interfaces,
+            &outbox.job_reps,
+            &j,
+            crate::attribution::Why::Plain,
+            None,
+            !a.dry_run,
+        )],
         None => {
             let slurm = Slurm::from_config(cfg);
             let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {
@@ -123,26 +132,29 @@ pub fn run(a: Args) -> i32 {
                 }
             };
             let mut found = Vec::new();
-            let outbox = StateDir::new(&cfg.state_dir);
             for id in &a.job_ids {
                 match slurm::lookup(&slurm, id)
                     .and_then(|info| crate::payload::job_config(&info, &cluster))
                 {
-                    Ok(mut j) => {
-                        if cfg.job_interfaces != crate::config::JobInterfaces::Nodes {
-                            let rule = crate::attribution::enrich(
-                                cfg.job_interfaces,
-                                &slurm,
-                                &outbox,
-                                &mut j,
-                            );
-                            if a.dry_run {
+                    Ok(j) => {
+                        // The one rule for what goes out: the way the job's first record
+                        // went, else decided now (recorded, except in a dry run).
+                        let out = crate::attribution::outgoing(
+                            cfg.job_interfaces,
+                            &outbox.job_reps,
+                            &j,
+                            crate::attribution::Why::Plain,
+                            Some((&slurm, &outbox)),
+                            !a.dry_run,
+                        );
+                        if a.dry_run {
+                            if let Some(rule) = &out.rule {
                                 // The rule names interfaces from workers' records.
                                 let line = format!("# job {}: {rule}", j.job_id());
                                 println!("{}", crate::logging::escape_control(&line));
                             }
                         }
-                        found.push(j)
+                        found.push(out)
                     }
                     Err(e) => {
                         log::error!("{e}");
@@ -158,15 +170,12 @@ pub fn run(a: Args) -> i32 {
         Ok(c) => c,
         Err(e) => return e.report(),
     };
-    // The list a job does not use goes empty where it may be sent either way (see
-    // `JobConfig::clear_other_list`).
-    let either_way = cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
-    for j in &mut jobs {
-        j.clear_other_list(either_way);
-    }
-    for j in &jobs {
-        if !deliver(client.as_ref(), cfg, j) {
+    for out in &jobs {
+        if !deliver(client.as_ref(), cfg, out) {
             failed += 1;
+        } else if client.is_some() && out.job.state.is_terminal() {
+            // The job's end is out: its record of how it goes ends with it.
+            outbox.job_reps.forget(&out.job.key.id);
         }
     }
     i32::from(failed > 0)
@@ -230,34 +239,51 @@ pub fn print_dry_run(job: &JobConfig, cfg: &Config) {
     );
 }
 
-/// Sends (or, without a client, prints) one JobConfig; returns whether it went out.
-pub fn deliver(client: Option<&Client>, cfg: &Config, job: &JobConfig) -> bool {
+/// Sends (or, without a client, prints) one JobConfig, deleting CloudVision's stored record
+/// of the job first where [`Outgoing::forget`] says so; returns whether it went out.
+pub fn deliver(client: Option<&Client>, cfg: &Config, out: &Outgoing) -> bool {
+    let job = &out.job;
     match client {
         None => {
+            if out.forget.is_some() {
+                match &cfg.api_server {
+                    Some(s) => println!("DELETE https://{s}{JOB_CONFIG_PATH}?key.id=…"),
+                    None => println!("DELETE {JOB_CONFIG_PATH}?key.id=…"),
+                }
+            }
             print_dry_run(job, cfg);
             true
         }
-        Some(c) => match c.post_job(job, None) {
-            Ok(a) => {
-                let place = match (&job.nodes, &job.interfaces) {
-                    (_, Some(i)) if job.by_interfaces() => {
-                        format!("{} interface(s)", i.values.len())
-                    }
-                    (n, _) => format!("{} node(s)", n.as_ref().map_or(0, |n| n.values.len())),
-                };
-                // A tenant job's id is the --tenant text as given.
-                let line = format!(
-                    "job {}: sent {} on {place} (HTTP {})",
-                    job.key.id, job.state, a.status
-                );
-                println!("{}", crate::logging::escape_control(&line));
-                true
+        Some(c) => {
+            let sent = match out.forget {
+                Some(why) => crate::service::engine::forget_stored_job(c, job, why, None),
+                None => Ok(()),
             }
-            Err(e) => {
-                log::error!("job {}: not sent: {e}", job.key.id);
-                false
+            .and_then(|()| c.post_job(job, None));
+            match sent {
+                Ok(a) => {
+                    let place = match (&job.nodes, &job.interfaces) {
+                        (_, Some(i)) if job.by_interfaces() => {
+                            format!("{} interface(s)", i.values.len())
+                        }
+                        (n, _) => {
+                            format!("{} node(s)", n.as_ref().map_or(0, |n| n.values.len()))
+                        }
+                    };
+                    // A tenant job's id is the --tenant text as given.
+                    let line = format!(
+                        "job {}: sent {} on {place} (HTTP {})",
+                        job.key.id, job.state, a.status
+                    );
+                    println!("{}", crate::logging::escape_control(&line));
+                    true
+                }
+                Err(e) => {
+                    log::error!("job {}: not sent: {e}", job.key.id);
+                    false
+                }
             }
-        },
+        }
     }
 }
 

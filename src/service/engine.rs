@@ -12,6 +12,7 @@
 //! What the callers decide is only when to send: the service pauses every worker on a kept
 //! event (backoff), `flush` goes through the outbox once and stops at a refused token.
 
+pub use crate::attribution::Forget;
 use crate::cloudvision::{Answer, Client, SendError};
 use crate::config::JobInterfaces;
 use crate::hook_facts as hook;
@@ -82,6 +83,8 @@ pub fn answer_class(result: &Result<Answer, SendError>) -> usize {
         | Err(SendError::RateLimited { .. })
         | Err(SendError::Rejected { .. }) => 1,
         Err(SendError::Server { .. }) => 2,
+        // Not CloudVision's answer (a plain 404, or a 200 page of HTML): counted with the 4xx.
+        Err(SendError::NotCloudVision { .. }) => 1,
         Err(SendError::NotConfigured(_))
         | Err(SendError::Unreachable(_))
         | Err(SendError::Timeout(_))
@@ -191,11 +194,15 @@ pub fn send_item(
 }
 
 /// Deletes the NodeConfig of `node`, which cluster `cluster` sent. CloudVision is asked
-/// first (GetOne): a node it no longer has needs nothing; one it stores with another
-/// `location` is another cluster's (same node name, no `QualifyNodeNames`) and is left
-/// alone, with a warning; a question that fails (5xx, timeout, an unreadable answer) keeps
-/// the delete for a later pass. A delete queued by an earlier version (no cluster) is sent
-/// as it is.
+/// first (GetOne): a node it no longer has (CloudVision's not-found answer) needs nothing;
+/// one it stores with another `location` is another cluster's (same node name, no
+/// `QualifyNodeNames`) and is left alone, with a warning; a question that fails (5xx,
+/// timeout, an unreadable answer) keeps the delete for a later pass. A server that does not
+/// answer the GetOne as CloudVision does (Arista's fake CloudVision answers every GET with a
+/// plain 404), or refuses it, cannot tell the location: the DELETE is sent all the same. A
+/// delete queued by an earlier version (no cluster) is sent as it is.
+///
+/// The answer's `body` says which requests were made and what came back, for the log.
 pub fn delete_own_node(
     client: &Client,
     node: &str,
@@ -203,19 +210,38 @@ pub fn delete_own_node(
     deadline: Option<Instant>,
 ) -> Result<Answer, SendError> {
     let id = client.node_key(node, cluster);
-    let Some(cluster) = cluster else {
-        return client.delete_node(&id, deadline);
+    let delete = |asked: String| {
+        client.delete_node(&id, deadline).map(|mut a| {
+            a.body = format!("{asked}DELETE answered HTTP {}", a.status);
+            a
+        })
     };
-    let Some(stored) = client.get_node_value(&id, deadline)? else {
-        log::info!("node {id}: CloudVision has no NodeConfig of it; nothing to delete");
-        return Ok(Answer {
-            status: 404,
-            elapsed: Duration::ZERO,
-            body: String::new(),
-        });
+    let Some(cluster) = cluster else {
+        return delete(String::new());
+    };
+    let stored = match client.get_node_value(&id, deadline) {
+        Ok(Some(stored)) => stored,
+        Ok(None) => {
+            return Ok(Answer {
+                status: 404,
+                elapsed: Duration::ZERO,
+                body: "GET answered CloudVision's not-found: it holds no NodeConfig of it; \
+                       no DELETE sent"
+                    .into(),
+            })
+        }
+        Err(SendError::NotCloudVision { status, excerpt }) => {
+            return delete(format!(
+                "GET (its location) answered HTTP {status} {excerpt:?}, not as CloudVision; "
+            ));
+        }
+        Err(e @ SendError::Rejected { .. }) => {
+            return delete(format!("GET (its location) refused: {e}; "));
+        }
+        Err(e) => return Err(e),
     };
     match stored.get("location").and_then(serde_json::Value::as_str) {
-        Some(l) if l == cluster => client.delete_node(&id, deadline),
+        Some(l) if l == cluster => delete(format!("GET answered HTTP 200 (cluster {cluster}'s); ")),
         other => {
             let whose = match other {
                 Some(l) => format!("cluster {:?}'s", l.chars().take(100).collect::<String>()),
@@ -229,7 +255,7 @@ pub fn delete_own_node(
             Ok(Answer {
                 status: 200,
                 elapsed: Duration::ZERO,
-                body: String::new(),
+                body: format!("GET answered HTTP 200 ({whose}); no DELETE sent"),
             })
         }
     }
@@ -238,40 +264,62 @@ pub fn delete_own_node(
 /// Set once CloudVision has answered that it cannot delete a JobConfig (warned once).
 static DELETE_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
-/// Before the RUNNING of a requeued job's later run ([`Event::starts_a_rerun`]): deletes the
-/// job's record, so that the earlier run's `end_time` (which a Set, a partial update, would
-/// keep) does not show the new run as ended. A record already gone (404) is fine. A
-/// CloudVision that cannot delete JobConfigs (405, 501) or refuses this delete otherwise
-/// (another 4xx) is warned about (once; logged each time after) and the RUNNING is sent
-/// anyway. What may pass with time (CloudVision unreachable or busy, the token refused) is
-/// returned: the event stays queued and is tried again, delete first.
-pub fn forget_earlier_run(
+fn forget_words(why: Forget) -> &'static str {
+    match why {
+        Forget::Rerun => "a re-run",
+        Forget::Representation => "sent without a record of how its RUNNING went",
+    }
+}
+
+/// Deletes the job's stored record before its record is posted whole ([`Forget`] says why). A
+/// record already gone (CloudVision's 404) is fine. A CloudVision that cannot delete
+/// JobConfigs (405, 501), a server that does not answer the DELETE as CloudVision (Arista's
+/// fake CloudVision: a plain 404), or one that refuses this delete otherwise (another 4xx) is
+/// warned about (once; logged each time after) and the record is sent anyway. What may pass
+/// with time (CloudVision unreachable or busy, the token refused) is returned: the event stays
+/// queued and is tried again, delete first.
+pub fn forget_stored_job(
     client: &Client,
     job: &crate::payload::JobConfig,
+    why: Forget,
     deadline: Option<Instant>,
 ) -> Result<(), SendError> {
     let id = &job.key.id;
+    let because = forget_words(why);
     match client.delete_job(id, deadline) {
         Ok(a) => {
             log::debug!(
-                "job {id}: a re-run; the earlier run's record deleted first (HTTP {})",
+                "job {id}: {because}; its stored record deleted first (HTTP {})",
                 a.status
             );
             Ok(())
         }
         Err(SendError::Rejected { status: 404, .. }) => {
-            log::debug!("job {id}: a re-run; CloudVision holds no earlier record (HTTP 404)");
+            log::debug!("job {id}: {because}; CloudVision holds no record of it (HTTP 404)");
             Ok(())
         }
-        Err(e @ SendError::Server { status: 501, .. }) | Err(e @ SendError::Rejected { .. }) => {
+        Err(
+            e @ (SendError::Server { status: 501, .. }
+            | SendError::Rejected { .. }
+            | SendError::NotCloudVision { .. }),
+        ) => {
             if !DELETE_UNSUPPORTED.swap(true, Ordering::Relaxed) {
                 log::warn!(
-                    "job {id}: a re-run, but CloudVision did not delete the earlier run's record \
-                     ({e}); its RUNNING is sent anyway and may show the earlier run's end time \
-                     until the job ends"
+                    "job {id}: {because}, but CloudVision did not delete its stored record \
+                     ({e}); its {} is sent anyway{}",
+                    job.state,
+                    match why {
+                        Forget::Rerun => {
+                            " and may show the earlier run's end time until the job ends"
+                        }
+                        Forget::Representation => "",
+                    }
                 );
             } else {
-                log::info!("job {id}: the earlier run's record not deleted ({e}); RUNNING sent");
+                log::info!(
+                    "job {id}: its stored record not deleted ({e}); {} sent",
+                    job.state
+                );
             }
             Ok(())
         }
@@ -509,52 +557,29 @@ impl Engine {
         true
     }
 
-    /// The record of a job as it is sent. With `JobInterfaces=gpu|auto`, a Slurm job by node
-    /// names gets the MACs of the NICs nearest the GPUs it holds on shared nodes (see
-    /// [`crate::attribution::enrich`]; asked at send time, never in the hook); and the list
-    /// the job does not use is sent empty, so that the stored record holds one representation
-    /// whichever way its earlier events went ([`crate::payload::JobConfig::clear_other_list`]).
-    /// `None`: send the event as queued.
-    fn outgoing(&self, item: &Item) -> Option<Item> {
-        let Item::Job { job } = item else {
+    /// The record of an item as it is sent: a job's by the one rule
+    /// ([`crate::attribution::outgoing`]: its recorded representation, else decided now, with
+    /// `JobInterfaces=gpu|auto` from the GPUs it holds, asked at send time, never in the hook).
+    /// `None` for the other items: sent as queued.
+    fn outgoing(&self, ev: &Event) -> Option<crate::attribution::Outgoing> {
+        let Item::Job { job } = &ev.item else {
             return None;
         };
-        let either_way = self.interfaces != JobInterfaces::Nodes;
-        let mut job = job.clone();
-        if either_way
-            && job.nodes.is_some()
-            && !job.by_interfaces()
-            && job.job_type != Some(crate::payload::JobType::Tenant)
-        {
-            // An end goes the way its RUNNING went: the MACs are those of the same GPUs, and
-            // slurmctld may have forgotten the job by now (its GPUs can no longer be asked).
-            match self
-                .outbox
-                .job_macs
-                .load(&job.key.id)
-                .filter(|_| job.state.is_terminal())
-            {
-                Some(macs) => {
-                    log::debug!(
-                        "job {}: interfaces: the {} MAC(s) its RUNNING was sent with",
-                        job.key.id,
-                        macs.len()
-                    );
-                    job.nodes = None;
-                    job.interfaces = Some(macs.into());
-                }
-                None => {
-                    crate::attribution::enrich(
-                        self.interfaces,
-                        &self.slurm,
-                        &self.outbox,
-                        &mut job,
-                    );
-                }
-            }
-        }
-        job.clear_other_list(either_way);
-        Some(Item::Job { job })
+        let why = if ev.starts_a_rerun() {
+            crate::attribution::Why::Rerun
+        } else if ev.anew {
+            crate::attribution::Why::Anew
+        } else {
+            crate::attribution::Why::Plain
+        };
+        Some(crate::attribution::outgoing(
+            self.interfaces,
+            &self.outbox.job_reps,
+            job,
+            why,
+            Some((&self.slurm, &self.outbox)),
+            true,
+        ))
     }
 
     /// Takes, enriches, sends and finishes one (settled) event.
@@ -572,13 +597,15 @@ impl Engine {
             }
         };
         let what = taken.item.describe();
-        let outgoing = self.outgoing(&taken.item);
-        let item = outgoing.as_ref().unwrap_or(&taken.item);
-        let result = match item {
-            Item::Job { job } if taken.starts_a_rerun() => {
-                forget_earlier_run(&self.client, job, None)
-                    .and_then(|()| send_item(&self.client, item, None))
-            }
+        let outgoing = self.outgoing(&taken);
+        let (item, forget) = match &outgoing {
+            Some(o) => (Item::Job { job: o.job.clone() }, o.forget),
+            None => (taken.item.clone(), None),
+        };
+        let item = &item;
+        let result = match (item, forget) {
+            (Item::Job { job }, Some(why)) => forget_stored_job(&self.client, job, why, None)
+                .and_then(|()| send_item(&self.client, item, None)),
             _ => send_item(&self.client, item, None),
         };
         let class = answer_class(&result);
@@ -591,17 +618,26 @@ impl Engine {
                     r.latencies_ms
                         .push(u64::try_from(delay).unwrap_or(u64::MAX));
                 });
-                log::info!(
-                    "outbox: delivered {what} (HTTP {}, {delay} ms after it was queued)",
-                    a.status
-                );
+                if matches!(item, Item::NodeDelete { .. }) {
+                    log::info!(
+                        "outbox: {what}: {} ({delay} ms after it was queued)",
+                        crate::text::one_line(&a.body, 400)
+                    );
+                } else {
+                    log::info!(
+                        "outbox: delivered {what} (HTTP {}, {delay} ms after it was queued)",
+                        a.status
+                    );
+                }
                 (Finish::Delivered, Outcome::Delivered)
             }
             Err(e)
                 if e.retryable()
                     || matches!(
                         e,
-                        SendError::NotConfigured(_) | SendError::TokenRefused { .. }
+                        SendError::NotConfigured(_)
+                            | SendError::TokenRefused { .. }
+                            | SendError::NotCloudVision { .. }
                     ) =>
             {
                 let retry_after = match e {
@@ -647,34 +683,17 @@ impl Engine {
                 (Finish::Reject(why), Outcome::Rejected)
             }
         };
-        // Before the key is free again: the job's next event (its end) may go out at once.
+        // Before the key is free again: a job's record of how it goes ends with its end.
         if let Item::Job { job } = item {
-            self.remember_macs(job, &outcome);
+            if job.state.is_terminal() && matches!(outcome, Outcome::Delivered | Outcome::Rejected)
+            {
+                self.outbox.job_reps.forget(&job.key.id);
+            }
         }
         if let Err(e) = self.outbox.queue.finish(&taken, finish) {
             log::error!("outbox: {e}");
         }
         outcome
-    }
-
-    /// With `JobInterfaces=gpu|auto`: keeps the MACs a delivered RUNNING went with (its end
-    /// goes the same way, see [`Engine::outgoing`]), forgets them when a RUNNING went by node
-    /// names or the job's end went out (or was refused).
-    fn remember_macs(&self, job: &crate::payload::JobConfig, outcome: &Outcome) {
-        if self.interfaces == JobInterfaces::Nodes {
-            return;
-        }
-        let store = &self.outbox.job_macs;
-        let key = &job.key.id;
-        match (outcome, job.state.is_terminal(), &job.interfaces) {
-            (Outcome::Delivered, false, Some(i)) if job.by_interfaces() => {
-                if let Err(e) = store.save(key, &i.values) {
-                    log::warn!("job {key}: cannot record the MACs its RUNNING went with: {e}");
-                }
-            }
-            (Outcome::Delivered, _, _) | (Outcome::Rejected, true, _) => store.forget(key),
-            _ => {}
-        }
     }
 }
 

@@ -114,10 +114,10 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             next_poll = Instant::now() + inv.cfg.poll_interval;
         }
         if !inv.cfg.reconcile_interval.is_zero() && Instant::now() >= next_reconcile {
-            // Interface records whose job's end never went out (this host's own StateDir).
-            let pruned = outbox.job_macs.prune(crate::state::job_macs::MAX_AGE);
+            // Representation records whose job's end never went out (this host's own StateDir).
+            let pruned = outbox.job_reps.prune(crate::state::job_reps::MAX_AGE);
             if pruned > 0 {
-                log::info!("{pruned} interface record(s) of jobs without an end removed");
+                log::info!("{pruned} representation record(s) of jobs without an end removed");
             }
             if leads {
                 reconcile_pass(inv, outbox, sender, &mut catch_up);
@@ -285,6 +285,13 @@ fn poll(
     };
     for (name, r) in found {
         match r {
+            Ok(rec) if rec.interfaces.is_empty() => {
+                // Not a failure, and not asked again until its next refresh: one warning.
+                let text = crate::inventory::no_interface(&name, inv.cfg);
+                log::warn!("{}", crate::logging::escape_control(&text));
+                crate::inventory::save_record(outbox, &rec);
+                known.insert(name, Seen::Sent);
+            }
             Ok(rec) => {
                 let verb = match known.get(&name) {
                     None => "appeared",

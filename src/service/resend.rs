@@ -132,10 +132,9 @@ pub fn resend_running_on(
         let on = on.join(",");
         let job = crate::payload::running_job(j, cluster, start, job_nodes);
         let rank = (j.restarts.unwrap_or(0), 0);
-        if outbox
-            .queue
-            .enqueue_resend(&Event::new(Item::Job { job }, rank))?
-        {
+        let mut ev = Event::new(Item::Job { job }, rank);
+        ev.anew = true;
+        if outbox.queue.enqueue_resend(&ev)? {
             log::info!(
                 "job {key}: the inventory of {on} changed; RUNNING queued again for its interfaces"
             );

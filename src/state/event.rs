@@ -93,6 +93,12 @@ pub struct Event {
     /// is delivered, so CloudVision sees RUNNING then the end, never the end alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub then: Option<Box<Event>>,
+    /// Set on a RUNNING queued again because the inventory of one of its nodes changed
+    /// ([`crate::service::resend`]): the job's representation is decided anew from the new
+    /// records, not taken from the record of its first send
+    /// ([`crate::attribution::outgoing`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub anew: bool,
     /// What to send.
     #[serde(flatten)]
     pub item: Item,
@@ -112,6 +118,7 @@ impl Event {
             attempts: 0,
             resolve: None,
             then: None,
+            anew: false,
             item,
         }
     }
@@ -121,7 +128,7 @@ impl Event {
     /// True for the RUNNING of a requeued job's later run (restart count above 0): CloudVision
     /// may still hold the earlier run's record, whose `end_time` a Set (a partial update)
     /// would keep, so the record is deleted before this is sent
-    /// ([`crate::service::engine::forget_earlier_run`]).
+    /// ([`crate::service::engine::forget_stored_job`]).
     pub fn starts_a_rerun(&self) -> bool {
         self.rank.0 > 0
             && matches!(&self.item, Item::Job { job } if job.state == crate::payload::JobState::Running)

@@ -15,10 +15,10 @@ pub const JOBS: &str = "jobs";
 pub const VERIFY: &str = "verify";
 /// Node records: `nodes/<node>.json`, the inventory's latest discover record of a node.
 pub const NODES: &str = "nodes";
-/// Interface records: `macs/<jobid>@<cluster>`, the MACs a running job's RUNNING went with.
-pub const JOB_MACS: &str = "macs";
+/// Representation records: `reps/<jobid>@<cluster>`, how a job's records go (node names or MACs).
+pub const JOB_REPS: &str = "reps";
 /// Every directory above, created (mode 0700) by [`crate::state::durable::ensure_dirs`].
-pub const DIRS: [&str; 7] = [OUTBOX, INFLIGHT, REJECTED, JOBS, VERIFY, NODES, JOB_MACS];
+pub const DIRS: [&str; 7] = [OUTBOX, INFLIGHT, REJECTED, JOBS, VERIFY, NODES, JOB_REPS];
 
 /// `flock`ed for each read-compare-rename of the outbox.
 pub const OUTBOX_LOCK: &str = "outbox.lock";

@@ -8,7 +8,7 @@
 //! - `nodes/<node>.json` — the inventory's latest record of each node ([`nodes`]).
 //! - `jobs/<jobid>@<cluster>` — the start time a prolog saw ([`starts`]).
 //! - `verify/<jobid>@<cluster>` — an epilog's end to check against Slurm later ([`marks`]).
-//! - `macs/<jobid>@<cluster>` — the MACs a running job's RUNNING was sent with ([`job_macs`]).
+//! - `reps/<jobid>@<cluster>` — how a job's records go: node names or MACs ([`job_reps`]).
 //! - `service-status.json`, `service-status.lock` — what cvslurm did (times, counters), for
 //!   `cvslurm status` and the metrics file ([`status`]).
 //! - `wake.sock` — the service's wake-up socket (see `crate::sender`).
@@ -19,7 +19,7 @@
 pub mod counter_journal;
 pub mod durable;
 pub mod event;
-pub mod job_macs;
+pub mod job_reps;
 pub mod layout;
 pub mod marks;
 pub mod nodes;
@@ -45,8 +45,8 @@ pub struct StateDir {
     pub marks: marks::Marks,
     /// `service-status.json`.
     pub status: status::ServiceStatus,
-    /// The MACs running jobs' RUNNINGs were sent with.
-    pub job_macs: job_macs::JobMacs,
+    /// How running jobs' records go (node names or MACs).
+    pub job_reps: job_reps::JobReps,
 }
 
 impl StateDir {
@@ -65,7 +65,7 @@ impl StateDir {
             starts,
             marks: marks::Marks::new(root, owner),
             status,
-            job_macs: job_macs::JobMacs::new(root, owner),
+            job_reps: job_reps::JobReps::new(root, owner),
         }
     }
 

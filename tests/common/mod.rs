@@ -55,6 +55,11 @@ pub struct Standin {
     client: Client,
 }
 
+/// The stand-in's two rule sets a test runs against: CloudVision's contract (a Set merges)
+/// and Arista's own fake CloudVision (every POST a whole record that replaces the stored one;
+/// no GET, no JobConfig delete).
+pub const PROFILES: [&str; 2] = ["cloudvision", "arista"];
+
 impl Standin {
     pub fn start() -> Standin {
         Standin::start_with(&[])
@@ -192,6 +197,32 @@ impl Standin {
         let now = self.control("POST", "behaviour", Some(behaviour.clone()));
         for (k, v) in behaviour.as_object().expect("a behaviour is a JSON object") {
             assert_eq!(&now[k], v, "the stand-in took behaviour {k}: {now}");
+        }
+    }
+
+    /// A stand-in with `profile`'s rules (tests/standin/README.md, "Profiles").
+    pub fn start_profile(profile: &str) -> Standin {
+        let s = Standin::start();
+        s.set_behaviour(serde_json::json!({ "profile": profile }));
+        s
+    }
+
+    /// Asserts that every JobConfig POST so far named exactly one of `nodes` and `interfaces`,
+    /// its list not empty, and was accepted (what Arista's own fake CloudVision requires).
+    pub fn assert_one_list_each(&self) {
+        for r in self.requests() {
+            if r["method"] != "POST" || !r["path"].as_str().unwrap_or("").ends_with("JobConfig") {
+                continue;
+            }
+            let b = &r["body"];
+            let lists: Vec<&str> = ["nodes", "interfaces"]
+                .into_iter()
+                .filter(|f| b.get(*f).is_some())
+                .collect();
+            assert_eq!(lists.len(), 1, "not exactly one list: {r}");
+            let values = b[lists[0]]["values"].as_array();
+            assert!(values.is_some_and(|v| !v.is_empty()), "an empty list: {r}");
+            assert_eq!(r["status"], 200, "refused: {r}");
         }
     }
 

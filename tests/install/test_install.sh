@@ -233,6 +233,18 @@ if "$INSTALL" --api-server "127.0.0.1:$dead_port" --api-token-file "$S/token.in"
 else
     ok "an unreachable CloudVision fails the install"
 fi
+# a web server (404 or 200 pages) or Arista's fake CloudVision (a plain 404 to every GET) is
+# not CloudVision: the install refuses, naming what answered
+for profile in web web200 arista; do
+    curl -sS --cacert "$CA" -X POST -d "{\"profile\":\"$profile\"}" "https://127.0.0.1:$PORT/_standin/behaviour" >/dev/null
+    if run_install "$D/out.$profile"; then
+        notok "the $profile server fails the install"
+    else
+        ok "the $profile server fails the install"
+    fi
+    check "the $profile server is named as not CloudVision" grep -q "the server is not answering as CloudVision: HTTP" "$D/out.$profile"
+done
+curl -sS --cacert "$CA" -X POST -d '{"profile":"cloudvision"}' "https://127.0.0.1:$PORT/_standin/behaviour" >/dev/null
 snapshot "$D" >"$D/snap1"
 check "failed checks change nothing" cmp -s "$D/snap0" "$D/snap1"
 if "$INSTALL" --api-server "127.0.0.1:$dead_port" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" --no-reconfigure --offline >"$D/out.3" 2>&1; then

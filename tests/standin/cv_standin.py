@@ -9,13 +9,15 @@ through a small control API under /_standin/.
 It is as strict as the contract (README.md, "CloudVision compatibility") by
 default: a Set merges the fields present into the stored record, GetOne needs key.id (400 without, 404 for an unknown key), unknown
 fields are refused.  Each of these can be switched to another behaviour with
-/_standin/behaviour or --behaviour (see BEHAVIOURS).
+/_standin/behaviour or --behaviour (see BEHAVIOURS).  The behaviour "profile" (or
+--profile) makes it play another server: "arista" (the rules of Arista's own fake
+CloudVision), "web" / "web200" (a plain web server); see PROFILES.
 
 This is the only fake the project allows.  See tests/standin/README.md.
 
 Run:  python3 tests/standin/cv_standin.py --dir DIR [--port 0] [--host 127.0.0.1]
           [--token TOKEN | --token-file F] [--delay-ms N] [--mode ok] [--record FILE]
-          [--behaviour JSON] [-v]
+          [--behaviour JSON] [--profile cloudvision|arista|web|web200] [-v]
 """
 
 import argparse
@@ -81,6 +83,24 @@ BEHAVIOURS = {
     "end_time_on_running": ("kept", ("kept", "cleared")),
     # DELETE ...JobConfig?key.id=: "allowed" (404 if absent) or "unsupported" (405)
     "delete_job": ("allowed", ("allowed", "unsupported")),
+    # which server the stand-in plays (see PROFILES): "cloudvision" (everything above),
+    # "arista" (the rules of Arista's own fake CloudVision; the switches above don't apply),
+    # "web" / "web200" (a plain web server: HTML 404 / 200 for every API request)
+    "profile": ("cloudvision", ("cloudvision", "arista", "web", "web200")),
+}
+
+# profile -> what it is (README.md, "Profiles")
+PROFILES = {
+    "cloudvision": "CloudVision's resource API, as strict as the contract (the default)",
+    "arista": "the rules of Arista's fake CloudVision (cloudvision-job-kubernetes, "
+              "tests/integration/cv_stub.py), written from the project's issue",
+    "web": "a plain web server: 404 text/html for every API request",
+    "web200": "a plain web server: 200 text/html for every API request",
+}
+WEB_PAGES = {
+    "web": (404, b"<html><head><title>404 Not Found</title></head><body><h1>Not Found</h1>"
+                 b"</body></html>"),
+    "web200": (200, b"<html><body><h1>It works!</h1></body></html>"),
 }
 
 
@@ -357,6 +377,133 @@ def merge_set(old, body, empty_list):
                 continue
         rec[k] = v
     return rec
+
+
+# --------------------------------------------------------------------------
+# profile "arista": the rules of Arista's fake CloudVision, written from the list in the
+# project's issue (not copied).  Every POST is a whole record, checked in full; each failure
+# is one message in {"errors":[...]}.
+# --------------------------------------------------------------------------
+
+ARISTA_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:?\d{2})$")
+ARISTA_MAC_RE = re.compile(r"^([0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}$")
+ARISTA_JOB_FIELDS = ("key", "name", "state", "start_time", "location", "interfaces", "nodes",
+                     "end_time", "type")
+ARISTA_NODE_FIELDS = ("key", "location", "hostname", "data_interfaces")
+
+
+def _nonempty_str(v):
+    return isinstance(v, str) and v != ""
+
+
+def _arista_key_id(body, errs):
+    key = body.get("key")
+    if not isinstance(key, dict) or not _nonempty_str(key.get("id")):
+        errs.append("key.id must be a non-empty string")
+        return None
+    return key["id"]
+
+
+def _arista_time(body, k, errs):
+    v = body.get(k)
+    if not _nonempty_str(v):
+        errs.append("%s must be a non-empty string" % k)
+    elif not ARISTA_TIME_RE.match(v):
+        errs.append("%s %r is not an ISO-8601 timestamp" % (k, v))
+
+
+def _arista_values(body, k, errs):
+    """The list under body[k]["values"], or None (with an error) if it isn't a non-empty
+    list."""
+    w = body.get(k)
+    vals = w.get("values") if isinstance(w, dict) else None
+    if not isinstance(vals, list) or not vals:
+        errs.append("%s.values must be a non-empty list" % k)
+        return None
+    return vals
+
+
+def arista_job_errors(body):
+    """The messages for everything wrong with a JobConfig POST body ([] if it is good)."""
+    if not isinstance(body, dict):
+        return ["JobConfig body must be a JSON object"]
+    errs = []
+    unknown = sorted(k for k in body if k not in ARISTA_JOB_FIELDS)
+    if unknown:
+        errs.append("unknown JobConfig fields: %s" % unknown)
+    _arista_key_id(body, errs)
+    for k in ("name", "location"):
+        if not _nonempty_str(body.get(k)):
+            errs.append("%s must be a non-empty string" % k)
+    state = body.get("state")
+    if state not in JOB_STATES:
+        errs.append("state must be one of %s, got %r" % (", ".join(sorted(JOB_STATES)), state))
+    _arista_time(body, "start_time", errs)
+    has_if, has_nodes = "interfaces" in body, "nodes" in body
+    if has_if and has_nodes:
+        errs.append("exactly one of interfaces or nodes must be set, not both")
+    elif not has_if and not has_nodes:
+        errs.append("exactly one of interfaces or nodes must be set")
+    if has_if:
+        vals = _arista_values(body, "interfaces", errs)
+        for i, m in enumerate(vals or ()):
+            if not isinstance(m, str) or not ARISTA_MAC_RE.match(m):
+                errs.append("interfaces.values[%d] %r is not a MAC address" % (i, m))
+    if has_nodes:
+        vals = _arista_values(body, "nodes", errs)
+        for i, n in enumerate(vals or ()):
+            if not _nonempty_str(n):
+                errs.append("nodes.values[%d] must be a non-empty string" % i)
+    if state == "JOB_STATE_RUNNING":
+        if "end_time" in body:
+            errs.append("end_time must not be set for JOB_STATE_RUNNING")
+    elif state in JOB_STATES:
+        _arista_time(body, "end_time", errs)
+    if "type" in body and body["type"] != "JOB_TYPE_TENANT":
+        errs.append("type must be JOB_TYPE_TENANT, got %r" % (body["type"],))
+    return errs
+
+
+def arista_node_errors(body):
+    """The messages for everything wrong with a NodeConfig POST body ([] if it is good)."""
+    if not isinstance(body, dict):
+        return ["NodeConfig body must be a JSON object"]
+    errs = []
+    unknown = sorted(k for k in body if k not in ARISTA_NODE_FIELDS)
+    if unknown:
+        errs.append("unknown NodeConfig fields: %s" % unknown)
+    kid = _arista_key_id(body, errs)
+    if not _nonempty_str(body.get("location")):
+        errs.append("location must be a non-empty string")
+    host = body.get("hostname")
+    if not _nonempty_str(host):
+        errs.append("hostname must be a non-empty string")
+    elif kid is not None and host != kid:
+        errs.append("hostname %r must equal key.id %r" % (host, kid))
+    di = body.get("data_interfaces")
+    if not isinstance(di, dict):
+        errs.append("data_interfaces must be an object")
+        return errs
+    vals = _arista_values(body, "data_interfaces", errs)
+    for i, it in enumerate(vals or ()):
+        w = "data_interfaces.values[%d]" % i
+        if not isinstance(it, dict):
+            errs.append("%s must be an object" % w)
+            continue
+        if not _nonempty_str(it.get("name")):
+            errs.append("%s.name must be a non-empty string" % w)
+        mac = it.get("mac_address")
+        if not isinstance(mac, str) or not ARISTA_MAC_RE.match(mac):
+            errs.append("%s.mac_address %r is not a MAC address" % (w, mac))
+        ips = it.get("ip_addresses")
+        ivals = ips.get("values") if isinstance(ips, dict) else None
+        if not isinstance(ivals, list):
+            errs.append("%s.ip_addresses.values must be a list" % w)
+            continue
+        for j, ip in enumerate(ivals):
+            if not _nonempty_str(ip):
+                errs.append("%s.ip_addresses.values[%d] must be a non-empty string" % (w, j))
+    return errs
 
 
 def camel(obj):
@@ -743,6 +890,7 @@ class Handler(BaseHTTPRequestHandler):
         extra = {}
         resp = None
         status = 200
+        ctype = "application/json"
         with st.cond:
             fault = st.take_fault(self.client_address[0] if self.client_address else None)
             delay_ms = st.delay_ms
@@ -770,16 +918,62 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 if fault is not None and fault["mode"] == "delay":
                     delay_ms = fault["delay_ms"]
-                status, resp = self.handle_api(st, path, query, raw, entry["auth_ok"])
+                profile = st.behaviour["profile"]
+                if profile == "arista":
+                    status, resp = self.handle_arista(st, path, query, raw)
+                elif profile in WEB_PAGES:
+                    status, resp = WEB_PAGES[profile]
+                    ctype = "text/html"
+                else:
+                    status, resp = self.handle_api(st, path, query, raw, entry["auth_ok"])
             entry["status"] = status
             st.add_entry(entry)
         if delay_ms:
             time.sleep(delay_ms / 1000.0)
         vlog("%s %s -> %d" % (self.command, self.path, status))
         if isinstance(resp, bytes):
-            self.answer(status, raw=resp, extra_headers=extra)
+            self.answer(status, raw=resp, extra_headers=extra, content_type=ctype)
         else:
-            self.answer(status, resp, extra_headers=extra)
+            self.answer(status, resp, extra_headers=extra, content_type=ctype)
+
+    def handle_arista(self, st, path, query, raw):
+        """Profile "arista", under lock: the rules of Arista's fake CloudVision.  No token
+        check; every POST is a whole record that replaces the stored one; GET is never
+        served.  Returns (status, body obj)."""
+        m = self.command
+        if m in ("GET", "HEAD"):
+            return 404, {"errors": ["GET not supported by CV stub"]}
+        if m not in ("POST", "DELETE"):
+            return 501, {"errors": ["method %s not supported by CV stub" % m]}
+        if m == "DELETE":
+            if path != NODE_PATH:
+                return 404, {"errors": ["unknown path %s" % path]}
+            kid = query.get("key.id")
+            if isinstance(kid, list):
+                kid = kid[0]
+            if not kid:
+                return 400, {"errors": ["key.id query param required"]}
+            st.nodes.pop(kid, None)  # (with --counts-only nothing is stored)
+            return 200, {}
+        if path == JOB_PATH:
+            kind, store, check = "JobConfig", st.jobs, arista_job_errors
+        elif path == NODE_PATH:
+            kind, store, check = "NodeConfig", st.nodes, arista_node_errors
+        else:
+            return 404, {"errors": ["unknown path %s" % path]}
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            return 400, {"errors": ["invalid JSON: %s" % e]}
+        errs = check(body)
+        if errs:
+            return 400, {"errors": errs}
+        kid = body["key"]["id"]
+        if st.counts_only:
+            st.keys[kind].add(kid)
+        else:
+            store[kid] = body
+        return 200, {"key": body["key"], "revision": "1"}
 
     def handle_api(self, st, path, query, raw, auth_ok):
         """Under lock.  Returns (status, body obj or bytes)."""
@@ -932,6 +1126,9 @@ def main(argv=None):
     ap.add_argument("--key", default=None, help="the key of --cert")
     ap.add_argument("--behaviour", default=None,
                     help='JSON object of behaviours, e.g. {"set":"replace"} (see BEHAVIOURS)')
+    ap.add_argument("--profile", default=None, choices=BEHAVIOURS["profile"][1],
+                    help='the server to play: same as --behaviour \'{"profile":"NAME"}\' '
+                         '(wins over a profile in --behaviour)')
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     VERBOSE = a.verbose
@@ -970,6 +1167,8 @@ def main(argv=None):
             st.set_behaviour(json.loads(a.behaviour))
         except (ValueError, Invalid) as e:
             ap.error("--behaviour: %s" % e)
+    if a.profile is not None:
+        st.set_behaviour({"profile": a.profile})
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2

@@ -108,7 +108,8 @@ class Standin:
         return self._call("GET", "/_standin/behaviour")
 
     def set_behaviour(self, **kw):
-        """set_behaviour(set="replace", get_without_key=200, ...); returns all in force."""
+        """set_behaviour(set="replace", get_without_key=200, profile="arista", ...); returns
+        all in force."""
         return self._call("POST", "/_standin/behaviour", kw)
 
     def stored_job(self, kid):
@@ -172,8 +173,11 @@ class Standin:
 
 def start(d, port=0, host="127.0.0.1", token="test-token", token_file=None,
           delay_ms=None, mode=None, record=None, verbose=False, extra_args=(),
-          timeout=15.0, python=None):
+          timeout=15.0, python=None, profile=None):
     """Start cv_standin.py as a subprocess on DIR d and wait for DIR/port.
+
+    profile: "cloudvision" (default), "arista", "web" or "web200" (--profile; README.md,
+    "Profiles"); at run time set_behaviour(profile=...).
 
     Returns a Standin.  Raises StandinError (with the server's stderr) if it
     exits or does not write DIR/port within `timeout` seconds."""
@@ -195,6 +199,8 @@ def start(d, port=0, host="127.0.0.1", token="test-token", token_file=None,
         cmd += ["--mode", mode]
     if record is not None:
         cmd += ["--record", record]
+    if profile is not None:
+        cmd += ["--profile", profile]
     if verbose:
         cmd.append("-v")
     cmd += list(extra_args)
