@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install cvslurm on the Slurm controller: binary + mode symlinks, cloudvision.conf, the API
-# token file, StateDir/LogFile, the PrologSlurmctld/EpilogSlurmctld hooks in slurm.conf, the
-# cvslurm service, then `scontrol reconfigure` (slurmctld is never restarted).
+# token file, StateDir/LogFile, the PrologSlurmctld hook (and, by the set-up, Slurm's
+# job-completion plugin posting to the service, or the EpilogSlurmctld hook) in slurm.conf,
+# the cvslurm service, then `scontrol reconfigure` (slurmctld is never restarted).
 #
 # A site's own PrologSlurmctld/EpilogSlurmctld: on Slurm >= 24.05 install.sh adds its own
 # line of the same key beside it (Slurm runs them all); before 24.05 (one hook only) it
@@ -24,10 +25,24 @@
 #   --binary PATH             the cvslurm binary to install (default: a prebuilt
 #                             target/x86_64-unknown-linux-musl/release/cvslurm, else build it)
 #   --no-service              do not install the cvslurm systemd service
+#   --epilog                  both hooks, PrologSlurmctld and EpilogSlurmctld (ends within a
+#                             second; an EpilogSlurmctld can make slurmctld miss a scheduling
+#                             pass: README "Without EpilogSlurmctld"). The default is no
+#                             EpilogSlurmctld: --jobcomp where the site has no JobCompType and
+#                             Slurm's plugin is installed, else --no-epilog (and --epilog with
+#                             --no-service)
 #   --no-epilog               PrologSlurmctld only: no EpilogSlurmctld line, and the service
 #                             sends each end from slurmctld (ReconcileInterval=5); for
 #                             clusters whose scheduler must never wait on an epilog
 #                             (README, "Without EpilogSlurmctld"). Needs the service
+#   --jobcomp                 job ends from Slurm's job-completion plugin, not from an
+#                             EpilogSlurmctld: JobCompType=jobcomp/elasticsearch posting to the
+#                             service's receiver (JobCompLoc=http://127.0.0.1:PORT/slurm/jobcomp,
+#                             cloudvision.conf JobCompPort=PORT), PrologSlurmctld for starts, no
+#                             EpilogSlurmctld (README, "Job ends from Slurm's job-completion
+#                             plugin"). Refused where slurm.conf sets another JobCompType.
+#                             Needs the service and Slurm's jobcomp/elasticsearch plugin
+#   --jobcomp-port PORT       the receiver's port with --jobcomp (default 9250)
 #   --no-reconfigure          do not run `scontrol reconfigure`
 #   --no-hooks                install everything but leave slurm.conf alone: for the other
 #                             controllers of an HA pair, before the install that writes the
@@ -43,12 +58,14 @@
 # "/var/lib/prometheus/node-exporter /var/lib/node_exporter/textfile_collector": the first
 # that exists is suggested for MetricsFile, never set), CVSLURM_REMOTE (how to run a command
 # on another SlurmctldHost, the host name first; default "ssh -o BatchMode=yes -o
-# ConnectTimeout=5").
+# ConnectTimeout=5 --").
 #
 # Two controllers (several SlurmctldHost lines): before it writes the hook lines, install.sh
 # checks on every other SlurmctldHost that the hook is there (`test -x` through
 # CVSLURM_REMOTE) and refuses if one lacks it: from Slurm 23.02 a slurmctld whose slurm.conf
-# names a hook it cannot run does not start. A host it cannot reach is a warning.
+# names a hook it cannot run does not start. A host it cannot reach is a warning. A
+# SlurmctldHost name that is not a host name (letters, digits, '-', '.', '_'; not starting
+# with '-') is refused before anything runs: it would reach ssh as an option.
 #
 # Idempotent: a second run with the same options changes nothing and says "no change".
 # What it adds is recorded in $INSTALL_DIR/.install-manifest; the lines it adds to slurm.conf
@@ -82,6 +99,9 @@ SERVICE=1
 RECONFIGURE=1
 NO_EPILOG=0
 NO_HOOKS=0
+JOBCOMP=0
+EPILOG=0
+JOBCOMP_PORT=9250
 while (($#)); do
     case "$1" in
         --api-server) OPT_SERVER="${2:?--api-server needs HOST[:PORT]}"; shift ;;
@@ -99,6 +119,10 @@ while (($#)); do
         --binary=*) OPT_BINARY="${1#*=}" ;;
         --no-service) SERVICE=0 ;;
         --no-epilog) NO_EPILOG=1 ;;
+        --jobcomp) JOBCOMP=1 ;;
+        --epilog) EPILOG=1 ;;
+        --jobcomp-port) JOBCOMP_PORT="${2:?--jobcomp-port needs a port}"; shift ;;
+        --jobcomp-port=*) JOBCOMP_PORT="${1#*=}" ;;
         --no-reconfigure) RECONFIGURE=0 ;;
         --no-hooks) NO_HOOKS=1 ;;
         -h | --help) usage; exit 0 ;;
@@ -109,6 +133,10 @@ while (($#)); do
 done
 ((PURGE == 0 || UNINSTALL == 1)) || die "--purge goes with --uninstall"
 ((NO_EPILOG == 0 || SERVICE == 1)) || die "--no-epilog needs the cvslurm service (it sends the ends): drop --no-service"
+((JOBCOMP == 0 || SERVICE == 1)) || die "--jobcomp needs the cvslurm service (its receiver takes the ends): drop --no-service"
+((JOBCOMP + NO_EPILOG + EPILOG <= 1)) || die "--jobcomp, --no-epilog and --epilog are three set-ups: give one"
+[[ "$JOBCOMP_PORT" =~ ^[0-9]{1,5}$ ]] && ((JOBCOMP_PORT >= 1 && JOBCOMP_PORT <= 65535)) \
+    || die "--jobcomp-port $JOBCOMP_PORT is not a port (1 to 65535)"
 
 if [[ -n "${SLURM_CONF_DIR:-}" ]]; then
     SLURM_CONF_FILE="${SLURM_CONF:-$SLURM_CONF_DIR/slurm.conf}"
@@ -362,6 +390,16 @@ facts_args=(check --slurm-facts --hook "$HOOK")
 "$BINARY" "${facts_args[@]}" >"$WORK/facts" 2>"$WORK/facts.err" \
     || die "$BINARY check --slurm-facts failed: $(head -c 500 "$WORK/facts.err")"
 while IFS= read -r p; do warn "$p"; done < <(fact problem)
+# SlurmctldHost names go to CVSLURM_REMOTE (ssh) as its host argument: one that ssh would
+# take for an option (-oProxyCommand=...) would run a command as root, --dry-run included.
+# Only what a host name holds: letters, digits, '-', '.', '_' (spelled out: a range such as
+# a-z depends on the locale), not starting with '-', at most 253 characters (a DNS name).
+readonly HOST_CHARS='abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-'
+while read -r host _; do
+    if [[ -z "$host" || "$host" == -* || ${#host} -gt 253 || "$host" == *[!$HOST_CHARS]* ]]; then
+        die "SlurmctldHost \"${host//[^[:print:]]/?}\" in slurm.conf is not a host name (letters, digits, '-', '.', '_'; not starting with '-'; at most 253 characters): fix that line of $SLURM_CONF_FILE; nothing was run or changed"
+    fi
+done < <(fact controller)
 CLUSTER="$(fact cluster_name)"
 [[ -n "$CLUSTER" ]] || die "no ClusterName in $SLURM_CONF_FILE: set ClusterName= (CloudVision uses it as the job's location)"
 SLURM_USER="$(fact slurm_user)"
@@ -464,7 +502,64 @@ VERSION="${VERSION%.*}"
 MULTI=0
 if [[ "$(fact several_hooks)" == yes ]]; then MULTI=1; fi
 declare -a ADD_LINES=()
+JOBCOMP_LOC="http://127.0.0.1:$JOBCOMP_PORT/slurm/jobcomp"
+# the site's own JobCompType (not a line of ours): one per cluster, so never replaced
+site_jobcomp="$(grep -v -e "$MARK" "$SLURM_CONF_FILE" | sed -n 's/^[[:space:]]*[Jj][Oo][Bb][Cc][Oo][Mm][Pp][Tt][Yy][Pp][Ee][[:space:]]*=[[:space:]]*\([^[:space:]#]*\).*/\1/p' | tail -n 1)"
+site_jobcomp_loc="$(grep -v -e "$MARK" "$SLURM_CONF_FILE" | sed -n 's/^[[:space:]]*[Jj][Oo][Bb][Cc][Oo][Mm][Pp][Ll][Oo][Cc][[:space:]]*=[[:space:]]*\([^[:space:]#]*\).*/\1/p' | tail -n 1)"
+jobcomp_plugin() {
+    compgen -G "/usr/lib*/slurm*/jobcomp_elasticsearch.so" >/dev/null \
+        || compgen -G "/usr/lib*/*/slurm*/jobcomp_elasticsearch.so" >/dev/null \
+        || compgen -G "/usr/local/lib*/slurm/jobcomp_elasticsearch.so" >/dev/null
+}
+# The default set-up: no EpilogSlurmctld (its end can make slurmctld miss a scheduling pass:
+# README "Without EpilogSlurmctld"). Ends from Slurm's job-completion plugin where the site
+# has no JobCompType of its own and the plugin is there, else from reconciliation.
+if ((JOBCOMP + NO_EPILOG + EPILOG == 0)); then
+    if ((SERVICE == 0)); then
+        EPILOG=1
+        say "set-up: both hooks (--no-service: each hook sends its own event)"
+    elif [[ "$site_jobcomp" == jobcomp/elasticsearch && "${site_jobcomp_loc%/}" == "$JOBCOMP_LOC" ]]; then
+        JOBCOMP=1
+        say "set-up: PrologSlurmctld for starts, job ends from Slurm's job-completion plugin (--jobcomp; slurm.conf already posts to $JOBCOMP_LOC)"
+    elif [[ -n "$site_jobcomp" && "$site_jobcomp" != jobcomp/none ]]; then
+        NO_EPILOG=1
+        say "set-up: PrologSlurmctld only; slurm.conf keeps its JobCompType=$site_jobcomp (a cluster has one), so the service sends each end from slurmctld (--no-epilog)"
+    elif jobcomp_plugin; then
+        JOBCOMP=1
+        say "set-up: PrologSlurmctld for starts, job ends from Slurm's job-completion plugin (--jobcomp)"
+    else
+        NO_EPILOG=1
+        say "set-up: PrologSlurmctld only; Slurm's jobcomp/elasticsearch plugin was not found (Debian/Ubuntu: slurm-wlm-elasticsearch-plugin), so the service sends each end from slurmctld (--no-epilog); install the plugin and run install.sh again for ends from Slurm itself"
+    fi
+fi
+if ((JOBCOMP)); then
+    case "$site_jobcomp" in
+        "" | jobcomp/none) ;;
+        jobcomp/elasticsearch) [[ "${site_jobcomp_loc%/}" == "$JOBCOMP_LOC" ]] || die "$(printf 'slurm.conf sets JobCompType=jobcomp/elasticsearch with JobCompLoc=%s, and a cluster has one: --jobcomp would take it.\n  Nothing was changed. Keep yours and install with --no-epilog, or point it at cvslurm: JobCompLoc=%s' "$site_jobcomp_loc" "$JOBCOMP_LOC")" ;;
+        *) die "$(printf 'slurm.conf sets JobCompType=%s, and a cluster has one: --jobcomp would take it.\n  Nothing was changed. Keep yours and install without --jobcomp (--no-epilog: the service sends each end from slurmctld), or give up %s and add these lines to slurm.conf yourself:\n    JobCompType=jobcomp/elasticsearch\n    JobCompLoc=%s' "$site_jobcomp" "$site_jobcomp" "$JOBCOMP_LOC")" ;;
+    esac
+    if ! jobcomp_plugin; then
+        warn "Slurm's jobcomp/elasticsearch plugin (jobcomp_elasticsearch.so) was not found here: install it (Debian/Ubuntu: slurm-wlm-elasticsearch-plugin; RHEL: Slurm built with libcurl), or slurmctld will not start with JobCompType=jobcomp/elasticsearch"
+    fi
+    case "$(fact slurm_version)" in
+        2[0-2].* | 23.0[0-9]*) warn "Slurm $(fact slurm_version): restart slurmctld for JobCompType to take effect (systemctl restart slurmctld; scontrol reconfigure restarts it only from 23.11)" ;;
+    esac
+    if [[ "$site_jobcomp" == jobcomp/elasticsearch ]]; then
+        say "slurm.conf already posts job ends to $JOBCOMP_LOC"
+    else
+        ADD_LINES+=("JobCompType=jobcomp/elasticsearch  $MARK" "JobCompLoc=$JOBCOMP_LOC  $MARK")
+    fi
+fi
 for key in PrologSlurmctld EpilogSlurmctld; do
+    if ((JOBCOMP)) && [[ "$key" == EpilogSlurmctld ]]; then
+        while read -r kind v; do
+            if [[ "$kind" == calls ]]; then
+                warn "EpilogSlurmctld $v calls cvslurm-hook: --jobcomp leaves it; remove that call (the ends come from the job-completion plugin)"
+            fi
+        done < <(fact "$key.program")
+        say "--jobcomp: no EpilogSlurmctld for cvslurm; Slurm's job-completion plugin posts each job's end to the service at $JOBCOMP_LOC"
+        continue
+    fi
     if ((NO_EPILOG)) && [[ "$key" == EpilogSlurmctld ]]; then
         # our own marked line (an earlier install) goes with the rebuild below; a site's
         # script that calls the hook is the site's to change
@@ -504,7 +599,8 @@ if ((NO_HOOKS)); then
     ADD_LINES=()
     say "--no-hooks: slurm.conf is left as it is; install on this host's other controllers the same way, then run install.sh without --no-hooks on the last one"
 elif ((${#ADD_LINES[@]} > 0)); then
-    read -r -a REMOTE <<<"${CVSLURM_REMOTE:-ssh -o BatchMode=yes -o ConnectTimeout=5}"
+    # "--" ends ssh's options: the host name that follows is never read as one.
+    read -r -a REMOTE <<<"${CVSLURM_REMOTE:-ssh -o BatchMode=yes -o ConnectTimeout=5 --}"
     missing=()
     while read -r host whose; do
         [[ "$whose" == other ]] || continue
@@ -594,6 +690,7 @@ set_keys=("ApiServer=$SERVER" "ApiTokenFile=$TOKEN_DEST" "LogFile=$LOG_FILE" "St
 [[ -n "$CA" ]] && set_keys+=("CaFile=$CA")
 ((INSECURE)) && set_keys+=("Insecure=yes")
 ((NO_EPILOG)) && set_keys+=("ReconcileInterval=5")
+((JOBCOMP)) && set_keys+=("JobCompPort=$JOBCOMP_PORT")
 printf '%s\n' "${set_keys[@]}" | awk -F= '
     NR == FNR { want[tolower($1)] = $0; order[++n] = tolower($1); next }
     {

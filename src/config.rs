@@ -206,6 +206,9 @@ pub struct Config {
     pub node_reassert_interval: Duration,
     /// `OutboxMaxEvents`: the most events the outbox keeps; past it the least valuable go.
     pub outbox_max_events: usize,
+    /// `JobCompPort`: the port of the service's job-completion receiver on 127.0.0.1 (the
+    /// `JobCompLoc` of slurm.conf's `JobCompType=jobcomp/elasticsearch`); 0: none.
+    pub jobcomp_port: u16,
     /// `JobInterfaces`: node names (`nodes`, the default) or, for jobs sharing a node's GPUs,
     /// the MACs of the NICs nearest their GPUs (`gpu`, `auto`).
     pub job_interfaces: JobInterfaces,
@@ -255,6 +258,7 @@ impl Default for Config {
             reconcile_interval: Duration::from_secs(300),
             node_reassert_interval: Duration::from_secs(86_400),
             outbox_max_events: 1_000_000,
+            jobcomp_port: 0,
             job_interfaces: JobInterfaces::Nodes,
             node_hostname: NodeHostname::NodeName,
             qualify_node_names: false,
@@ -525,6 +529,16 @@ pub const KEYS: &[Key] = &[
                 .ok()
                 .filter(|n| *n >= 1)
                 .ok_or_else(|| format!("{v:?} is not a whole number of at least 1"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "JobCompPort",
+        default: "0",
+        set: |c, v| {
+            c.jobcomp_port = v
+                .parse::<u16>()
+                .map_err(|_| format!("{v:?} is not a port (0 for none, else 1 to 65535)"))?;
             Ok(())
         },
     },

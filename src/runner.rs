@@ -13,6 +13,11 @@ use std::time::Duration;
 /// The most output read from one command by default (`SlurmOutputMaxMiB=64`); more is an error.
 pub const MAX_OUTPUT: u64 = crate::config::SLURM_OUTPUT_MAX_DEFAULT;
 
+/// How much of a command's stderr is kept (its first bytes). The rest is read and dropped,
+/// never left unread: closing the pipe of a command still writing it kills the command with
+/// SIGPIPE (srun then kills every task of its step).
+pub const STDERR_KEPT: usize = 64 * 1024;
+
 /// Where Slurm's commands are looked for when `PATH` is not set (as in PrologSlurmctld).
 const FALLBACK_DIRS: &[&str] = &[
     "/usr/bin",
@@ -186,8 +191,40 @@ impl Slurm {
                 format!("cannot run {shown}: {e}")
             }
         })?;
-        wait_with_output(child, timeout, self.max_output).map_err(|e| format!("{shown}: {e}"))
+        let out = wait_with_output(child, timeout, self.max_output)
+            .map_err(|e| format!("{shown}: {e}"))?;
+        if out.stderr_dropped > 0 {
+            log::warn!(
+                "{}: it wrote {} bytes on stderr: the first {} kept, {} dropped",
+                crate::text::one_line(&shown, 200),
+                STDERR_KEPT as u64 + out.stderr_dropped,
+                STDERR_KEPT,
+                out.stderr_dropped
+            );
+        }
+        Ok(out)
     }
+}
+
+/// Reads `r` to its end, keeping its first `keep` bytes and counting the rest, which is
+/// dropped: a pipe a child still writes to is never closed under it (it would die of
+/// SIGPIPE). Memory stays within `keep` plus one buffer. (the bytes kept, the count dropped)
+pub fn drain_capped(mut r: impl Read, keep: usize) -> std::io::Result<(Vec<u8>, u64)> {
+    let mut kept = Vec::new();
+    let mut dropped = 0u64;
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let room = keep.saturating_sub(kept.len()).min(n);
+        kept.extend_from_slice(&buf[..room]);
+        dropped += (n - room) as u64;
+    }
+    Ok((kept, dropped))
 }
 
 /// A bound as the messages write it: whole MiB (`64 MiB`), else bytes.
@@ -208,12 +245,15 @@ pub struct Output {
     pub status: String,
     /// Standard output (lossy UTF-8).
     pub stdout: String,
-    /// Standard error (lossy UTF-8, at most 64 KiB).
+    /// Standard error (lossy UTF-8): its first [`STDERR_KEPT`] bytes.
     pub stderr: String,
+    /// How many bytes of stderr were read past [`STDERR_KEPT`] and dropped.
+    pub stderr_dropped: u64,
 }
 
 /// Waits for a child with piped stdout/stderr for at most `timeout`, killing it after that.
-/// More than `max_output` bytes on stdout is an error ("printed more than N MiB").
+/// More than `max_output` bytes on stdout is an error ("printed more than N MiB"); stderr is
+/// read to its end, its first [`STDERR_KEPT`] bytes kept ([`drain_capped`]).
 pub fn wait_with_output(
     mut child: Child,
     timeout: Duration,
@@ -229,29 +269,32 @@ pub fn wait_with_output(
             Some(s) => s.take(max_output + 1).read_to_end(&mut buf).map(|_| buf),
             None => Ok(buf),
         };
-        let _ = tx.send((0, res));
+        let _ = tx.send((0, res.map(|b| (b, None))));
     });
     std::thread::spawn(move || {
-        let mut buf = Vec::new();
         let res = match stderr {
-            Some(s) => s.take(64 * 1024).read_to_end(&mut buf).map(|_| buf),
-            None => Ok(buf),
+            Some(s) => drain_capped(s, STDERR_KEPT),
+            None => Ok((Vec::new(), 0)),
         };
-        let _ = tx2.send((1, res));
+        let _ = tx2.send((1, res.map(|(kept, dropped)| (kept, Some(dropped)))));
     });
     let deadline = std::time::Instant::now() + timeout;
     let mut outs: [Option<Vec<u8>>; 2] = [None, None];
+    let mut stderr_dropped = 0;
     for _ in 0..2 {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match rx.recv_timeout(left) {
             // Past the bound: the command would block on a full pipe (its stderr still open),
             // so it is stopped now, not at the time-out.
-            Ok((0, Ok(b))) if b.len() as u64 > max_output => {
+            Ok((0, Ok((b, _)))) if b.len() as u64 > max_output => {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(format!("printed more than {}", size_text(max_output)));
             }
-            Ok((i, Ok(b))) => outs[i] = Some(b),
+            Ok((i, Ok((b, dropped)))) => {
+                outs[i] = Some(b);
+                stderr_dropped += dropped.unwrap_or(0);
+            }
             Ok((_, Err(e))) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -283,6 +326,7 @@ pub fn wait_with_output(
         status: status_text,
         stdout: String::from_utf8_lossy(&out).into_owned(),
         stderr: String::from_utf8_lossy(&err.unwrap_or_default()).into_owned(),
+        stderr_dropped,
     })
 }
 
@@ -324,6 +368,38 @@ mod tests {
         let s = Slurm::new(Some(Path::new("/usr/bin")));
         let e = s.run("yes", &[], Duration::from_secs(120)).unwrap_err();
         assert_eq!(e, "yes : printed more than 64 MiB");
+    }
+
+    /// Issue 34, round 4: stderr past its 64 KiB bound is read and dropped, never closed on
+    /// a command still writing it: the command (srun) would die of SIGPIPE, and with it its
+    /// answer. Here 512 KiB on stderr, then a marker (only when that write succeeded), then
+    /// the answer. Old code: the write failed, and the command with it.
+    #[test]
+    fn stderr_past_its_bound_is_drained_not_closed() {
+        let dir = std::env::temp_dir().join(format!("cvslurm-stderr-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let marker = dir.join("wrote");
+        let script = format!(
+            "dd if=/dev/zero bs=65536 count=8 status=none >&2 || exit 7; : > {}; echo answer",
+            marker.display()
+        );
+        let s = Slurm::new(Some(Path::new("/bin")));
+        let out = s
+            .run_json("sh", &["-c", &script], Duration::from_secs(20))
+            .unwrap();
+        assert!(out.success, "{}", out.status);
+        assert_eq!(out.stdout, "answer\n");
+        assert!(marker.exists(), "the stderr write failed");
+        assert_eq!(out.stderr.len(), STDERR_KEPT);
+        assert_eq!(out.stderr_dropped, (512 << 10) - STDERR_KEPT as u64);
+        let _ = std::fs::remove_file(&marker);
+        assert_eq!(
+            s.run("sh", &["-c", &script], Duration::from_secs(20))
+                .unwrap(),
+            "answer\n"
+        );
+        assert!(marker.exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A query that got no answer (nothing printed) is asked again; a real answer is not.

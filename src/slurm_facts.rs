@@ -68,9 +68,7 @@ pub fn facts(
             put(&format!("{key}.program"), &format!("{kind} {program}"));
         }
     }
-    let hostname = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let hostname = crate::slurm::leader::this_hostname();
     for c in crate::slurm::leader::controllers(conf) {
         let whose = if crate::slurm::leader::is_this_host(&c, &hostname) {
             "this"

@@ -49,9 +49,65 @@ pub fn parse_user_time(s: &str) -> Result<i64, String> {
     Ok(n)
 }
 
+/// Parses a time of Slurm's job-completion documents: RFC 3339 (`…Z`, `…+01:00`), or a local
+/// time without a zone (`2026-12-03T12:45:11`, what jobcomp/elasticsearch writes on 22.05),
+/// read in this host's time zone (the receiver runs beside slurmctld) by the C library's
+/// `mktime` (`TZ`, `/etc/localtime`; daylight saving decided by the C library). `None` for
+/// anything else, and for times CloudVision cannot take.
+pub fn parse_jobcomp_time(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let secs = match OffsetDateTime::parse(s, &Rfc3339) {
+        Ok(t) => t.unix_timestamp(),
+        Err(_) => {
+            let f = format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]");
+            local_to_epoch(time::PrimitiveDateTime::parse(s, &f).ok()?)?
+        }
+    };
+    (secs > 0 && format_epoch(secs).is_some()).then_some(secs)
+}
+
+/// A local wall-clock time as Unix seconds (`mktime`, `tm_isdst = -1`: the C library decides).
+fn local_to_epoch(p: time::PrimitiveDateTime) -> Option<i64> {
+    // SAFETY: `tm` is a plain C struct, zeroed then filled; mktime reads and normalizes it
+    // and touches nothing else of ours.
+    let mut tm: nix::libc::tm = unsafe { std::mem::zeroed() };
+    tm.tm_year = p.year() - 1900;
+    tm.tm_mon = i32::from(u8::from(p.month())) - 1;
+    tm.tm_mday = i32::from(p.day());
+    tm.tm_hour = i32::from(p.hour());
+    tm.tm_min = i32::from(p.minute());
+    tm.tm_sec = i32::from(p.second());
+    tm.tm_isdst = -1;
+    // SAFETY: a valid, initialized `tm` (above).
+    let t = unsafe { nix::libc::mktime(&mut tm) };
+    (t != -1).then_some(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Job-completion times: RFC 3339 as it is; a local time in this host's zone (the test
+    /// process runs with TZ unset or UTC on CI: compare with the C library's own answer).
+    #[test]
+    fn parses_jobcomp_times() {
+        assert_eq!(parse_jobcomp_time("2025-12-05T10:30:00Z"), Some(1764930600));
+        assert_eq!(
+            parse_jobcomp_time("2025-12-05T11:30:00+01:00"),
+            Some(1764930600)
+        );
+        let local = parse_jobcomp_time("2025-12-05T10:30:00").unwrap();
+        assert!((local - 1764930600).abs() <= 14 * 3600, "{local}");
+        for bad in [
+            "",
+            "Unknown",
+            "2025-12-05",
+            "2025-13-05T10:30:00",
+            "x2025-12-05T10:30:00",
+        ] {
+            assert_eq!(parse_jobcomp_time(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn formats_utc() {

@@ -711,10 +711,11 @@ fn status_names_the_controllers_and_the_one_in_control() {
             ))
         });
     assert!(said.is_some(), "{text}");
+    // 20 bytes: its size is said whole (it is not read past 16).
     fs::write(save.join("heartbeat"), b"\x1b[31mnot a heartbeat").unwrap();
     let text = status(&pair);
     assert!(
-        text.contains("(in control: unknown: the heartbeat is 17 bytes, not 16)"),
+        text.contains("(in control: unknown: the heartbeat is 20 bytes, not 16)"),
         "{text}"
     );
     let text = status("SlurmctldHost=ctl1(10.99.0.2)\n");
@@ -927,6 +928,172 @@ fn check_names_the_controllers_and_fails_on_a_hook_missing_here() {
     assert!(!text.contains("on every SlurmctldHost"), "{text}");
     assert!(
         text.contains("WARN slurm.conf names 2 controllers: ctl1, ctl2; which one is in control cannot be told: the heartbeat of ctl1 is"),
+        "{text}"
+    );
+}
+
+/// Issue 34, round 4: slurmctld is a controller when a `SlurmctldHost` name equals its host
+/// name whole or cut at the first dot (case counts), so a host named `ctl1.example.com` is
+/// the controller `SlurmctldHost=ctl1.example.com` as well as `SlurmctldHost=ctl1`, and a host
+/// named `ctl1` is not `ctl1.example.com`. `check` and `check --slurm-facts` (install.sh's)
+/// agree with it. Old code: `check` cut this host's name at the first dot, and a controller
+/// named by its full host name was "none of them".
+#[test]
+fn a_controller_named_by_its_full_host_name_is_this_host() {
+    use std::fs;
+    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let save = site.dir.path().join("statesave");
+    fs::create_dir_all(&save).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut hb = (now - 1).to_be_bytes().to_vec();
+    hb.extend_from_slice(&1u64.to_be_bytes());
+    fs::write(save.join("heartbeat"), hb).unwrap();
+    let slurm_conf = site.dir.path().join("slurm.conf");
+    // (this host's name, the second SlurmctldHost, whether slurmctld takes it for this host)
+    let cases = [
+        ("cvslurm-ctl1.example.com", "cvslurm-ctl1.example.com", true),
+        ("cvslurm-ctl1.example.com", "cvslurm-ctl1", true),
+        ("cvslurm-ctl1", "cvslurm-ctl1", true),
+        ("cvslurm-ctl1", "cvslurm-ctl1.example.com", false),
+        ("cvslurm-ctl10.example.com", "cvslurm-ctl1", false),
+        ("cvslurm-ctl1.example.com", "CVSLURM-CTL1", false),
+    ];
+    for (host, name, this) in cases {
+        fs::write(
+            &slurm_conf,
+            format!(
+                "ClusterName=c\nSlurmctldHost=cvslurm-other-ctl(10.99.0.2)\nSlurmctldHost={name}(10.99.0.3)\n\
+                 SlurmctldTimeout=10\nStateSaveLocation={}\nSlurmUser=root\n",
+                save.display()
+            ),
+        )
+        .unwrap();
+        let run = |args: &[&str]| {
+            let out = with_hostname(host)?
+                .args(args)
+                .env_remove("CV_API_TOKEN")
+                .env_remove("CV_API_SERVER")
+                .env("CVSLURM_CONF", &site.conf)
+                .env("SLURM_CONF", &slurm_conf)
+                .output()
+                .unwrap();
+            Some(stdout(&out))
+        };
+        let Some(text) = run(&["check"]) else {
+            eprintln!("skipped: needs unshare --uts (root, or user namespaces)");
+            return;
+        };
+        let said = if this {
+            format!("; this host is {name}; the hooks")
+        } else {
+            format!("; this host ({host}) is none of them;")
+        };
+        assert!(text.contains(&said), "{host} / {name}: {text}");
+        assert!(
+            text.contains(&format!("{name} (in control)")),
+            "{host} / {name}: {text}"
+        );
+        let facts = run(&["check", "--slurm-facts", "--slurm-version", "24.11"]).unwrap();
+        let line = format!(
+            "\ncontroller={name} {}\n",
+            if this { "this" } else { "other" }
+        );
+        assert!(facts.contains(&line), "{host} / {name}: {facts}");
+        assert!(
+            facts.contains("\ncontroller=cvslurm-other-ctl other\n"),
+            "{facts}"
+        );
+    }
+}
+
+/// Issue 34, round 4: `StateSaveLocation/heartbeat` is SlurmUser's, on a shared filesystem.
+/// A FIFO there, a symlink (to a good heartbeat elsewhere: root's `check` must not follow
+/// SlurmUser's links) or a huge file: `status` and `check` end at once and say the heartbeat
+/// cannot be read or is not one. Each run is killed after 20 s and counted as a failure.
+/// Old code: the FIFO blocked both for good; the symlink was followed.
+#[test]
+fn a_heartbeat_that_is_no_plain_file_is_refused_at_once() {
+    use std::fs;
+    use std::time::Duration;
+    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let save = site.dir.path().join("statesave");
+    fs::create_dir_all(&save).unwrap();
+    let slurm_conf = site.dir.path().join("slurm.conf");
+    fs::write(
+        &slurm_conf,
+        format!(
+            "ClusterName=c\nSlurmctldHost=ctl1(10.99.0.2)\nSlurmctldHost=ctl2(10.99.0.3)\n\
+             SlurmctldTimeout=10\nStateSaveLocation={}\nSlurmUser=root\n",
+            save.display()
+        ),
+    )
+    .unwrap();
+    let heartbeat = save.join("heartbeat");
+    let run = |args: &[&str]| {
+        let (finished, out) = output_within(
+            Command::new(bin())
+                .args(args)
+                .env_remove("CV_API_TOKEN")
+                .env_remove("CV_API_SERVER")
+                .env("CVSLURM_CONF", &site.conf)
+                .env("SLURM_CONF", &slurm_conf),
+            Duration::from_secs(20),
+        );
+        assert!(finished, "cvslurm {args:?} hung: {}", stdout(&out));
+        stdout(&out)
+    };
+    let cannot_read = format!("cannot read {}: ", heartbeat.display());
+    // A FIFO nobody writes.
+    nix::unistd::mkfifo(&heartbeat, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let text = run(&["status", "--offline"]);
+    assert!(
+        text.contains(&format!(
+            "controllers:      ctl1, ctl2 (in control: unknown: {cannot_read}not a regular file)"
+        )),
+        "{text}"
+    );
+    let text = run(&["check"]);
+    assert!(
+        text.contains(&format!(
+            "which one is in control cannot be told: {cannot_read}not a regular file"
+        )),
+        "{text}"
+    );
+    // A symlink to a fresh heartbeat naming ctl2.
+    fs::remove_file(&heartbeat).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut hb = (now - 1).to_be_bytes().to_vec();
+    hb.extend_from_slice(&1u64.to_be_bytes());
+    let elsewhere = site.dir.path().join("elsewhere");
+    fs::write(&elsewhere, hb).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &heartbeat).unwrap();
+    for args in [&["status", "--offline"][..], &["check"]] {
+        let text = run(args);
+        assert!(
+            text.contains(&cannot_read) && !text.contains("ctl2 (in control)"),
+            "{args:?}: {text}"
+        );
+    }
+    // A huge (sparse) file: its size said, not read.
+    fs::remove_file(&heartbeat).unwrap();
+    fs::File::create(&heartbeat)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let text = run(&["status", "--offline"]);
+    assert!(
+        text.contains("(in control: unknown: the heartbeat is 1099511627776 bytes, not 16)"),
+        "{text}"
+    );
+    let text = run(&["check"]);
+    assert!(
+        text.contains("cannot be told: the heartbeat is 1099511627776 bytes, not 16"),
         "{text}"
     );
 }

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what building and testing cvslurm needs on Debian 12 (idempotent, quick when done):
-# Slurm 22.05 daemons and clients, munge, MariaDB + slurmdbd (for sacct), iproute2 (network
+# Slurm 22.05 daemons and clients, munge, MariaDB + slurmdbd (for sacct), Slurm's
+# jobcomp/elasticsearch plugin (job ends for cvslurm's receiver), iproute2 (network
 # namespaces), musl-tools (the static build), python3 + openssl (the CloudVision stand-in),
 # rpm (rpmbuild, to build and inspect the .rpm), mmdebstrap (the Debian root filesystems of
 # Slurm 24.11 and 26.05 for the test clusters: tests/cluster/rootfs.sh), prometheus (its
 # promtool checks the metrics file and the alert rules: tests/metrics.rs; the server itself is
 # never run, so the package's service is stopped and disabled), and the Rust musl target.
 set -euo pipefail
-pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 musl-tools libcap2-bin
+pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server slurm-wlm-elasticsearch-plugin iproute2 musl-tools libcap2-bin
       python3 openssl curl procps util-linux ca-certificates rpm mmdebstrap prometheus)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -615,6 +615,47 @@ fn a_workers_text_cannot_forge_log_lines_or_drive_the_terminal() {
     }
 }
 
+/// Issue 34, round 4: a worker that floods stderr (512 KiB here; ~180 nodes of a noisy older
+/// binary) does not cost the step its records: cvslurm drains srun's stderr past the 64 KiB it
+/// keeps and says how much it dropped, and srun, never left writing to a closed pipe, is not
+/// killed by SIGPIPE. The fake srun writes the flood, then a marker (only when that write
+/// succeeded), then n1's record. Old code: stderr closed after 64 KiB, the write failed, and
+/// n1 was not discovered.
+#[test]
+fn a_worker_flooding_stderr_does_not_kill_discovery() {
+    let scratch = Scratch::new("stderr-flood");
+    let answer = scratch.path().join("worker.out");
+    let marker = scratch.path().join("stderr-written");
+    fs::write(
+        &answer,
+        "0: {\"node_name\":\"n1\",\"hostname\":\"n1\",\"location\":null,\"interfaces\":[{\"name\":\"eth1\",\"mac_address\":\"02:99:00:00:01:02\",\"ip_addresses\":[\"10.0.0.2\"]}]}\n",
+    )
+    .unwrap();
+    let site = fake_slurm_site(
+        "127.0.0.1:1",
+        std::path::Path::new("/nonexistent"),
+        "",
+        &format!(
+            "yes 'worker: a noisy warning' | head -c 524288 >&2 || exit 1\n: > {}\ncat {}",
+            marker.display(),
+            answer.display()
+        ),
+    );
+    let out = inventory(&site, &["--dry-run"], false);
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{text}\n{err}");
+    assert!(marker.exists(), "srun's stderr write failed: {err}");
+    assert!(
+        text.contains("inventory of cluster c1: 1 would send, 0 failed"),
+        "{text}\n{err}"
+    );
+    assert!(text.contains("\"name\": \"eth1\""), "{text}");
+    assert!(
+        err.contains("srun wrote 524288 bytes on stderr: the first 65536 kept, 458752 dropped"),
+        "{err}"
+    );
+}
+
 /// The hook's log file keeps one record per line too: a newline in `SLURM_JOB_ID` followed by
 /// a timestamp does not start a line of its own, nor does journald's `<3>` under systemd.
 #[test]

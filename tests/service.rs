@@ -864,6 +864,89 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
     assert_eq!(site.log().matches("cannot list nodes").count(), inventories);
 }
 
+/// Issue 34, round 4: a controller that slurm.conf names by its full host name
+/// (`SlurmctldHost=ctl1.example.com`, as slurmctld matches a host by its full name or its
+/// short one) leads when the heartbeat names it. This host is given that name in a UTS
+/// namespace of its own. Old code: the service cut its own name at the first dot, took
+/// itself for none of the controllers, and no host led.
+#[test]
+fn a_controller_named_by_its_full_host_name_leads() {
+    let me = "cvslurm-ctl1.example.com";
+    let Some(cmd) = with_hostname(me) else {
+        eprintln!("skipped: needs unshare --uts (root, or user namespaces)");
+        return;
+    };
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let save = site.dir.path().join("statesave");
+    std::fs::create_dir_all(&save).unwrap();
+    let slurm_conf = site.dir.path().join("slurm.conf");
+    std::fs::write(
+        &slurm_conf,
+        format!(
+            "ClusterName=hpc-cluster-west\nSlurmctldHost=cvslurm-other-ctl(10.99.0.2)\n\
+             SlurmctldHost={me}(10.99.0.3)\nSlurmctldTimeout=60\nStateSaveLocation={}\n",
+            save.display()
+        ),
+    )
+    .unwrap();
+    let mut slurmctld = fake_slurmctld(&site);
+    write_heartbeat(&save, 1);
+    let _svc = Service::start_command(&site, cmd, &[("SLURM_CONF", &slurm_conf)]);
+    wait_for("a leadership line", Duration::from_secs(20), || {
+        let log = site.log();
+        log.contains("this host now leads") || log.contains("this host does not lead")
+    });
+    let log = site.log();
+    assert!(
+        log.contains(&format!(
+            "this host now leads: the heartbeat (0 s old) names this host ({me})"
+        )) || log.contains(&format!(
+            "this host now leads: the heartbeat (1 s old) names this host ({me})"
+        )),
+        "{log}"
+    );
+    let _ = slurmctld.kill();
+    let _ = slurmctld.wait();
+}
+
+/// Issue 34, round 4: a FIFO at `StateSaveLocation/heartbeat` (SlurmUser's, or one that
+/// exists for a moment) neither stops the poll nor keeps the service from stopping on
+/// SIGTERM: who leads cannot be told, said once, and the polls go on. Old code: the poll
+/// blocked in the heartbeat's open for good, and SIGTERM was not heeded.
+#[test]
+fn a_fifo_heartbeat_neither_stops_the_poll_nor_sigterm() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let (slurm_conf, save) = pair_this_host_second(&site);
+    let heartbeat = save.join("heartbeat");
+    nix::unistd::mkfifo(&heartbeat, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let mut svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
+    let said = format!(
+        "this host does not lead: cannot tell which controller is in control: cannot read {}: not a regular file",
+        heartbeat.display()
+    );
+    wait_for("the cannot-tell line", Duration::from_secs(20), || {
+        site.log().contains(&said)
+    });
+    let polls = |log: &str| log.matches("poll: this host does not lead").count();
+    let before = polls(&site.log());
+    wait_for("two more polls", Duration::from_secs(20), || {
+        polls(&site.log()) >= before + 2
+    });
+    assert_eq!(site.log().matches(&said).count(), 1, "{}", site.log());
+    let t = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(svc.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_for("the service to stop", Duration::from_secs(10), || {
+        svc.child.try_wait().unwrap().is_some()
+    });
+    eprintln!("stopped {} ms after SIGTERM", t.elapsed().as_millis());
+}
+
 /// Issue 19 (found by CI on 22.05): a leader whose poll outlasts its control (discovery's
 /// srun waits for a scheduler that does not schedule at a takeover) asks again who leads
 /// before it resends or reconciles: a RUNNING it sent then could land after the new leader's
@@ -1080,4 +1163,156 @@ fn a_listing_past_the_bound_takes_the_recorded_jobs_ends_from_accounting() {
         log.contains("reconcile: job 2@cvtest ended (COMPLETED) but no epilog reported it"),
         "{log}"
     );
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The captured jobcomp/elasticsearch document of job name `name` whose state is `state`
+/// (tests/fixtures/slurm-22.05/jobcomp/), made job `id` of cluster hpc-cluster-west.
+fn captured_doc(name: &str, state: &str, id: u64) -> String {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/slurm-22.05/jobcomp/requests.jsonl"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    for line in text.lines() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        let mut d: serde_json::Value = serde_json::from_str(r["body"].as_str().unwrap()).unwrap();
+        if d["job_name"] == name && d["state"] == state {
+            d["jobid"] = json!(id);
+            d["cluster"] = json!("hpc-cluster-west");
+            // This run's times (a start long before the prolog's record is an earlier run's).
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
+            let at = |t: i64| cvslurm::internals::timefmt::format_epoch(t).unwrap();
+            d["@start"] = json!(at(now));
+            d["@end"] = json!(at(now + 1));
+            return d.to_string();
+        }
+    }
+    panic!("no {name} {state} in {path}");
+}
+
+/// POSTs `body` as libcurl does for jobcomp/elasticsearch (with `Expect: 100-continue`) and
+/// returns the final status.
+fn post_jobcomp(port: u16, body: &str) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "POST /slurm/jobcomp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: */*\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert_eq!(line, "HTTP/1.1 100 Continue\r\n");
+    r.read_line(&mut line).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    line.clear();
+    r.read_line(&mut line).unwrap();
+    line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// Issue 30: the service's job-completion receiver takes the documents Slurm's
+/// jobcomp/elasticsearch plugin posts (real 22.05 captures): an end is answered 200 once it
+/// is in the outbox and reaches CloudVision after its run's RUNNING, with Slurm's state and
+/// times; a requeue ends the run as FAILED; a resize, a job that never ran, a foreign or
+/// malformed document send nothing (200: the plugin would post them forever); an outbox
+/// that cannot take the end answers 503, so that the plugin posts it again.
+#[test]
+fn the_job_completion_receiver_queues_slurms_ends() {
+    let cv = Standin::start();
+    let port = free_port();
+    let site = Site::new(&cv.server(), &cv.ca(), &format!("JobCompPort={port}"));
+    let conf = site.dir.path().join("slurm.conf");
+    std::fs::write(&conf, "ClusterName=hpc-cluster-west\n").unwrap();
+    let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &conf)]);
+    wait_for("the receiver", Duration::from_secs(20), || {
+        site.log().contains(&format!(
+            "job-completion receiver listening on http://127.0.0.1:{port}/"
+        ))
+    });
+    // Job 1: its RUNNING from the prolog, its end from the plugin.
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "1", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(post_jobcomp(port, &captured_doc("ok", "COMPLETED", 1)), 200);
+    let until = Instant::now() + Duration::from_secs(20);
+    while !cv
+        .stored_job("1@hpc-cluster-west")
+        .is_some_and(|j| j["state"] == "JOB_STATE_COMPLETED")
+    {
+        assert!(Instant::now() < until, "no end of job 1: {}", site.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let job = cv.stored_job("1@hpc-cluster-west").unwrap();
+    assert_eq!(job["name"], "ok@debug", "{job}");
+    assert_eq!(job["nodes"]["values"], json!(["n1"]), "{job}");
+    let states: Vec<String> = cv
+        .accepted("JobConfig")
+        .iter()
+        .filter(|j| j["key"]["id"] == "1@hpc-cluster-west")
+        .map(|j| j["state"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(states, ["JOB_STATE_RUNNING", "JOB_STATE_COMPLETED"]);
+    // A requeue ends the run as FAILED.
+    assert_eq!(
+        post_jobcomp(port, &captured_doc("requeue", "PENDING", 2)),
+        200
+    );
+    wait_for("job 2's end", Duration::from_secs(20), || {
+        cv.stored_job("2@hpc-cluster-west")
+            .is_some_and(|j| j["state"] == "JOB_STATE_FAILED")
+    });
+    // Nothing to send: a resize, a job that never ran, another cluster's, not JSON.
+    let before = cv.requests().len();
+    let mut foreign: serde_json::Value =
+        serde_json::from_str(&captured_doc("ok", "COMPLETED", 4)).unwrap();
+    foreign["cluster"] = json!("other");
+    for doc in [
+        captured_doc("resize", "RESIZING", 3),
+        captured_doc("held", "CANCELLED", 5),
+        foreign.to_string(),
+        "{\"jobid\": \"\\u001b[2J\"".to_string(),
+    ] {
+        assert_eq!(post_jobcomp(port, &doc), 200, "{doc}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(cv.requests().len(), before);
+    let log = site.log();
+    assert!(log.contains("job-completion receiver: a document dropped: job 4 of cluster \"other\", not hpc-cluster-west"), "{log}");
+    assert!(
+        log.contains("job-completion receiver: a document dropped: not JSON"),
+        "{log}"
+    );
+    // An outbox that cannot take the end: 503, nothing lost on cvslurm's side.
+    let outbox = site
+        .state_dir
+        .join(cvslurm::internals::state::layout::OUTBOX);
+    let saved = site.state_dir.join("outbox.saved");
+    std::fs::rename(&outbox, &saved).unwrap();
+    std::fs::write(&outbox, "not a directory").unwrap();
+    assert_eq!(post_jobcomp(port, &captured_doc("fail", "FAILED", 6)), 503);
+    assert!(site
+        .log()
+        .contains("answered 503, slurmctld posts it again in 30 s"));
+    std::fs::remove_file(&outbox).unwrap();
+    std::fs::rename(&saved, &outbox).unwrap();
+    assert_eq!(post_jobcomp(port, &captured_doc("fail", "FAILED", 6)), 200);
+    wait_for("job 6's end", Duration::from_secs(20), || {
+        cv.stored_job("6@hpc-cluster-west")
+            .is_some_and(|j| j["state"] == "JOB_STATE_FAILED")
+    });
 }

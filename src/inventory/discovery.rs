@@ -256,10 +256,10 @@ impl Inventory<'_> {
             });
         });
         let stderr = child.stderr.take().expect("piped");
+        // Read to its end, the first 64 KiB kept: a pipe closed under srun kills it with
+        // SIGPIPE, and with it every task of the step (one noisy worker, the whole partition).
         let err_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stderr.take(64 * 1024).read_to_string(&mut s);
-            s
+            crate::runner::drain_capped(stderr, crate::runner::STDERR_KEPT).unwrap_or_default()
         });
         let deadline = Instant::now() + cfg.discovery_timeout;
         let mut got = Discovered::new();
@@ -320,12 +320,20 @@ impl Inventory<'_> {
         }
         let _ = child.wait();
         let _ = reader.join();
-        let srun_err = err_reader.join().unwrap_or_default();
-        let srun_err: String = srun_err
+        let (srun_err, dropped) = err_reader.join().unwrap_or_default();
+        if dropped > 0 {
+            log::warn!(
+                "discovery ({}): srun wrote {} bytes on stderr: the first {} kept, {dropped} dropped",
+                target_text(target),
+                srun_err.len() as u64 + dropped,
+                srun_err.len()
+            );
+        }
+        let srun_err: String = String::from_utf8_lossy(&srun_err)
             .lines()
             .rfind(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .to_string();
+            .map(|l| crate::text::one_line(l, 300))
+            .unwrap_or_default();
         if garbage > 0 {
             log::warn!("discovery: {garbage} line(s) from workers were not discover records (last: {last_garbage})");
         }
@@ -388,6 +396,15 @@ fn reach_busy(
         }
     }
     (mine, others)
+}
+
+/// `partition p1`, `job 12`: where a discovery srun ran, for the log.
+fn target_text(t: &Target) -> String {
+    match t {
+        Target::Partition(p) if p.is_empty() => "the default partition".to_string(),
+        Target::Partition(p) => format!("partition {}", crate::text::one_line(p, 100)),
+        Target::Job(j) => format!("job {}", crate::text::one_line(j, 40)),
+    }
 }
 
 fn yes_no(b: bool) -> &'static str {

@@ -492,8 +492,31 @@ fn hooks(ctx: &mut Context, r: &mut Report) {
         check_hook(r, sc, "EpilogSlurmctld");
         return;
     }
-    // No EpilogSlurmctld at all: the PrologSlurmctld-only set-up (install.sh --no-epilog),
-    // where the service's reconciliation sends the ends.
+    // No EpilogSlurmctld: ends from Slurm's job-completion plugin (install.sh --jobcomp) ...
+    let port = ctx.cfg.as_ref().map_or(0, |c| c.jobcomp_port);
+    let jobcomp_type = sc.last("JobCompType").map(|s| s.value.trim().to_string());
+    let jobcomp_loc = sc.last("JobCompLoc").map(|s| s.value.trim().to_string());
+    if port != 0 {
+        let want = format!("http://127.0.0.1:{port}/slurm/jobcomp");
+        if jobcomp_type.as_deref() == Some("jobcomp/elasticsearch")
+            && jobcomp_loc
+                .as_deref()
+                .is_some_and(|l| l.trim_end_matches('/') == want)
+        {
+            r.ok(&format!(
+                "no EpilogSlurmctld: job ends from Slurm's job-completion plugin (JobCompType=jobcomp/elasticsearch, JobCompLoc={want}), taken by the service's receiver"
+            ));
+        } else {
+            r.fail(&format!(
+                "JobCompPort={port} in cloudvision.conf, but slurm.conf says JobCompType={} JobCompLoc={}: no job's end would reach the receiver; set JobCompType=jobcomp/elasticsearch and JobCompLoc={want} (install.sh --jobcomp), or remove JobCompPort",
+                jobcomp_type.as_deref().unwrap_or("(none)"),
+                jobcomp_loc.as_deref().unwrap_or("(none)")
+            ));
+        }
+        return;
+    }
+    // ... or the PrologSlurmctld-only set-up (install.sh --no-epilog), where the service's
+    // reconciliation sends the ends.
     let Some(every) = ctx.cfg.as_ref().map(|c| c.reconcile_interval) else {
         return;
     };
@@ -524,7 +547,7 @@ fn controllers(ctx: &mut Context, r: &mut Report) {
     if list.len() < 2 {
         return;
     }
-    let me = crate::service::leadership::hostname();
+    let me = leader::this_hostname();
     let here = list.iter().find(|c| leader::is_this_host(c, &me));
     let now = u64::try_from(crate::timefmt::now_epoch()).unwrap_or(0);
     let names = |in_control: Option<&str>| {

@@ -221,9 +221,10 @@ fn handle(
     let outbox = StateDir::new(&cfg.state_dir);
     let service = sender::connect(&cfg.state_dir);
     if env.phase == Phase::Prolog {
-        if let Err(e) = outbox
-            .starts
-            .save(&key, env.start.unwrap_or_else(now_epoch))
+        if let Err(e) =
+            outbox
+                .starts
+                .save_run(&key, env.start.unwrap_or_else(now_epoch), env.restart_count)
         {
             log::error!("job {key}: cannot record its start time: {e}");
         }

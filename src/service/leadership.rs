@@ -102,7 +102,8 @@ pub type Readyz<'a> = &'a dyn Fn(&str, u16) -> Option<bool>;
 
 /// The role as the heartbeat decides it, with `readyz` where this Slurm release answers it
 /// (25.11 and later) as a second source beside the heartbeat, asked of this host's own
-/// slurmctld:
+/// slurmctld. `hostname` is this host's `gethostname()` whole ([`leader::this_hostname`]),
+/// matched against the `SlurmctldHost` names as slurmctld does ([`leader::names_this_host`]):
 /// - the heartbeat names this host but its slurmctld answers as a standby (handing control
 ///   over): cannot tell, this host does not lead;
 /// - its slurmctld answers "in control" (and runs here) while the heartbeat names another
@@ -234,15 +235,6 @@ fn read_capped(path: &str, cap: u64) -> std::io::Result<String> {
     Ok(s)
 }
 
-/// This host's short name (`hostname -s`, as slurmctld compares it), or "" when unknown.
-pub fn hostname() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .map(|h| h.split('.').next().unwrap_or("").to_string())
-        .unwrap_or_default()
-}
-
 /// The service's leadership over its polls: the role, since when, and whether this host has
 /// led for a whole poll already.
 #[derive(Debug, Default)]
@@ -279,7 +271,7 @@ impl Leadership {
                     NoConf::Unreadable(e)
                 }
             }),
-            &hostname(),
+            &leader::this_hostname(),
             u64::try_from(now).unwrap_or(0),
             &own_slurmctld_runs,
             readyz_answers.then_some(&|addr: &str, port: u16| {

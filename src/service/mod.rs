@@ -3,10 +3,12 @@
 //! the delivery engine `flush` uses too, [`engine`]), then runs the loop ([`monitor`]): node
 //! polls with the inventory ([`crate::inventory`]), resends when a node's record changes
 //! ([`resend`]) and reconciliation with Slurm ([`reconcile`]) — these only while this host
-//! leads ([`leadership`]: on a Slurm HA pair, the controller in control); the sender always.
+//! leads ([`leadership`]: on a Slurm HA pair, the controller in control); the sender, and the
+//! job-completion receiver where `JobCompPort` is set ([`jobcomp`]), always.
 
 pub mod catch_up;
 pub mod engine;
+pub mod jobcomp;
 pub mod leadership;
 pub mod monitor;
 pub mod reconcile;
@@ -106,6 +108,14 @@ fn serve(
     match slurm::version(&slurm) {
         Ok(v) => outbox.status.record_slurm_version(&v.to_string()),
         Err(e) => log::debug!("Slurm version not known: {e}"),
+    }
+    // Job ends from Slurm's job-completion plugin (install.sh --jobcomp): on every
+    // controller of a pair (each slurmctld posts to its own host), whether it leads or not.
+    if cfg.jobcomp_port != 0 {
+        if let Err(e) = jobcomp::start(cfg, cfg.jobcomp_port, &cluster, outbox.clone(), stop) {
+            log::error!("{e}");
+            return 1;
+        }
     }
     let inv = Inventory {
         cfg,

@@ -420,7 +420,9 @@ pub fn reconcile(
         outbox
             .queue
             .enqueue(&Event::new(Item::Job { job }, (j.restarts.unwrap_or(0), 0)))?;
-        outbox.starts.save(&key, start)?;
+        outbox
+            .starts
+            .save_run(&key, start, j.restarts.unwrap_or(0))?;
         report.started += 1;
     }
 

@@ -8,10 +8,15 @@
 //!
 //! The file is written by SlurmUser on a shared filesystem: every byte is hostile. A wrong
 //! size, a time too old or in the future, an index outside the list: the answer is
-//! [`Leader::Unknown`] with the reason, never a guess and never a panic.
+//! [`Leader::Unknown`] with the reason, never a guess and never a panic. It is opened as
+//! every StateDir file is (no link followed, a regular file only, never blocking on a FIFO),
+//! and read within [`HEARTBEAT_READ_TIMEOUT`]: a hung filesystem (NFS) makes the answer
+//! "cannot tell", never a poll that waits for good.
 
 use crate::slurm_conf::SlurmConf;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 /// The heartbeat's file name inside StateSaveLocation.
 pub const HEARTBEAT_FILE: &str = "heartbeat";
@@ -22,11 +27,14 @@ pub const DEFAULT_SLURMCTLD_TIMEOUT_S: u64 = 120;
 /// How far in the future a heartbeat's time may be (the writer's clock runs ahead of ours)
 /// before it is not believed.
 pub const MAX_CLOCK_AHEAD_S: u64 = 10;
+/// How long one read of the heartbeat may take (StateSaveLocation is often NFS): past it,
+/// who is in control cannot be told.
+pub const HEARTBEAT_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One `SlurmctldHost` line: `name` or `name(address)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Controller {
-    /// The host name slurmctld compares with its own (`hostname -s`).
+    /// The host name slurmctld compares with its own ([`names_this_host`]).
     pub name: String,
     /// The address in parentheses, if given.
     pub addr: Option<String>,
@@ -193,8 +201,8 @@ pub fn leader_from(
     }
 }
 
-/// Who is in control: reads `StateSaveLocation/heartbeat` (at most [`HEARTBEAT_LEN`] + 1
-/// bytes) from the state save location that slurm.conf names.
+/// Who is in control: reads `StateSaveLocation/heartbeat` from the state save location that
+/// slurm.conf names ([`read_heartbeat`]).
 pub fn leader(conf: &SlurmConf, now: u64) -> Leader {
     let list = controllers(conf);
     if list.len() < 2 {
@@ -210,19 +218,87 @@ pub fn leader(conf: &SlurmConf, now: u64) -> Leader {
         return Leader::Unknown("slurm.conf sets no StateSaveLocation".to_string());
     };
     let path = Path::new(&dir).join(HEARTBEAT_FILE);
-    match read_capped(&path, HEARTBEAT_LEN + 1) {
+    match read_heartbeat(&path, HEARTBEAT_READ_TIMEOUT) {
         Ok(bytes) => leader_from(&bytes, &list, now, timeout),
-        Err(e) => Leader::Unknown(format!("cannot read {}: {e}", path.display())),
+        Err(why) => Leader::Unknown(why),
     }
 }
 
-/// Reads at most `cap` bytes (a huge or endless file costs nothing).
-fn read_capped(path: &Path, cap: usize) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let f = std::fs::File::open(path)?;
-    let mut out = Vec::with_capacity(cap);
-    f.take(cap as u64).read_to_end(&mut out)?;
-    Ok(out)
+/// The heartbeat's bytes at `path`, or why they cannot be had (one line). Opened as every
+/// StateDir file ([`crate::state::durable::open_regular`]: no link followed, a FIFO or a
+/// device refused without blocking); a file larger than [`HEARTBEAT_LEN`] is refused by its
+/// size, unread; the read runs in a thread of its own and is given up after `timeout` (a
+/// hung NFS StateSaveLocation). While a read given up is still stuck, no other is started:
+/// the answer is "cannot read" at once, and at most one thread waits on the filesystem.
+pub fn read_heartbeat(path: &Path, timeout: Duration) -> Result<Vec<u8>, String> {
+    static STUCK: AtomicBool = AtomicBool::new(false);
+    let p = path.to_path_buf();
+    let read = move || -> Result<Vec<u8>, String> {
+        use std::io::Read;
+        let (f, md) = crate::state::durable::open_regular(&p)
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        if md.len() > HEARTBEAT_LEN as u64 {
+            return Err(format!(
+                "the heartbeat is {} bytes, not {HEARTBEAT_LEN}",
+                md.len()
+            ));
+        }
+        let mut out = Vec::with_capacity(HEARTBEAT_LEN + 1);
+        f.take(HEARTBEAT_LEN as u64 + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        Ok(out)
+    };
+    match within(&STUCK, timeout, read) {
+        Ok(r) => r,
+        Err(Late::TimedOut) => Err(format!(
+            "cannot read {}: no answer within {} s: is StateSaveLocation's filesystem hung? (check the mount)",
+            path.display(),
+            timeout.as_secs_f64()
+        )),
+        Err(Late::StillStuck) => Err(format!(
+            "cannot read {}: an earlier read has still not returned: is StateSaveLocation's filesystem hung? (check the mount)",
+            path.display()
+        )),
+    }
+}
+
+/// Why [`within`] gave no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Late {
+    /// `f` did not return within the time given.
+    TimedOut,
+    /// An earlier call's `f` has not returned yet: `f` was not started.
+    StillStuck,
+}
+
+/// Runs `f` in a thread of its own and waits at most `timeout` for it. `stuck` is set while a
+/// thread given up on still runs: no second one is started then (a hung filesystem holds one
+/// thread, not one per poll).
+fn within<T: Send + 'static>(
+    stuck: &'static AtomicBool,
+    timeout: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Late> {
+    if stuck
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return Err(Late::StillStuck);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("cvslurm-shared-fs-read".into())
+        .spawn(move || {
+            let out = f();
+            stuck.store(false, Ordering::Release);
+            let _ = tx.send(out);
+        });
+    if spawned.is_err() {
+        stuck.store(false, Ordering::Release);
+        return Err(Late::TimedOut);
+    }
+    rx.recv_timeout(timeout).map_err(|_| Late::TimedOut)
 }
 
 /// The first Slurm release whose slurmctld answers `GET /readyz` on its own port (25.11).
@@ -286,12 +362,39 @@ fn http_status(head: &[u8]) -> Option<u16> {
         .filter(|c| (100..600).contains(c))
 }
 
-/// Is `controller` this host, as slurmctld decides it: its `SlurmctldHost` name equals the
-/// host's short name (`hostname -s`) or its full name; `localhost` stands for this host.
-pub fn is_this_host(controller: &Controller, hostname: &str) -> bool {
+/// This host's name as slurmctld reads it: `gethostname()` whole (`ctl1.example.com` on a
+/// host so named), "" when it cannot be read. Pass it to [`names_this_host`] as it is; never
+/// cut it at the first dot first (a `SlurmctldHost` of the full name would not match).
+pub fn this_hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default()
+}
+
+/// Whether the `SlurmctldHost` name `name` is this host, whose `gethostname()` is `hostname`
+/// ([`this_hostname`]), exactly as slurmctld decides which controller it is.
+///
+/// slurmctld (`_controller_index()` in `src/slurmctld/controller.c`, the same in Slurm 22.05,
+/// 24.11 and 26.05: tags `slurm-22-05-2-1`, `slurm-24-11-0-1`, `slurm-26-05-0-1`) compares each
+/// `SlurmctldHost` name with `xstrcmp` (case counts) against `gethostname()` whole and against
+/// `gethostname_short()` (`src/common/read_config.c`: `gethostname()` cut at its first dot).
+/// A `SlurmctldHost` of `localhost` (any case: `xstrcasecmp` in `_load_slurmctld_host()`,
+/// `read_config.c`) is replaced by `gethostname_short()`, so it is this host.
+/// So `ctl1` and `ctl1.example.com` are both a host named `ctl1.example.com`; a host named
+/// `ctl1` is not `ctl1.example.com`, nor `CTL1`, nor `ctl10`.
+pub fn names_this_host(name: &str, hostname: &str) -> bool {
+    if name.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
     let short = hostname.split('.').next().unwrap_or("");
-    controller.name == "localhost"
-        || (!hostname.is_empty() && (controller.name == hostname || controller.name == short))
+    !name.is_empty() && (name == hostname || name == short)
+}
+
+/// Whether `controller` is this host, whose `gethostname()` is `hostname`
+/// ([`names_this_host`]).
+pub fn is_this_host(controller: &Controller, hostname: &str) -> bool {
+    names_this_host(&controller.name, hostname)
 }
 
 #[cfg(test)]
@@ -445,6 +548,77 @@ mod tests {
         ));
     }
 
+    /// As slurmctld's `_controller_index()`: the name equals `gethostname()` whole or cut at
+    /// its first dot, case counting; `localhost` in any case is this host.
+    #[test]
+    fn names_this_host_as_slurmctld_does() {
+        // (SlurmctldHost name, this host's gethostname(), slurmctld takes it for this host)
+        let cases = [
+            ("ctl1", "ctl1", true),                         // short / short
+            ("ctl1", "ctl1.example.com", true),             // short name, full host name
+            ("ctl1.example.com", "ctl1", false),            // full name, short host name
+            ("ctl1.example.com", "ctl1.example.com", true), // full / full
+            ("ctl1.example", "ctl1.example.com", false),    // neither whole nor short
+            ("CTL1", "ctl1", false),                        // case counts (xstrcmp)
+            ("ctl1", "CTL1.example.com", false),
+            ("Ctl1.Example.Com", "ctl1.example.com", false),
+            ("ctl1", "ctl10", false), // a shared prefix only
+            ("ctl10", "ctl1", false),
+            ("ctl1", "ctl10.example.com", false),
+            ("ctl1.example.com", "ctl1.example.com.evil", false),
+            ("", "", false),
+            ("ctl1", "", false),
+            ("localhost", "anything.example.com", true), // xstrcasecmp
+            ("LocalHost", "ctl1", true),
+            ("localhost", "", true),
+        ];
+        for (name, host, this) in cases {
+            assert_eq!(names_this_host(name, host), this, "{name:?} on {host:?}");
+        }
+        // This host's own name is taken whole.
+        let me = this_hostname();
+        assert_eq!(
+            me,
+            nix::unistd::gethostname().unwrap().into_string().unwrap()
+        );
+        assert!(names_this_host(&me, &me));
+    }
+
+    /// A read that does not return in time is given up; while it is stuck, no second one
+    /// starts; once it returns, reads run again.
+    #[test]
+    fn a_stuck_read_is_given_up_and_not_repeated() {
+        static STUCK: AtomicBool = AtomicBool::new(false);
+        let t = std::time::Instant::now();
+        let slow = within(&STUCK, Duration::from_millis(100), || {
+            std::thread::sleep(Duration::from_millis(800));
+            1
+        });
+        assert_eq!(slow, Err(Late::TimedOut));
+        assert!(
+            t.elapsed() < Duration::from_millis(600),
+            "{:?}",
+            t.elapsed()
+        );
+        let ran = std::sync::Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let again = within(&STUCK, Duration::from_secs(5), move || {
+            r.store(true, Ordering::SeqCst);
+            2
+        });
+        assert_eq!(again, Err(Late::StillStuck));
+        assert!(!ran.load(Ordering::SeqCst), "a second read started");
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while STUCK.load(Ordering::Acquire) {
+            assert!(
+                std::time::Instant::now() < until,
+                "the stuck read never ended"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(within(&STUCK, Duration::from_secs(5), || 3), Ok(3));
+    }
+
     #[test]
     fn timeout_and_stale_bound() {
         assert_eq!(slurmctld_timeout_s(&conf("ClusterName=x\n")), Some(120));
@@ -525,9 +699,40 @@ mod tests {
                 age_s: 2
             }
         );
-        // a huge file is read only up to 17 bytes, and refused
+        // a huge file is refused by its size, unread; 17 bytes are read and refused
         std::fs::write(dir.join(HEARTBEAT_FILE), vec![0u8; 1 << 20]).unwrap();
+        assert!(
+            matches!(leader(&c, now), Leader::Unknown(w) if w == "the heartbeat is 1048576 bytes, not 16")
+        );
+        std::fs::write(dir.join(HEARTBEAT_FILE), vec![0u8; 17]).unwrap();
         assert!(matches!(leader(&c, now), Leader::Unknown(w) if w.contains("17 bytes")));
+        // a FIFO, a symlink (to a good heartbeat) and a directory: not read, at once (the FIFO
+        // read in a thread of the test's own: a regression fails here, it does not hang)
+        let hb = dir.join(HEARTBEAT_FILE);
+        std::fs::remove_file(&hb).unwrap();
+        nix::unistd::mkfifo(&hb, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fifo_conf = c.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(leader(&fifo_conf, now));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("reading a FIFO heartbeat hung");
+        assert!(
+            matches!(&got, Leader::Unknown(w) if w.ends_with("heartbeat: not a regular file")),
+            "{got:?}"
+        );
+        std::fs::remove_file(&hb).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, be(now - 2, 1)).unwrap();
+        std::os::unix::fs::symlink(&good, &hb).unwrap();
+        assert!(
+            matches!(leader(&c, now), Leader::Unknown(w) if w.contains("cannot read") && w.contains("symbolic links"))
+        );
+        std::fs::remove_file(&hb).unwrap();
+        std::fs::create_dir(&hb).unwrap();
+        assert!(matches!(leader(&c, now), Leader::Unknown(w) if w.contains("cannot read")));
         // one controller: no heartbeat to read
         let one = conf("SlurmctldHost=ctl1\n");
         assert!(matches!(leader(&one, now), Leader::Unknown(w) if w.contains("no backup")));

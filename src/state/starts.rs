@@ -1,6 +1,8 @@
 //! Start records: `jobs/<jobid>@<cluster>`, the start time a prolog saw for a job, as decimal
-//! Unix seconds. Slurm before 23.02 gives the epilog no start time; reconciliation takes the
-//! records as the list of jobs a hook reported running.
+//! Unix seconds, then (since the job-completion receiver) the run's restart count
+//! (`SLURM_JOB_RESTART_COUNT`) after a space. Slurm before 23.02 gives the epilog no start
+//! time; reconciliation takes the records as the list of jobs a hook reported running; the
+//! job-completion receiver tells a job's runs apart by them ([`Starts::load_run`]).
 //!
 //! Not fsynced ([`super::durable::replace`]): a record survives the kill of any process, not a
 //! power loss, which costs only a start time on old Slurm (the service asks slurmctld anyway)
@@ -32,17 +34,33 @@ impl Starts {
         self.root.join(JOBS).join(safe_name(key))
     }
 
-    /// Records the start time the prolog saw for the job `key` (`12345@cluster`).
-    pub fn save(&self, key: &str, start: i64) -> Result<(), String> {
+    /// Records the start time the prolog saw for the job `key` (`12345@cluster`), run 0.
+    #[cfg(test)]
+    pub(crate) fn save(&self, key: &str, start: i64) -> Result<(), String> {
+        self.save_run(key, start, 0)
+    }
+
+    /// Records the start time the prolog saw for run `restarts` of the job `key`.
+    pub fn save_run(&self, key: &str, start: i64, restarts: u32) -> Result<(), String> {
         durable::ensure_dirs(&self.root, self.owner)?;
-        durable::replace(&self.path(key), start.to_string().as_bytes(), self.owner)
+        durable::replace(
+            &self.path(key),
+            format!("{start} {restarts}").as_bytes(),
+            self.owner,
+        )
     }
 
     /// The start time the prolog recorded for a job.
     pub fn load(&self, key: &str) -> Option<i64> {
+        self.load_run(key).map(|(start, _)| start)
+    }
+
+    /// The start time and restart count the prolog recorded for a job (a record without a
+    /// restart count, written before it was kept, is run 0).
+    pub fn load_run(&self, key: &str) -> Option<(i64, u32)> {
         durable::read_file(&self.path(key))
             .ok()
-            .and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok())
+            .and_then(|b| parse_record(&String::from_utf8_lossy(&b)))
     }
 
     /// True when a prolog's start record of the job is there.
@@ -61,11 +79,22 @@ impl Starts {
         records(&self.root.join(JOBS))
             .into_iter()
             .filter_map(|(name, bytes, age)| {
-                let start = String::from_utf8_lossy(&bytes).trim().parse().ok()?;
+                let (start, _) = parse_record(&String::from_utf8_lossy(&bytes))?;
                 Some((unsafe_name(&name), start, age))
             })
             .collect()
     }
+}
+
+/// `START` or `START RESTARTS`; anything else is no record.
+fn parse_record(text: &str) -> Option<(i64, u32)> {
+    let mut words = text.split_ascii_whitespace();
+    let start = words.next()?.parse().ok()?;
+    let restarts = match words.next() {
+        Some(w) => w.parse().ok()?,
+        None => 0,
+    };
+    words.next().is_none().then_some((start, restarts))
 }
 
 #[cfg(test)]
@@ -90,6 +119,22 @@ mod tests {
             .collect();
         all.sort();
         assert_eq!(all, [("../2@c".to_string(), 200), ("1@c".to_string(), 101)]);
+        assert_eq!(starts.load_run("1@c"), Some((101, 0)));
+        starts.save_run("1@c", 102, 2).unwrap();
+        assert_eq!(starts.load_run("1@c"), Some((102, 2)));
+        assert_eq!(starts.load("1@c"), Some(102));
+        let file = d.join(crate::state::layout::JOBS).join("1@c");
+        for (text, want) in [
+            ("99", Some((99, 0))),
+            ("99 3\n", Some((99, 3))),
+            ("99 x", None),
+            ("99 1 2", None),
+            ("", None),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            assert_eq!(starts.load_run("1@c"), want, "{text:?}");
+        }
+        starts.save("1@c", 101).unwrap();
         starts.forget("1@c");
         assert_eq!(starts.load("1@c"), None);
         assert_eq!(starts.started_jobs().len(), 1);

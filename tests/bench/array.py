@@ -13,6 +13,10 @@ lists none of its tasks. Set-ups:
   direct      cvslurm hooks, no service: each hook asks slurmctld and sends itself
   prolog      cvslurm as PrologSlurmctld only (no EpilogSlurmctld), the service running
               with ReconcileInterval=2: it learns the ends from slurmctld's listing
+  jobcomp     cvslurm as PrologSlurmctld only, ends from Slurm's jobcomp/elasticsearch
+              plugin posting to the service's receiver (install.sh's default set-up);
+              one warm-up job first, outside the timing (slurmctld's first posts after
+              its start come up to ~30 s late)
 
 cvslurm set-ups run with the CloudVision stand-in answering at once and after 200 ms.
 It prints seconds, the ratio to the no-op hook, the events CloudVision accepted (2 per job,
@@ -55,7 +59,9 @@ BIN = os.path.abspath(os.environ.get(
     "BENCH_BIN", os.path.join(ROOT, "target/x86_64-unknown-linux-musl/release/cvslurm")))
 WORK = "/var/tmp/cvslurm-bench"
 # The set-ups that run cvslurm (and talk to the CloudVision stand-in).
-CVSLURM_KINDS = ("service", "direct", "prolog")
+CVSLURM_KINDS = ("service", "direct", "prolog", "jobcomp")
+# The job-completion receiver's port in the jobcomp set-up.
+JOBCOMP_PORT = 39250
 # The cluster's Slurm commands (the release under test), for this script and the service.
 CLUSTER_BIN = "/var/tmp/cvslurm-cluster/bin"
 CONF = "/etc/slurm/cloudvision.conf"
@@ -266,14 +272,17 @@ def setup(kind, delay, tasks, timeout, standins, held=None):
     state_dir, log_file = fresh_state(tag)
     if standin:
         write_conf(standin, state_dir, log_file,
-                   "ReconcileInterval=2\n" if kind == "prolog" else "")
+                   {"prolog": "ReconcileInterval=2\n",
+                    "jobcomp": "JobCompPort=%d\n" % JOBCOMP_PORT}.get(kind, ""))
     # MinJobAge=300, Slurm's default (the test cluster's own is 5 s): slurmctld keeps ended
     # jobs as long as on a production controller, so its listings are as large.
     env = dict(os.environ, CVSLURM_HOOK=hook, CLUSTER_NAME="bench", WITH_DBD="0",
                MIN_JOB_AGE="300",
                MAX_JOB_COUNT=str(max(10000, (held or 0) + 2 * tasks + 1000)),
                MAX_ARRAY_SIZE=str(max(1001, (held or 0) + 1, tasks + 1)),
-               CVSLURM_HOOKS="prolog" if kind == "prolog" else "both")
+               CVSLURM_HOOKS="prolog" if kind in ("prolog", "jobcomp") else "both")
+    if kind == "jobcomp":
+        env["JOBCOMP_LOC"] = "http://127.0.0.1:%d/slurm/jobcomp" % JOBCOMP_PORT
     if not hook:
         env.pop("CVSLURM_HOOK")
     log("%s: cluster up" % tag)
@@ -285,8 +294,16 @@ def setup(kind, delay, tasks, timeout, standins, held=None):
         if held:
             log("%s: %d held jobs" % (tag, held))
             hold_jobs(held)
-        if kind in ("service", "prolog"):
+        if kind in ("service", "prolog", "jobcomp"):
             service = start_service(log_file, standin, 4)
+        if kind == "jobcomp":
+            warm = sh(["sbatch", "--parsable", "-o", "/dev/null", "-J", "warm", "--wrap", "true"])
+            key = "%s@bench" % warm.stdout.strip().split(";")[0]
+            until = time.time() + 90
+            while events(standin).get(key, [])[-1:] != ["JOB_STATE_COMPLETED"]:
+                if time.time() > until:
+                    raise SystemExit("the warm-up job's end never came from the job-completion plugin; see " + log_file)
+                time.sleep(0.5)
         if standin:
             standin.control("POST", "reset", {})
         if held is not None:

@@ -55,6 +55,8 @@
 #   MAX_JOB_COUNT        default 10000, Slurm's (MaxJobCount: the most jobs slurmctld holds;
 #                        tests/bench/array.py --held raises it)
 #   MAX_ARRAY_SIZE       default 1001, Slurm's (MaxArraySize)
+#   JOBCOMP_LOC          a URL: JobCompType=jobcomp/elasticsearch, JobCompLoc=that URL (default
+#                        jobcomp/none)
 #   SLURMD_TIMEOUT       default 30 (seconds until a silent slurmd makes its node DOWN). Not
 #                        less: measured on 24.11 (CI), slurmctld's ping of a node whose slurmd
 #                        is gone keeps retrying the refused connection for about 15 s, and no
@@ -830,9 +832,15 @@ KillWait=2
 OverTimeLimit=0
 InactiveLimit=0
 JobRequeue=1
-JobCompType=jobcomp/none
 MailProg=/bin/true
 EOF
+        # JOBCOMP_LOC=URL: Slurm's job-completion plugin posts each finished job there
+        # (jobcomp/elasticsearch: cvslurm's receiver, `install.sh --jobcomp`)
+        if [[ -n "${JOBCOMP_LOC:-}" ]]; then
+            printf 'JobCompType=jobcomp/elasticsearch\nJobCompLoc=%s\n' "$JOBCOMP_LOC"
+        else
+            printf 'JobCompType=jobcomp/none\n'
+        fi
         # switch/none is gone in 23.11+ (no SwitchType means none)
         [[ "$SLURM_VER" == 22.05 ]] && printf 'SwitchType=switch/none\n'
         if [[ "$dbd" == 1 ]]; then
@@ -900,7 +908,7 @@ up_description() { # nnodes
     printf 'CVSLURM_HOOKS=%s\nMIN_JOB_AGE=%s\nSLURMD_TIMEOUT=%s\nSLURMCTLD_DEBUG=%s\n' \
         "${CVSLURM_HOOKS:-both}" "${MIN_JOB_AGE:-5}" "${SLURMD_TIMEOUT:-30}" "${SLURMCTLD_DEBUG:-info}"
     printf 'CVSLURM_SHARE=%s\nREPO=%s\n' "${CVSLURM_SHARE:-}" "$REPO"
-    printf 'MAX_JOB_COUNT=%s\nMAX_ARRAY_SIZE=%s\n' "${MAX_JOB_COUNT:-10000}" "${MAX_ARRAY_SIZE:-1001}"
+    printf 'MAX_JOB_COUNT=%s\nMAX_ARRAY_SIZE=%s\nJOBCOMP_LOC=%s\n' "${MAX_JOB_COUNT:-10000}" "${MAX_ARRAY_SIZE:-1001}" "${JOBCOMP_LOC:-}"
     if ((NCTL > 1)); then printf 'CONTROLLERS=%s\n' "$NCTL"; fi
 }
 

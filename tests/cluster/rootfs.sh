@@ -16,7 +16,7 @@ export LC_ALL=C.UTF-8 DEBIAN_FRONTEND=noninteractive PATH=/usr/sbin:/usr/bin:/sb
 
 # Everything the daemons, the clients and the tests need inside; the cvslurm binary itself is
 # static and comes from the host through a bind mount.
-readonly PKGS="slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 procps util-linux mount hostname"
+readonly PKGS="slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 procps util-linux mount hostname slurm-wlm-elasticsearch-plugin"
 readonly CACHE="${CVSLURM_ROOTFS_CACHE:-/var/cache/cvslurm-rootfs}"
 
 fail() { printf 'rootfs.sh: %s\n' "$*" >&2; exit 1; }

@@ -427,7 +427,13 @@ impl Service {
 
     /// The service with these environment variables too (e.g. `SLURM_CONF`).
     pub fn start_with_env(site: &Site, env: &[(&str, &Path)]) -> Service {
-        let child = Command::new(bin())
+        Service::start_command(site, Command::new(bin()), env)
+    }
+
+    /// The service run by `cmd`: the binary itself, or a command that ends by running it
+    /// (e.g. [`with_hostname`]); `inventory --monitor` and the site's environment are added.
+    pub fn start_command(site: &Site, mut cmd: Command, env: &[(&str, &Path)]) -> Service {
+        let child = cmd
             .args(["inventory", "--monitor"])
             .env_remove("CV_API_TOKEN")
             .env_remove("CV_API_SERVER")
@@ -488,5 +494,60 @@ pub fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
     while !ok() {
         assert!(Instant::now() < until, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A command that runs the binary in a UTS namespace of its own whose host name is
+/// `hostname` (`unshare --uts`, as root; else inside a user namespace too): a test can then
+/// be a controller whose host name is a full one (`ctl1.example.com`). Arguments go after
+/// it as to the binary. `None` where this machine allows neither (the caller says it skips).
+pub fn with_hostname(hostname: &str) -> Option<Command> {
+    const SET_AND_RUN: &str = "hostname \"$0\" && exec \"$@\"";
+    let flags: &[&str] = if nix::unistd::geteuid().is_root() {
+        &["--uts"]
+    } else {
+        &["--user", "--map-root-user", "--uts"]
+    };
+    let works = Command::new("unshare")
+        .args(flags)
+        .args(["sh", "-c", SET_AND_RUN, hostname, "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !works {
+        return None;
+    }
+    let mut c = Command::new("unshare");
+    c.args(flags)
+        .args(["sh", "-c", SET_AND_RUN, hostname])
+        .arg(bin());
+    Some(c)
+}
+
+/// Runs `cmd` to its end, killed after `limit`: a test of something that used to hang fails
+/// (the returned flag is false) instead of hanging the suite. (finished in time, its output)
+pub fn output_within(cmd: &mut Command, limit: Duration) -> (bool, Output) {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => (true, out.unwrap()),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            (false, rx.recv().unwrap().unwrap())
+        }
     }
 }

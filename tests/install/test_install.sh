@@ -140,7 +140,10 @@ while IFS= read -r f; do grep -qF "$TOKEN" "$f" && leak=1; done < <(find "$A" -t
 check "no world-readable file holds the token" test "$leak" = 0
 check "StateDir owned by SlurmUser" test "$(stat -c %U "$STATE_DIR")" = slurm
 check "LOG_DIR owned by SlurmUser" test "$(stat -c %U "$LOG_DIR")" = slurm
-check "slurm.conf has both hooks, marked" test "$(grep -c -- "^[PE][a-z]*logSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK\$" "$SLURM_CONF")" = 2
+check "the default set-up: our PrologSlurmctld, marked" grep -qxF "PrologSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK" "$SLURM_CONF"
+check "the default set-up: no EpilogSlurmctld" sh -c "! grep -qi '^[[:space:]]*epilogslurmctld' '$SLURM_CONF'"
+check "the default set-up: ends from Slurm's job-completion plugin (installed here)" \
+    sh -c "grep -qxF 'JobCompType=jobcomp/elasticsearch  $MARK' '$SLURM_CONF' && grep -qx 'JobCompPort=9250' '$SLURM_CONF_DIR/cloudvision.conf' && grep -q 'set-up: PrologSlurmctld for starts, job ends from Slurm' '$A/out.1'"
 check "manifest written" test -s "$INSTALL_DIR/.install-manifest"
 check "unit installed with our paths" grep -q "^ExecStart=$INSTALL_DIR/cvslurm inventory --monitor" "$SYSTEMD_UNIT_DIR/cvslurm.service"
 check "final check ran and passed" grep -q "all checks passed" "$A/out.1"
@@ -182,18 +185,18 @@ chmod 755 "$B/etc/site-prolog.sh"
 printf 'Include site-hooks.conf\n' >>"$SLURM_CONF"
 printf '# site hooks\n  prologslurmctld = %s   # ours\n' "$B/etc/site-prolog.sh" >"$B/etc/site-hooks.conf"
 snapshot "$B" >"$B/snap0"
-if SLURM_VERSION=22.05 run_install "$B/out.1"; then notok "own PrologSlurmctld on 22.05 is refused"; else ok "own PrologSlurmctld on 22.05 is refused"; fi
+if SLURM_VERSION=22.05 run_install "$B/out.1" --epilog; then notok "own PrologSlurmctld on 22.05 is refused"; else ok "own PrologSlurmctld on 22.05 is refused"; fi
 check "refusal shows the line to add" grep -qF "\"$INSTALL_DIR/cvslurm-hook\"" "$B/out.1"
 check "refusal names the site's script" grep -qF "$B/etc/site-prolog.sh" "$B/out.1"
 snapshot "$B" >"$B/snap1"
 check "refusal changes nothing" cmp -s "$B/snap0" "$B/snap1"
 # detected version (no override): this machine has Slurm 22.05
 if command -v slurmctld >/dev/null && slurmctld -V | grep -q ' 22\.05'; then
-    if run_install "$B/out.2"; then notok "refused with the detected Slurm version"; else ok "refused with the detected Slurm version"; fi
+    if run_install "$B/out.2" --epilog; then notok "refused with the detected Slurm version"; else ok "refused with the detected Slurm version"; fi
 fi
 # the site adds our line to its script: install then leaves PrologSlurmctld alone
 printf '"%s"\n' "$INSTALL_DIR/cvslurm-hook" >>"$B/etc/site-prolog.sh"
-if SLURM_VERSION=22.05 run_install "$B/out.3"; then ok "install accepts a site script that calls cvslurm-hook"; else notok "install accepts a site script that calls cvslurm-hook" "$(tail -3 "$B/out.3")"; fi
+if SLURM_VERSION=22.05 run_install "$B/out.3" --epilog; then ok "install accepts a site script that calls cvslurm-hook"; else notok "install accepts a site script that calls cvslurm-hook" "$(tail -3 "$B/out.3")"; fi
 check "only EpilogSlurmctld added then" test "$(grep -c -- "$MARK" "$SLURM_CONF")" = 1
 "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
 
@@ -202,14 +205,14 @@ C="$S/c"
 env_for "$C"
 { base_conf; printf 'EpilogSlurmctld=/usr/local/sbin/site-epilog'; } >"$SLURM_CONF"
 sha_c="$(sha256sum <"$SLURM_CONF")"
-if SLURM_VERSION=24.05 run_install "$C/out.1"; then ok "24.05: install beside the site's EpilogSlurmctld"; else notok "24.05: install beside the site's EpilogSlurmctld" "$(tail -3 "$C/out.1")"; fi
+if SLURM_VERSION=24.05 run_install "$C/out.1" --epilog; then ok "24.05: install beside the site's EpilogSlurmctld"; else notok "24.05: install beside the site's EpilogSlurmctld" "$(tail -3 "$C/out.1")"; fi
 check "no textfile directory: no MetricsFile suggestion" sh -c "! grep -q MetricsFile '$C/out.1'"
 check "24.05: our EpilogSlurmctld on its own marked line" grep -qxF "EpilogSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK" "$SLURM_CONF"
 check "24.05: the site's EpilogSlurmctld line kept as it was" grep -qxF "EpilogSlurmctld=/usr/local/sbin/site-epilog" "$SLURM_CONF"
 check "24.05: no comma list (Slurm 24.11+ reads it as one path and does not start)" \
     sh -c "! grep -i '^[[:space:]]*[pe][a-z]*logslurmctld[[:space:]]*=.*,' '$SLURM_CONF'"
 cp "$SLURM_CONF" "$C/after1"
-SLURM_VERSION=24.05 run_install "$C/out.2" || true
+SLURM_VERSION=24.05 run_install "$C/out.2" --epilog || true
 check "24.05: second run no change" cmp -s "$C/after1" "$SLURM_CONF"
 "$INSTALL" --uninstall --no-reconfigure >"$C/out.u" 2>&1 || true
 check "uninstall restores a slurm.conf without final newline byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_c"
@@ -268,12 +271,38 @@ check "--no-epilog: the final check passes and names the set-up" \
 cp "$SLURM_CONF" "$E/after1"
 run_install "$E/out.2" --no-epilog || true
 check "--no-epilog: second run no change" grep -qx "install.sh: no change" "$E/out.2"
-if run_install "$E/out.3"; then ok "without --no-epilog again: installs"; else notok "without --no-epilog again: installs" "$(tail -3 "$E/out.3")"; fi
-check "without --no-epilog again: both hooks" test "$(grep -c -- "^[PE][a-z]*logSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK\$" "$SLURM_CONF")" = 2
+if run_install "$E/out.3" --epilog; then ok "--epilog after --no-epilog: installs"; else notok "--epilog after --no-epilog: installs" "$(tail -3 "$E/out.3")"; fi
+check "--epilog after --no-epilog: both hooks" test "$(grep -c -- "^[PE][a-z]*logSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK\$" "$SLURM_CONF")" = 2
 if run_install "$E/out.4" --no-epilog --no-service; then notok "--no-epilog --no-service is refused"; else ok "--no-epilog --no-service is refused"; fi
 check "the refusal says why" grep -q "needs the cvslurm service" "$E/out.4"
 "$INSTALL" --uninstall --no-reconfigure >"$E/out.u" 2>&1 || true
 check "--no-epilog: uninstall restores slurm.conf byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_e"
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+
+# ========== 6e. --jobcomp: ends from Slurm's job-completion plugin, and back ==========
+J="$S/j"
+env_for "$J"
+base_conf >"$SLURM_CONF"
+sha_j="$(sha256sum <"$SLURM_CONF")"
+if run_install "$J/out.1" --jobcomp --jobcomp-port 9251; then ok "--jobcomp installs"; else notok "--jobcomp installs" "$(tail -3 "$J/out.1")"; fi
+check "--jobcomp: our PrologSlurmctld line" grep -qxF "PrologSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK" "$SLURM_CONF"
+check "--jobcomp: no EpilogSlurmctld line" sh -c "! grep -qi '^[[:space:]]*epilogslurmctld' '$SLURM_CONF'"
+check "--jobcomp: JobCompType and JobCompLoc lines" sh -c "grep -qxF 'JobCompType=jobcomp/elasticsearch  $MARK' '$SLURM_CONF' && grep -qxF 'JobCompLoc=http://127.0.0.1:9251/slurm/jobcomp  $MARK' '$SLURM_CONF'"
+check "--jobcomp: the receiver's port in cloudvision.conf" grep -qx "JobCompPort=9251" "$SLURM_CONF_DIR/cloudvision.conf"
+check "--jobcomp: the final check passes and names the set-up" \
+    sh -c "grep -q 'all checks passed' '$J/out.1' && grep -q \"job ends from Slurm's job-completion plugin\" '$J/out.1'"
+run_install "$J/out.2" --jobcomp --jobcomp-port 9251 || true
+check "--jobcomp: second run no change" grep -qx "install.sh: no change" "$J/out.2"
+if run_install "$J/out.3" --jobcomp --no-epilog; then notok "--jobcomp --no-epilog is refused"; else ok "--jobcomp --no-epilog is refused"; fi
+"$INSTALL" --uninstall --no-reconfigure >"$J/out.u" 2>&1 || true
+check "--jobcomp: uninstall restores slurm.conf byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_j"
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+# a site's own JobCompType is never taken
+printf 'JobCompType=jobcomp/filetxt\nJobCompLoc=/var/log/slurm/jobcomp.log\n' >>"$SLURM_CONF"
+sha_j2="$(sha256sum <"$SLURM_CONF")"
+if run_install "$J/out.4" --jobcomp; then notok "--jobcomp refused beside the site's JobCompType"; else ok "--jobcomp refused beside the site's JobCompType"; fi
+check "the refusal names it and the lines to add" sh -c "grep -q 'slurm.conf sets JobCompType=jobcomp/filetxt' '$J/out.4' && grep -q 'JobCompLoc=http://127.0.0.1:9250/slurm/jobcomp' '$J/out.4'"
+check "the refusal changes nothing" test "$(sha256sum <"$SLURM_CONF")" = "$sha_j2"
 "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
 
 # ========== 6c. two controllers: the hook on every SlurmctldHost before slurm.conf names it ==========
@@ -297,7 +326,7 @@ sha_h="$(sha256sum <"$SLURM_CONF")"
 } >"$S/remote"
 chmod 755 "$S/remote"
 export CVSLURM_REMOTE="$S/remote"
-if run_install "$H/out.1"; then notok "two controllers: refused while ctl-other lacks the hook"; else ok "two controllers: refused while ctl-other lacks the hook"; fi
+if run_install "$H/out.1" --epilog; then notok "two controllers: refused while ctl-other lacks the hook"; else ok "two controllers: refused while ctl-other lacks the hook"; fi
 check "two controllers: the refusal names the host and what to run" \
     sh -c "grep -q 'controller(s) ctl-other lack $INSTALL_DIR/cvslurm-hook' '$H/out.1' && grep -q 'install.sh --no-hooks' '$H/out.1'"
 check "two controllers: the refusal changes nothing" \
@@ -309,12 +338,12 @@ check "--no-hooks: slurm.conf untouched, the binary and hook in place" \
 mkdir -p "$S/hosts/ctl-other$INSTALL_DIR"
 cp "$BIN" "$S/hosts/ctl-other$INSTALL_DIR/cvslurm"
 ln -sf cvslurm "$S/hosts/ctl-other$INSTALL_DIR/cvslurm-hook"
-if run_install "$H/out.3"; then ok "two controllers: installs once ctl-other has the hook"; else notok "two controllers: installs once ctl-other has the hook" "$(tail -3 "$H/out.3")"; fi
+if run_install "$H/out.3" --epilog; then ok "two controllers: installs once ctl-other has the hook"; else notok "two controllers: installs once ctl-other has the hook" "$(tail -3 "$H/out.3")"; fi
 check "two controllers: says what it checked" grep -q "controller ctl-other has $INSTALL_DIR/cvslurm-hook" "$H/out.3"
 check "two controllers: both hooks in slurm.conf" \
     test "$(grep -c -- "^[PE][a-z]*logSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK\$" "$SLURM_CONF")" = 2
 printf 'SlurmctldHost=ctl-down\n' >>"$SLURM_CONF"
-if run_install "$H/out.4" --dry-run; then ok "an unreachable controller is not a refusal"; else notok "an unreachable controller is not a refusal" "$(tail -3 "$H/out.4")"; fi
+if run_install "$H/out.4" --epilog --dry-run; then ok "an unreachable controller is not a refusal"; else notok "an unreachable controller is not a refusal" "$(tail -3 "$H/out.4")"; fi
 check "an unreachable controller is a warning naming it and why" \
     sh -c "grep -q 'WARNING: cannot check controller ctl-down' '$H/out.4' && grep -q 'Connection refused' '$H/out.4'"
 sed -i '/^SlurmctldHost=ctl-down$/d' "$SLURM_CONF"
@@ -322,6 +351,31 @@ sed -i '/^SlurmctldHost=ctl-down$/d' "$SLURM_CONF"
 check "two controllers: uninstall restores slurm.conf byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_h"
 "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
 unset CVSLURM_REMOTE
+
+# ========== 6d. a SlurmctldHost name that is an ssh option is refused, nothing run ==========
+# Issue 34, round 4: slurm.conf is read as root; a "host name" that ssh takes for an option
+# (-oProxyCommand=...) would run a command as root, --dry-run included. install.sh refuses
+# any name Slurm would not take for a host name, before anything runs or changes. This uses
+# the default CVSLURM_REMOTE (the real ssh): old code ran the ProxyCommand.
+X="$S/x"
+env_for "$X"
+{
+    base_conf | grep -vi -e '^[[:space:]]*slurmctldhost' -e '^[[:space:]]*controlmachine' -e '^[[:space:]]*backupcontroller'
+    printf 'SlurmctldHost=%s\n' "$me"
+    printf 'SlurmctldHost=-oProxyCommand=touch$IFS%s/pwned\n' "$S"
+} >"$SLURM_CONF"
+sha_x="$(sha256sum <"$SLURM_CONF")"
+for mode in --dry-run ""; do
+    what="a SlurmctldHost that is an ssh option${mode:+ ($mode)}"
+    rm -f "$S/pwned"
+    if run_install "$X/out.x$mode" $mode; then notok "$what: refused" "$(tail -3 "$X/out.x$mode")"; else ok "$what: refused"; fi
+    check "$what: nothing ran" test ! -e "$S/pwned"
+    check "$what: one line naming the value" \
+        grep -qF "SlurmctldHost \"-oProxyCommand=touch\$IFS$S/pwned\" in slurm.conf is not a host name" "$X/out.x$mode"
+    check "$what: nothing changed" \
+        sh -c "test \"\$(sha256sum <'$SLURM_CONF')\" = '$sha_x' && test ! -e '$INSTALL_DIR'"
+done
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
 
 # ========== 7. LIVE=1: the test cluster's /etc/slurm/slurm.conf, slurmctld restarted ==========
 # restarted NAME: slurmctld really restarted from the current slurm.conf and answering
@@ -339,7 +393,7 @@ live_install() { # LOG
     "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" --no-service >"$1" 2>&1
 }
 if [[ "${LIVE:-0}" == 1 ]]; then
-    if scontrol ping 2>/dev/null | grep -q 'is UP' && head -n 1 /etc/slurm/slurm.conf | grep -q 'managed by cvslurm tests/cluster'; then
+    if SLURM_CONF=/etc/slurm/slurm.conf scontrol ping 2>/dev/null | grep -q 'is UP' && head -n 1 /etc/slurm/slurm.conf | grep -q 'managed by cvslurm tests/cluster'; then
         LV="$(scontrol --version | grep -oE '[0-9]+\.[0-9]+' | head -n 1)"
         E="$S/e"
         env_for "$E"
@@ -368,6 +422,22 @@ if [[ "${LIVE:-0}" == 1 ]]; then
         "$INSTALL" --uninstall >"$E/out.u" 2>&1 || true
         check "live $LV: uninstall restores /etc/slurm/slurm.conf byte for byte" cmp -s "$LIVE_BACKUP" /etc/slurm/slurm.conf
         restarted "live $LV: slurmctld restarts after the uninstall"
+        "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+
+        # --- the default set-up (with the service): Slurm's job-completion plugin
+        if "$INSTALL" --api-server "127.0.0.1:$PORT" --api-token-file "$S/token.in" --ca-file "$CA" --binary "$BIN" >"$E/out.j" 2>&1; then
+            ok "live $LV: the default set-up installs"
+        else
+            notok "live $LV: the default set-up installs" "$(tail -3 "$E/out.j")"
+        fi
+        check "live $LV: the default is the job-completion plugin, no EpilogSlurmctld" \
+            sh -c "grep -q 'job ends from Slurm' '$E/out.j' && ! grep -qi '^[[:space:]]*epilogslurmctld' /etc/slurm/slurm.conf"
+        restarted "live $LV: slurmctld restarts with JobCompType=jobcomp/elasticsearch"
+        check "live $LV: slurmctld runs Slurm's job-completion plugin towards the receiver" \
+            sh -c "scontrol show config | grep -i '^JobCompType' | grep -q 'jobcomp/elasticsearch' && scontrol show config | grep -i '^JobCompLoc' | grep -qF 'http://127.0.0.1:9250/slurm/jobcomp'"
+        "$INSTALL" --uninstall >"$E/out.ju" 2>&1 || true
+        check "live $LV: uninstall of the default restores /etc/slurm/slurm.conf byte for byte" cmp -s "$LIVE_BACKUP" /etc/slurm/slurm.conf
+        restarted "live $LV: slurmctld restarts after that uninstall"
         "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
 
         # --- a site's own hooks (executable, on their own lines)
