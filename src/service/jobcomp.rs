@@ -51,8 +51,17 @@ const SAME_RUN_SECS: i64 = 10;
 /// What one document is, for the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Doc {
-    /// A job's end: the record and its run's start (Unix seconds).
-    End(JobConfig, i64),
+    /// A job's end.
+    End {
+        /// The record.
+        job: Box<JobConfig>,
+        /// The run's start (Unix seconds).
+        start: i64,
+        /// The job's name and partition as Slurm gave them (for `JobNameInclude` & co.).
+        name: String,
+        /// The partition.
+        partition: Option<String>,
+    },
     /// Nothing to send, and why (logged at debug).
     Nothing(String),
 }
@@ -73,12 +82,19 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
         .and_then(serde_json::Value::as_u64)
         .filter(|n| *n > 0 && *n < u64::from(u32::MAX))
         .ok_or("no \"jobid\" number")?;
-    let their = text("cluster")?;
-    if their != cluster {
-        return Err(format!(
-            "job {id} of cluster {:?}, not {cluster}",
-            crate::text::one_line(their, 64)
-        ));
+    // Without accounting (no slurmdbd association) the plugin writes no "cluster": the
+    // document is then this slurmctld's, the receiver's own cluster.
+    match o.get("cluster") {
+        None | Some(serde_json::Value::Null) => {}
+        Some(_) => {
+            let their = text("cluster")?;
+            if their != cluster {
+                return Err(format!(
+                    "job {id} of cluster {:?}, not {cluster}",
+                    crate::text::one_line(their, 64)
+                ));
+            }
+        }
     }
     let state = text("state")?;
     // A job that never ran has no nodes: "" on 22.05, no field from 24.11.
@@ -109,8 +125,8 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
         .and_then(serde_json::Value::as_str)
         .unwrap_or("");
     let partition = o.get("partition").and_then(serde_json::Value::as_str);
-    Ok(Doc::End(
-        JobConfig {
+    Ok(Doc::End {
+        job: Box::new(JobConfig {
             key: Key {
                 id: format!("{id}@{cluster}"),
             },
@@ -122,9 +138,11 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
             job_type: None,
             nodes: Some(nodes.into()),
             interfaces: None,
-        },
+        }),
         start,
-    ))
+        name: name.to_string(),
+        partition: partition.map(str::to_string),
+    })
 }
 
 /// Binds 127.0.0.1:`port` and serves documents for `cluster` on a thread of its own until
@@ -144,9 +162,6 @@ pub fn start(
              process on that port? Set JobCompPort (and JobCompLoc in slurm.conf) to a free one"
             )
         })?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("job-completion receiver: {e}"))?;
     let addr = listener
         .local_addr()
         .map_err(|e| format!("job-completion receiver: {e}"))?;
@@ -183,6 +198,8 @@ fn allowed_uids() -> Vec<u32> {
     }
 }
 
+/// Accepts connections (blocking: a connection is served at once) until `stop`; the thread
+/// ends with the process.
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
@@ -214,9 +231,6 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) 
                 if spawned.is_err() {
                     shared.busy.fetch_sub(1, Ordering::Relaxed);
                 }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
                 log::warn!("job-completion receiver: accept: {e}");
@@ -392,8 +406,13 @@ fn take(shared: &Shared, req: &Request) -> (u16, &'static str) {
         log::error!("job-completion receiver: a document of more than {} MiB dropped; reconciliation sends that job's end", MAX_BODY >> 20);
         return (200, "OK");
     };
-    let (job, start) = match end_of(body, &shared.cluster) {
-        Ok(Doc::End(job, start)) => (job, start),
+    let (job, start, name, partition) = match end_of(body, &shared.cluster) {
+        Ok(Doc::End {
+            job,
+            start,
+            name,
+            partition,
+        }) => (job, start, name, partition),
         Ok(Doc::Nothing(why)) => {
             log::debug!("job-completion receiver: {why}: nothing to send");
             return (200, "OK");
@@ -407,10 +426,7 @@ fn take(shared: &Shared, req: &Request) -> (u16, &'static str) {
         }
     };
     let key = job.key.id.clone();
-    let name = job.name.clone().unwrap_or_default();
-    let partition = name.rsplit_once('@').map(|(_, p)| p.to_string());
-    let bare = name.rsplit_once('@').map_or(name.as_str(), |(n, _)| n);
-    if let Err(why) = shared.cfg.job_wanted(bare, partition.as_deref()) {
+    if let Err(why) = shared.cfg.job_wanted(&name, partition.as_deref()) {
         log::info!("job {key}: filtered out ({why}); its end is not sent");
         return (200, "OK");
     }
@@ -423,7 +439,7 @@ fn take(shared: &Shared, req: &Request) -> (u16, &'static str) {
         Some((_, r)) => r,
         None => 0,
     };
-    let ev = Event::new(Item::Job { job }, (restarts, 1));
+    let ev = Event::new(Item::Job { job: *job }, (restarts, 1));
     let state = ev_state(&ev);
     match shared.outbox.queue.enqueue(&ev) {
         Ok(Enqueued::Superseded) => {
@@ -478,7 +494,7 @@ mod tests {
                     .unwrap()
                     .to_string();
                 let got = match doc {
-                    Doc::End(j, start) => {
+                    Doc::End { job: j, start, .. } => {
                         assert_eq!(j.validate(), Ok(()), "{v}: {j:?}");
                         assert!(start > 1_700_000_000, "{v}: {start}");
                         j.state.word().to_string()
@@ -507,7 +523,8 @@ mod tests {
         // Hostile and foreign documents.
         for (doc, why) in [
             ("[]", "not a JSON object"),
-            ("{\"jobid\":1}", "no \"cluster\" string"),
+            ("{\"jobid\":1,\"cluster\":7}", "no \"cluster\" string"),
+            ("{\"jobid\":1}", "no \"state\" string"),
             (
                 "{\"jobid\":1,\"cluster\":\"other\",\"state\":\"COMPLETED\",\"nodes\":\"n1\"}",
                 "of cluster \"other\"",

@@ -124,7 +124,7 @@ def write_conf(standin, state_dir, log_file, extra=""):
     with open(CONF, "w") as f:
         f.write("# cvslurm array benchmark (tests/bench/array.py)\n"
                 "ApiServer=127.0.0.1:%d\nApiTokenFile=%s\nCaFile=%s\nStateDir=%s\nLogFile=%s\n"
-                "SlurmBinDir=%s\nLogLevel=%s\n%s"
+                "SlurmBinDir=%s\nLogLevel=%s\nInterfacePhysicalOnly=no\n%s"
                 % (standin.port, token, standin.ca, state_dir, log_file, CLUSTER_BIN,
                    os.environ.get("BENCH_LOG_LEVEL", "info"), extra))
     os.chmod(CONF, 0o644)
