@@ -249,6 +249,20 @@ pub enum Why {
     Anew,
 }
 
+impl Why {
+    /// Why `ev`'s record goes out: a re-run's RUNNING, a RUNNING resent for its nodes' new
+    /// inventory ([`crate::state::event::Event::anew`]), or as queued.
+    pub fn of(ev: &crate::state::event::Event) -> Why {
+        if ev.starts_a_rerun() {
+            Why::Rerun
+        } else if ev.anew {
+            Why::Anew
+        } else {
+            Why::Plain
+        }
+    }
+}
+
 /// A job's record as it goes out ([`outgoing`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
@@ -323,28 +337,27 @@ pub fn outgoing(
         _ => reps.load(&key),
     };
     let reassess = why == Why::Anew && ask.is_some() && running;
-    if let (Some(rep), false) = (&recorded, reassess) {
+    if !reassess {
+        let has_nodes = job.nodes.as_ref().is_some_and(|n| !n.values.is_empty());
         let mut out = job.clone();
-        match rep {
-            Representation::Interfaces(macs) => {
+        let the_recorded_way = match &recorded {
+            Some(Representation::Interfaces(macs)) => {
                 log::debug!(
                     "job {key}: interfaces: the {} MAC(s) of its first record",
                     macs.len()
                 );
                 out.nodes = None;
                 out.interfaces = Some(macs.clone().into());
+                true
             }
-            Representation::Nodes => {
-                if out.nodes.as_ref().is_some_and(|n| !n.values.is_empty()) {
-                    out.interfaces = None;
-                } else {
-                    // A record without node names cannot go by them: decided below.
-                    out.nodes = None;
-                    out.interfaces = None;
-                }
+            Some(Representation::Nodes) if has_nodes => {
+                out.interfaces = None;
+                true
             }
-        }
-        if out.nodes.is_some() || out.interfaces.is_some() {
+            // No record, or one by node names of a record without any: decided below.
+            _ => false,
+        };
+        if the_recorded_way {
             return Outgoing {
                 job: out,
                 forget: None,

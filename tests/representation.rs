@@ -87,6 +87,20 @@ fn epilog(id: &str) -> Vec<(&str, &str)> {
     job_env("epilog_slurmctld", id, &[("SLURM_JOB_EXIT_CODE2", "0:0")])
 }
 
+/// Job 31's end through the service's engine: a socket bound here stands for a service, so
+/// the epilog only queues; `queued` runs then (the hook has returned); `flush` sends it.
+fn end_through_the_service(site: &Site, queued: impl FnOnce()) {
+    let sock = site.state_dir.join(layout::WAKE_SOCKET);
+    let listener = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+    let (out, _) = site.hook(&epilog("31"));
+    assert_eq!(out.status.code(), Some(0));
+    drop(listener);
+    std::fs::remove_file(&sock).unwrap();
+    queued();
+    let out = site.run(&["flush", "--no-reconcile"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
 /// The methods and statuses of the requests so far, in order.
 fn methods(cv: &Standin) -> Vec<String> {
     cv.requests()
@@ -150,16 +164,9 @@ fn an_end_goes_by_the_macs_its_running_went_with() {
             let record = reps.join(KEY_31);
             std::fs::write(&record, format!("{}\n", MACS.join("\n"))).unwrap();
             if by_service {
-                // A socket bound here stands for a service: the hook only queues; flush sends.
-                let sock = site.state_dir.join(layout::WAKE_SOCKET);
-                let listener = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
-                let (out, _) = site.hook(&epilog("31"));
-                assert_eq!(out.status.code(), Some(0));
-                drop(listener);
-                std::fs::remove_file(&sock).unwrap();
-                assert!(cv.accepted("JobConfig").len() == 1, "the hook sent nothing");
-                let out = site.run(&["flush", "--no-reconcile"]);
-                assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+                end_through_the_service(&site, || {
+                    assert!(cv.accepted("JobConfig").len() == 1, "the hook sent nothing")
+                });
             } else {
                 let (out, _) = site.hook(&epilog("31"));
                 assert_eq!(out.status.code(), Some(0));
@@ -192,14 +199,7 @@ fn a_hooks_running_by_node_names_and_its_end_go_the_same_way() {
         assert_eq!(out.status.code(), Some(0));
         let record = site.state_dir.join(layout::JOB_REPS).join(KEY_31);
         assert_eq!(std::fs::read_to_string(&record).unwrap(), "nodes\n");
-        let sock = site.state_dir.join(layout::WAKE_SOCKET);
-        let listener = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
-        let (out, _) = site.hook(&epilog("31"));
-        assert_eq!(out.status.code(), Some(0));
-        drop(listener);
-        std::fs::remove_file(&sock).unwrap();
-        let out = site.run(&["flush", "--no-reconcile"]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        end_through_the_service(&site, || {});
         let job = cv.stored_job(KEY_31).unwrap();
         assert_eq!(
             job["state"],

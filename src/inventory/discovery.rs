@@ -407,7 +407,8 @@ fn target_text(t: &Target) -> String {
     }
 }
 
-fn yes_no(b: bool) -> &'static str {
+/// `yes` or `no`, as cloudvision.conf and `discover` write a flag.
+pub(crate) fn yes_no(b: bool) -> &'static str {
     if b {
         "yes"
     } else {

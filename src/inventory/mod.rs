@@ -176,16 +176,8 @@ pub fn no_interface(node: &str, cfg: &Config) -> String {
          needs at least one interface), its existing record stays; widen the filters in \
          cloudvision.conf if it has data NICs",
         cfg.interface_regex.as_str(),
-        if cfg.interface_physical_only {
-            "yes"
-        } else {
-            "no"
-        },
-        if cfg.interface_require_ip {
-            "yes"
-        } else {
-            "no"
-        },
+        discovery::yes_no(cfg.interface_physical_only),
+        discovery::yes_no(cfg.interface_require_ip),
     )
 }
 

@@ -497,7 +497,7 @@ fn hooks(ctx: &mut Context, r: &mut Report) {
     let jobcomp_type = sc.last("JobCompType").map(|s| s.value.trim().to_string());
     let jobcomp_loc = sc.last("JobCompLoc").map(|s| s.value.trim().to_string());
     if port != 0 {
-        let want = format!("http://127.0.0.1:{port}/slurm/jobcomp");
+        let want = crate::service::jobcomp::location(port);
         if jobcomp_type.as_deref() == Some("jobcomp/elasticsearch")
             && jobcomp_loc
                 .as_deref()

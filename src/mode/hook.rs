@@ -341,21 +341,12 @@ fn handle(
         cfg.job_interfaces,
         &outbox.job_reps,
         job,
-        if event.starts_a_rerun() {
-            crate::attribution::Why::Rerun
-        } else {
-            crate::attribution::Why::Plain
-        },
+        crate::attribution::Why::of(&event),
         None,
         true,
     );
-    let job = out.job;
-    let result = client_for(cfg, token, cfg.hook_timeout).and_then(|c| {
-        if let Some(why) = out.forget {
-            crate::service::engine::forget_stored_job(&c, &job, why, Some(send_deadline))?;
-        }
-        c.post_job(&job, Some(send_deadline))
-    });
+    let result = client_for(cfg, token, cfg.hook_timeout)
+        .and_then(|c| crate::service::engine::post_outgoing(&c, &out, Some(send_deadline)));
     match result {
         Ok(a) => {
             if env.phase == Phase::Epilog && !queued {

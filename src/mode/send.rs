@@ -255,12 +255,7 @@ pub fn deliver(client: Option<&Client>, cfg: &Config, out: &Outgoing) -> bool {
             true
         }
         Some(c) => {
-            let sent = match out.forget {
-                Some(why) => crate::service::engine::forget_stored_job(c, job, why, None),
-                None => Ok(()),
-            }
-            .and_then(|()| c.post_job(job, None));
-            match sent {
+            match crate::service::engine::post_outgoing(c, out, None) {
                 Ok(a) => {
                     let place = match (&job.nodes, &job.interfaces) {
                         (_, Some(i)) if job.by_interfaces() => {

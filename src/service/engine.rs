@@ -278,7 +278,7 @@ fn forget_words(why: Forget) -> &'static str {
 /// warned about (once; logged each time after) and the record is sent anyway. What may pass
 /// with time (CloudVision unreachable or busy, the token refused) is returned: the event stays
 /// queued and is tried again, delete first.
-pub fn forget_stored_job(
+fn forget_stored_job(
     client: &Client,
     job: &crate::payload::JobConfig,
     why: Forget,
@@ -325,6 +325,20 @@ pub fn forget_stored_job(
         }
         Err(e) => Err(e),
     }
+}
+
+/// Posts a job's record as [`crate::attribution::outgoing`] decided it: CloudVision's stored
+/// record of the job deleted first where it says so ([`forget_stored_job`]), then the record.
+/// The one way a job's record is sent (the engine, the hook's own send, `send`).
+pub fn post_outgoing(
+    client: &Client,
+    out: &crate::attribution::Outgoing,
+    deadline: Option<Instant>,
+) -> Result<Answer, SendError> {
+    if let Some(why) = out.forget {
+        forget_stored_job(client, &out.job, why, deadline)?;
+    }
+    client.post_job(&out.job, deadline)
 }
 
 /// Nanoseconds since the epoch (the clock of [`Event::seq`]).
@@ -565,18 +579,11 @@ impl Engine {
         let Item::Job { job } = &ev.item else {
             return None;
         };
-        let why = if ev.starts_a_rerun() {
-            crate::attribution::Why::Rerun
-        } else if ev.anew {
-            crate::attribution::Why::Anew
-        } else {
-            crate::attribution::Why::Plain
-        };
         Some(crate::attribution::outgoing(
             self.interfaces,
             &self.outbox.job_reps,
             job,
-            why,
+            crate::attribution::Why::of(ev),
             Some((&self.slurm, &self.outbox)),
             true,
         ))
@@ -598,15 +605,9 @@ impl Engine {
         };
         let what = taken.item.describe();
         let outgoing = self.outgoing(&taken);
-        let (item, forget) = match &outgoing {
-            Some(o) => (Item::Job { job: o.job.clone() }, o.forget),
-            None => (taken.item.clone(), None),
-        };
-        let item = &item;
-        let result = match (item, forget) {
-            (Item::Job { job }, Some(why)) => forget_stored_job(&self.client, job, why, None)
-                .and_then(|()| send_item(&self.client, item, None)),
-            _ => send_item(&self.client, item, None),
+        let result = match &outgoing {
+            Some(o) => post_outgoing(&self.client, o, None),
+            None => send_item(&self.client, &taken.item, None),
         };
         let class = answer_class(&result);
         self.account(|r| r.answers[class] += 1);
@@ -618,7 +619,7 @@ impl Engine {
                     r.latencies_ms
                         .push(u64::try_from(delay).unwrap_or(u64::MAX));
                 });
-                if matches!(item, Item::NodeDelete { .. }) {
+                if matches!(taken.item, Item::NodeDelete { .. }) {
                     log::info!(
                         "outbox: {what}: {} ({delay} ms after it was queued)",
                         crate::text::one_line(&a.body, 400)
@@ -684,7 +685,7 @@ impl Engine {
             }
         };
         // Before the key is free again: a job's record of how it goes ends with its end.
-        if let Item::Job { job } = item {
+        if let Item::Job { job } = &taken.item {
             if job.state.is_terminal() && matches!(outcome, Outcome::Delivered | Outcome::Rejected)
             {
                 self.outbox.job_reps.forget(&job.key.id);

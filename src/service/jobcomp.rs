@@ -35,6 +35,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The `JobCompLoc` slurm.conf names for the receiver on `port` (install.sh writes the same).
+pub fn location(port: u16) -> String {
+    format!("http://127.0.0.1:{port}/slurm/jobcomp")
+}
+
 /// The largest document read (a job's script is in it): larger ones are read to the end and
 /// dropped, with an error naming the job's end as reconciliation's.
 pub const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -175,7 +180,7 @@ pub fn start(
     log::info!("job-completion receiver listening on http://{addr}/ (jobcomp/elasticsearch)");
     std::thread::Builder::new()
         .name("jobcomp".into())
-        .spawn(move || accept_loop(&listener, &shared, stop))
+        .spawn(move || accept_loop(&listener, addr, &shared, stop))
         .map_err(|e| format!("job-completion receiver: cannot start its thread: {e}"))?;
     Ok(addr)
 }
@@ -200,7 +205,7 @@ fn allowed_uids() -> Vec<u32> {
 
 /// Accepts connections (blocking: a connection is served at once) until `stop`; the thread
 /// ends with the process.
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) {
+fn accept_loop(listener: &TcpListener, local: SocketAddr, shared: &Arc<Shared>, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, peer)) => {
@@ -208,8 +213,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) 
                     log::warn!("job-completion receiver: {MAX_CONNECTIONS} connections open; {peer} refused (slurmctld posts again)");
                     continue;
                 }
-                let local = listener.local_addr().ok();
-                match local.and_then(|l| peer_uid(peer, l)) {
+                match peer_uid(peer, local) {
                     Some(uid) if shared.allowed.contains(&uid) => {}
                     Some(uid) => {
                         log::warn!("job-completion receiver: a connection from {peer} of uid {uid} refused: only slurmctld (SlurmUser) or root may post job ends");
@@ -263,7 +267,6 @@ fn peer_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
 
 /// Serves the requests of one connection (keep-alive), each answered before the next is read.
 fn serve(stream: TcpStream, shared: &Shared) {
-    let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
     let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
     let Ok(mut out) = stream.try_clone() else {
@@ -310,7 +313,8 @@ fn read_request(
         let mut line = Vec::new();
         let n = reader
             .by_ref()
-            .take((MAX_HEADER_BYTES - seen.min(MAX_HEADER_BYTES)) as u64 + 1)
+            // `seen` is at most MAX_HEADER_BYTES here (checked below after each line).
+            .take((MAX_HEADER_BYTES - seen) as u64 + 1)
             .read_until(b'\n', &mut line)
             .map_err(|e| format!("reading a request: {e}"))?;
         if n == 0 {
@@ -439,8 +443,8 @@ fn take(shared: &Shared, req: &Request) -> (u16, &'static str) {
         Some((_, r)) => r,
         None => 0,
     };
+    let state = job.state;
     let ev = Event::new(Item::Job { job: *job }, (restarts, 1));
-    let state = ev_state(&ev);
     match shared.outbox.queue.enqueue(&ev) {
         Ok(Enqueued::Superseded) => {
             log::info!("job {key}: {state} from Slurm's job-completion record superseded by a later event; not sent");
@@ -457,13 +461,6 @@ fn take(shared: &Shared, req: &Request) -> (u16, &'static str) {
         }
     }
     (200, "OK")
-}
-
-fn ev_state(ev: &Event) -> String {
-    match &ev.item {
-        Item::Job { job } => job.state.to_string(),
-        other => other.describe(),
-    }
 }
 
 #[cfg(test)]

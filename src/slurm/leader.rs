@@ -34,7 +34,7 @@ pub const HEARTBEAT_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// One `SlurmctldHost` line: `name` or `name(address)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Controller {
-    /// The host name slurmctld compares with its own ([`names_this_host`]).
+    /// The host name slurmctld compares with its own (`names_this_host`).
     pub name: String,
     /// The address in parentheses, if given.
     pub addr: Option<String>,
@@ -202,7 +202,7 @@ pub fn leader_from(
 }
 
 /// Who is in control: reads `StateSaveLocation/heartbeat` from the state save location that
-/// slurm.conf names ([`read_heartbeat`]).
+/// slurm.conf names (`read_heartbeat`).
 pub fn leader(conf: &SlurmConf, now: u64) -> Leader {
     let list = controllers(conf);
     if list.len() < 2 {
@@ -392,7 +392,7 @@ pub fn names_this_host(name: &str, hostname: &str) -> bool {
 }
 
 /// Whether `controller` is this host, whose `gethostname()` is `hostname`
-/// ([`names_this_host`]).
+/// (`names_this_host`).
 pub fn is_this_host(controller: &Controller, hostname: &str) -> bool {
     names_this_host(&controller.name, hostname)
 }

@@ -128,7 +128,7 @@ impl Event {
     /// True for the RUNNING of a requeued job's later run (restart count above 0): CloudVision
     /// may still hold the earlier run's record, whose `end_time` a Set (a partial update)
     /// would keep, so the record is deleted before this is sent
-    /// ([`crate::service::engine::forget_stored_job`]).
+    /// ([`crate::service::engine::post_outgoing`]).
     pub fn starts_a_rerun(&self) -> bool {
         self.rank.0 > 0
             && matches!(&self.item, Item::Job { job } if job.state == crate::payload::JobState::Running)
