@@ -1,6 +1,6 @@
-//! Command line: `cvslurm <mode> [options]`, or the mode from argv[0] (busybox-style symlinks).
+//! Command line: `cvslurm <mode> [options]`, or the mode from argv\[0\] (busybox-style symlinks).
 //!
-//! Dispatch only: the argv[0] name table, the subcommand enum and the call to the chosen mode's
+//! Dispatch only: the argv\[0\] name table, the subcommand enum and the call to the chosen mode's
 //! `run` (each mode lives in `crate::mode` with its own `Args`).
 
 use crate::mode::{check, discover, flush, hook, inventory, send, status};
@@ -98,7 +98,7 @@ fn list_modes() -> String {
         .collect()
 }
 
-/// Runs the program with these arguments (argv[0] first); returns the exit code.
+/// Runs the program with these arguments (argv\[0\] first); returns the exit code.
 pub fn main(args: Vec<String>) -> i32 {
     let argv0 = args.first().cloned().unwrap_or_else(|| "cvslurm".into());
     let mut rest: Vec<String> = args.into_iter().skip(1).collect();

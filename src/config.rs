@@ -17,7 +17,7 @@ use std::time::Duration;
 pub const DEFAULT_PATH: &str = "/etc/slurm/cloudvision.conf";
 
 /// `SlurmOutputMaxMiB`'s default, in bytes: the most output read from one Slurm command
-/// (the runner's [`MAX_OUTPUT`](crate::runner::MAX_OUTPUT)).
+/// (the runner's `runner::MAX_OUTPUT`).
 pub const SLURM_OUTPUT_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 
 /// A configuration problem, naming the file, line and key where there is one.
@@ -194,7 +194,7 @@ pub struct Config {
     pub slurm_bin_dir: Option<PathBuf>,
     /// `SlurmOutputMaxMiB`, in bytes: the most output read from one Slurm command (a listing
     /// of every job is about 6 KB of JSON per job); more is an error (see
-    /// [`crate::runner::Slurm::max_output`]).
+    /// `runner::Slurm::max_output`).
     pub slurm_output_max: u64,
     /// `MaxConcurrentRequests`: parallel CloudVision requests of inventory and the outbox drain.
     pub max_concurrent_requests: usize,

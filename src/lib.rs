@@ -10,6 +10,8 @@
 //! srun discovery; the other modules are the shared pieces (configuration, Slurm, payloads,
 //! StateDir, HTTP client). See docs/design.md.
 
+#![warn(missing_docs)]
+
 // The library's public surface: the command line (for main.rs), the CloudVision client, its
 // configuration (`ClientOptions::from_config`, `Token`) and the payload types.
 pub mod cli;

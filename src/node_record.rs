@@ -230,7 +230,7 @@ pub fn to_parts(node: &str, json: &str) -> String {
 }
 
 /// Reads discover output: whole records (one JSON line, the old form) and records split into
-/// parts by [`to_parts`], which may arrive interleaved with other nodes' lines. Memory stays
+/// parts by `to_parts`, which may arrive interleaved with other nodes' lines. Memory stays
 /// bounded: each record at most `max_record` bytes, all unfinished records together at most
 /// `max_pending`.
 #[derive(Debug)]

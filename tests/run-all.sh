@@ -28,6 +28,7 @@ done
 step "format and lints"
 cargo fmt --check || failures+=("cargo fmt --check")
 cargo clippy --all-targets --quiet -- -D warnings || failures+=("cargo clippy")
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet || failures+=("cargo doc")
 
 step "static release build"
 if cargo build --release --target x86_64-unknown-linux-musl --quiet; then

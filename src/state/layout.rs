@@ -1,6 +1,6 @@
 //! The name of every directory and file cvslurm keeps in StateDir, in one place.
 //!
-//! The stores in [`crate::state`] and the sender's wake-up socket build their paths from these;
+//! The stores in `crate::state` and the sender's wake-up socket build their paths from these;
 //! the tests read the same names.
 
 /// Pending events, one per job or node key: `outbox/<kind>.<key>.json`.
@@ -17,7 +17,7 @@ pub const VERIFY: &str = "verify";
 pub const NODES: &str = "nodes";
 /// Representation records: `reps/<jobid>@<cluster>`, how a job's records go (node names or MACs).
 pub const JOB_REPS: &str = "reps";
-/// Every directory above, created (mode 0700) by [`crate::state::durable::ensure_dirs`].
+/// Every directory above, created (mode 0700) by `state::durable::ensure_dirs`.
 pub const DIRS: [&str; 7] = [OUTBOX, INFLIGHT, REJECTED, JOBS, VERIFY, NODES, JOB_REPS];
 
 /// `flock`ed for each read-compare-rename of the outbox.
@@ -38,5 +38,5 @@ pub const COUNTER_JOURNAL_OLD: &str = "counters.journal.old";
 pub const WAKE_SOCKET: &str = "wake.sock";
 
 /// How every temp file's name starts (a writer's file before its rename): skipped by every
-/// reader, removed by [`crate::state::queue::Queue::recover`] once stale.
+/// reader, removed by `state::queue::Queue::recover` once stale.
 pub const TMP_PREFIX: &str = ".tmp.";
