@@ -13,7 +13,7 @@
 //! and a non-empty `data_interfaces`. Only the requests that ask about a refusal differ: an
 //! unknown field (6), a `type` (8), a hostname other than `key.id` (5).
 //!
-//! The questions (the numbers stay those of README.md; 3b, whether an empty list clears the
+//! The questions (the numbers stay those of docs/design.md; 3b, whether an empty list clears the
 //! stored one, is gone: cvslurm never sends an empty list):
 //! 1. `GET …/JobConfig` without a key: any CloudVision answer is fine.
 //! 2. GetOne of a key that does not exist: CloudVision's not-found answer (404, code 5).

@@ -1,6 +1,6 @@
 //! The job-completion receiver: job ends from Slurm's own `jobcomp/elasticsearch` plugin,
 //! with no process per job on slurmctld's end path and no EpilogSlurmctld (whose end can
-//! make slurmctld miss a scheduling pass: README "Performance").
+//! make slurmctld miss a scheduling pass: docs/performance.md).
 //!
 //! With `install.sh --jobcomp`, slurm.conf says `JobCompType=jobcomp/elasticsearch` and
 //! `JobCompLoc=http://127.0.0.1:<JobCompPort>/slurm/jobcomp`: slurmctld's one sender thread
