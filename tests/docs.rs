@@ -1,6 +1,7 @@
 //! The documentation names everything the binary has: each test asks the built binary for its
 //! lists (`--list-modes`, `--list-config-keys`, `--list-flags MODE`) and fails when the man
-//! pages, the example config, the bash completion or README.md leave an entry out.
+//! pages, the example config, the bash completion or README.md leave an entry out. README.md
+//! also stays within its line budget, and its relative links point at files that exist.
 
 use std::path::Path;
 use std::process::Command;
@@ -219,4 +220,66 @@ fn readme_names_every_mode_link_key_and_flag() {
         }
     }
     all_present("README.md", missing);
+}
+
+/// README.md is the admin's reference, read in one sitting: measurements, mechanism and test
+/// narrative belong in docs/performance.md, docs/design.md and DEVELOPMENT.md.
+#[test]
+fn readme_stays_within_its_line_budget() {
+    const BUDGET: usize = 600;
+    let lines = read("README.md").lines().count();
+    assert!(
+        lines <= BUDGET,
+        "README.md has {lines} lines, over its budget of {BUDGET}: move measurements to \
+         docs/performance.md, mechanism to docs/design.md, test narrative to DEVELOPMENT.md"
+    );
+}
+
+/// The targets of README.md's Markdown links (`[text](target)`) outside code blocks.
+fn markdown_links(doc: &str) -> Vec<String> {
+    let mut links = Vec::new();
+    let mut in_code = false;
+    for line in doc.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let end = rest.find(')').unwrap_or(rest.len());
+            links.push(rest[..end].to_string());
+            rest = &rest[end..];
+        }
+    }
+    links
+}
+
+#[test]
+fn readme_relative_links_point_at_files_that_exist() {
+    let readme = read("README.md");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let links = markdown_links(&readme);
+    assert!(
+        links.iter().any(|l| l.starts_with("docs/design.md")),
+        "README.md links to docs/design.md"
+    );
+    let mut missing = Vec::new();
+    for link in &links {
+        let file = link.split('#').next().unwrap_or_default();
+        if file.is_empty() || file.contains("://") || file.starts_with("mailto:") {
+            continue;
+        }
+        if !root.join(file).exists() {
+            missing.push(link.clone());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "README.md links to files that do not exist: {}",
+        missing.join(", ")
+    );
 }
