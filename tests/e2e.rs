@@ -106,9 +106,17 @@ fn fixture() -> &'static Fixture {
         )
         .unwrap();
         let hook = work.join("cvslurm-hook");
+        let t0 = Instant::now();
         up(NODES, &[("CVSLURM_HOOK", hook.to_str().unwrap()), ("WITH_DBD", "1")]);
         let service = start_service(&bin).unwrap();
-        eprintln!("[e2e] cluster {CLUSTER} up with {NODES} nodes; stand-in at {}", cv.server());
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!(
+                "[e2e] cluster {CLUSTER} up with {NODES} nodes in {:.1} s; stand-in at {}\n",
+                t0.elapsed().as_secs_f64(),
+                cv.server()
+            ),
+        );
         Fixture { cv, bin, conf, state_dir, log_file, service: Mutex::new(service) }
     })
 }
@@ -188,18 +196,57 @@ fn log_len(f: &Fixture) -> u64 {
 }
 
 /// Shared use of the cluster (jobs on n1–n3, stand-in left alone).
-fn shared() -> (&'static Fixture, RwLockReadGuard<'static, ()>) {
+fn shared() -> (&'static Fixture, Timed<RwLockReadGuard<'static, ()>>) {
     let f = fixture();
-    (f, CLUSTER_LOCK.read().unwrap_or_else(|e| e.into_inner()))
+    let asked = Instant::now();
+    let g = CLUSTER_LOCK.read().unwrap_or_else(|e| e.into_inner());
+    (f, Timed::new(g, asked))
+}
+
+/// A test's hold on the cluster; on drop it prints, uncaptured, how long the test held it
+/// and how long it waited for it (`[e2e] NAME: 12.3 s (waited 4.5 s)`), so that every run's
+/// log says where the suite's time goes.
+struct Timed<G> {
+    _guard: G,
+    since: Instant,
+    waited: Duration,
+}
+
+impl<G> Timed<G> {
+    fn new(guard: G, asked: Instant) -> Self {
+        let since = Instant::now();
+        Timed {
+            _guard: guard,
+            since,
+            waited: since - asked,
+        }
+    }
+}
+
+impl<G> Drop for Timed<G> {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = writeln!(
+            std::io::stderr(),
+            "[e2e] {name}: {:.1} s (waited {:.1} s)",
+            self.since.elapsed().as_secs_f64(),
+            self.waited.as_secs_f64()
+        );
+    }
 }
 
 /// Exclusive use: may stop nodes or make CloudVision misbehave. It starts on a whole
 /// cluster: a node that an earlier test stopped and put back (its `Restore` ran when that
 /// test failed midway) is waited for until slurmctld has it responding again, so one failure
 /// does not fail the tests after it.
-fn exclusive() -> (&'static Fixture, RwLockWriteGuard<'static, ()>) {
+fn exclusive() -> (&'static Fixture, Timed<RwLockWriteGuard<'static, ()>>) {
     let f = fixture();
-    let g = CLUSTER_LOCK.write().unwrap_or_else(|e| e.into_inner());
+    let asked = Instant::now();
+    let g = Timed::new(
+        CLUSTER_LOCK.write().unwrap_or_else(|e| e.into_inner()),
+        asked,
+    );
     let whole = || {
         (1..=NODES).all(|i| {
             let st = node_state(&format!("n{i}"));
@@ -648,7 +695,7 @@ fn requeued_job_ends_right() {
     let first = wait_job(f, &id, "JOB_STATE_FAILED", Duration::from_secs(60));
     assert!(first["end_time"].is_string(), "{first}");
     cluster_sh(&["start-slurmd", "n4"], &[]);
-    // Slurm holds a requeued job about 2 minutes before it may run again. While the rerun
+    // Slurm holds a requeued job cred_expire + 1 s (16 s here) before it may run again. While the rerun
     // runs, its record holds no end time: the earlier run's record was deleted before its
     // RUNNING (CloudVision's Set would keep the absent end_time).
     let rerun = wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(300));
@@ -2224,10 +2271,12 @@ fn wait_final_as_sacct(f: &Fixture, id: &str, state: &str, within: Duration) -> 
         )
     };
     let want = (Some(start), Some(end));
-    let until = Instant::now() + within;
+    let asked = Instant::now();
+    let until = asked + within;
     loop {
         let cur = f.cv.state()["jobs"][key(id)].clone();
         if cur["state"] == state && times(&cur) == want {
+            note_wait(&format!("job {id}: sacct's times"), asked);
             break;
         }
         assert!(

@@ -801,6 +801,9 @@ SlurmdUser=root
 SlurmctldPort=6817
 SlurmdPort=6818
 AuthType=auth/munge
+# A requeued job may run again cred_expire + 1 s after its requeue (job_mgr.c): 121 s with
+# the default; 16 s here, so a requeue test does not wait two minutes.
+AuthInfo=cred_expire=15
 CredType=cred/munge
 StateSaveLocation=$W/state
 SlurmdSpoolDir=$W/spool/%n

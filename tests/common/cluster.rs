@@ -22,6 +22,7 @@ pub fn repo() -> &'static Path {
 
 /// Runs `tests/cluster/cluster.sh ARGS` with `envs` added; panics with its output when it fails.
 pub fn cluster_sh(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let asked = Instant::now();
     let out = Command::new(repo().join("tests/cluster/cluster.sh"))
         .args(args)
         .envs(envs.iter().copied())
@@ -33,6 +34,7 @@ pub fn cluster_sh(args: &[&str], envs: &[(&str, &str)]) -> Output {
         stdout(&out),
         stderr(&out)
     );
+    note_wait(&format!("cluster.sh {}", args.join(" ")), asked);
     out
 }
 
@@ -185,10 +187,27 @@ pub fn sbatch(args: &[&str]) -> String {
 
 /// Waits (at most `within`, polling every 250 ms) until `ok` holds; panics naming `what`.
 pub fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
-    let until = Instant::now() + within;
+    let asked = Instant::now();
+    let until = asked + within;
     while !ok() {
         assert!(Instant::now() < until, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(250));
+    }
+    note_wait(what, asked);
+}
+
+/// Prints, past the test harness's capture, a wait of 5 s or more (`[e2e] TEST: 12.3 s
+/// waiting for WHAT`): the log of every run then says where the suite's time goes.
+pub fn note_wait(what: &str, asked: Instant) {
+    use std::io::Write;
+    let took = asked.elapsed();
+    if took >= Duration::from_secs(5) {
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = writeln!(
+            std::io::stderr(),
+            "[e2e] {name}: {:.1} s waiting for {what}",
+            took.as_secs_f64()
+        );
     }
 }
 
@@ -268,10 +287,12 @@ pub fn job_events(w: &impl Watch, id: &str) -> Vec<Value> {
 
 /// Waits until CloudVision holds the job in `state` (its current record), then returns it.
 pub fn wait_job(w: &impl Watch, id: &str, state: &str, within: Duration) -> Value {
-    let until = Instant::now() + within;
+    let asked = Instant::now();
+    let until = asked + within;
     loop {
         let cur = w.cv().state()["jobs"][key(id)].clone();
         if cur["state"] == state {
+            note_wait(&format!("job {id} {state}"), asked);
             return cur;
         }
         if Instant::now() > until {
