@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (needs root: it stands up a real Slurm cluster in
-# network namespaces). Installs what it needs, checks format and lints, builds the static
-# binary, runs the unit and integration tests, then, for each Slurm version (22.05: the
-# host's; 24.11 and 26.05: Debian root filesystems built once by tests/cluster/rootfs.sh), the
-# end-to-end tests and the live install.sh tests on a real cluster of that version. Prints one
-# line per version ("24.11: N passed, M failed") and ends with one line: "N passed, M failed".
+# network namespaces). Installs what it needs; the no-root tier (format, lints, docs, the unit
+# and integration tests) runs first and stops a broken tree in minutes; then it builds the
+# static binary and the packages and, for each Slurm version (22.05: the host's; 24.11 and
+# 26.05: Debian root filesystems built once by tests/cluster/rootfs.sh), runs the end-to-end
+# tests and the live install.sh tests on a real cluster of that version. Prints one line per
+# version ("24.11: N passed, M failed (…, S s)"), the time of each tier and in all, and ends
+# with one line: "N passed, M failed".
 # CVSLURM_SLURM_VERSIONS="22.05 24.11" runs only those versions.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,17 +20,53 @@ step "dependencies"
 tests/deps.sh || { echo "dependency install failed"; exit 1; }
 VERSIONS="${CVSLURM_SLURM_VERSIONS:-22.05 24.11 26.05}"
 CLUSTER_BIN="${CVSLURM_CLUSTER_DIR:-/var/tmp/cvslurm-cluster}/bin"
+# The newer versions' root filesystems (built once, then cached) are made in the background,
+# side by side, while the no-root tier compiles: fetching and unpacking packages is network
+# and disk, compiling is CPU. The cluster tiers wait for them.
+declare -A rootfs_pid=()
 for v in $VERSIONS; do
   [ "$v" = 22.05 ] && continue
-  t0=$SECONDS
-  tests/cluster/rootfs.sh "$v" >/dev/null || { echo "no root filesystem for Slurm $v"; exit 1; }
-  echo "Slurm $v root filesystem ready ($((SECONDS - t0)) s)"
+  tests/cluster/rootfs.sh "$v" >"$LOG_DIR/rootfs-$v.log" 2>&1 &
+  rootfs_pid[$v]=$!
 done
 
+# "P F" from a log: cargo's "test result:" lines, or test_install.sh's "N passed, M failed"
+count() { # FILE
+  local p=0 q=0 a b
+  [ -f "$1" ] || { echo "0 0"; return; }
+  while read -r a b; do p=$((p + a)); q=$((q + b)); done < <(
+    sed -n -e 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' \
+      -e 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$1")
+  echo "$p $q"
+}
+
+suite_t0=$SECONDS
 step "format and lints"
 cargo fmt --check || failures+=("cargo fmt --check")
 cargo clippy --all-targets --quiet -- -D warnings || failures+=("cargo clippy")
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet || failures+=("cargo doc")
+
+# On a failure, what each failing test printed (cargo's first "failures:" block), so the CI
+# summary says why and not only which; capped so a flood cannot bury the rest.
+failure_details() { # LOG
+  awk '/^failures:$/ {n++; next} /^test result/ {n += n % 2} n % 2 == 1' "$1" | head -200
+}
+
+# The no-root tier also builds the end-to-end test binaries (debug, as `cargo test` builds
+# every test target): the cluster tiers below run them without another build.
+step "unit and integration tests"
+cargo test 2>&1 | tee "$LOG_DIR/cargo-test.log" | grep -E '^(test |test result|failures:|---- )'
+[ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/cargo-test.log"; failures+=("cargo test"); }
+fast_s=$((SECONDS - suite_t0))
+echo "no-root tier: $fast_s s"
+# A tree that fails the no-root tier stops here, in minutes, before any cluster comes up.
+if [ ${#failures[@]} -gt 0 ]; then
+  for f in "${failures[@]}"; do echo "FAILED: $f"; done
+  read -r passed failed < <(count "$LOG_DIR/cargo-test.log")
+  echo "$passed passed, $((failed + ${#failures[@]})) failed"
+  kill "${rootfs_pid[@]}" 2>/dev/null # a half-built root filesystem is started again next time
+  exit 1
+fi
 
 step "static release build"
 if cargo build --release --target x86_64-unknown-linux-musl --quiet; then
@@ -48,22 +86,12 @@ if [ -n "$BIN" ]; then
     && tail -5 "$LOG_DIR/rpm.log" || { tail -20 "$LOG_DIR/rpm.log"; failures+=("rpm package"); }
 fi
 
-# On a failure, what each failing test printed (cargo's first "failures:" block), so the CI
-# summary says why and not only which; capped so a flood cannot bury the rest.
-failure_details() { # LOG
-  awk '/^failures:$/ {n++; next} /^test result/ {n += n % 2} n % 2 == 1' "$1" | head -200
-}
-
-step "unit and integration tests"
-cargo test 2>&1 | tee "$LOG_DIR/cargo-test.log" | grep -E '^(test |test result|failures:|---- )' 
-[ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/cargo-test.log"; failures+=("cargo test"); }
-
 # e2e + install tests on one Slurm version; logs e2e-VERSION.log and install-VERSION.log
 version_suites() { # VERSION
   local v="$1"
   step "Slurm $v: end-to-end tests on a real cluster"
   SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
-    cargo test --release --test e2e -- --ignored --test-threads=4 2>&1 \
+    cargo test --test e2e -- --ignored --test-threads=4 2>&1 \
     | tee "$LOG_DIR/e2e-$v.log" | grep -E '^(test |test result|failures:|---- |\[e2e\])'
   if [ "${PIPESTATUS[0]}" != 0 ]; then
     failure_details "$LOG_DIR/e2e-$v.log"; failures+=("$v: end-to-end tests")
@@ -77,12 +105,12 @@ version_suites() { # VERSION
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
   rm -f /etc/slurm/cloudvision.conf
   step "Slurm $v: end-to-end test of JobInterfaces on GPU nodes"
-  SLURM="$v" PATH="$CLUSTER_BIN:$PATH" cargo test --release --test e2e_gpu -- --ignored 2>&1 \
+  SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" cargo test --test e2e_gpu -- --ignored 2>&1 \
     | tee "$LOG_DIR/e2e-gpu-$v.log" | grep -E '^(test |test result|failures:|---- )'
   [ "${PIPESTATUS[0]}" = 0 ] || { failure_details "$LOG_DIR/e2e-gpu-$v.log"; failures+=("$v: GPU end-to-end test"); }
   step "Slurm $v: end-to-end tests on a pair of controllers (takeover, kill -9, power-off)"
   SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
-    cargo test --release --test e2e_pair -- --ignored --test-threads=1 2>&1 \
+    cargo test --test e2e_pair -- --ignored --test-threads=1 2>&1 \
     | tee "$LOG_DIR/e2e-pair-$v.log" | grep -E '^(test |test result|failures:|---- |\[e2e\])'
   if [ "${PIPESTATUS[0]}" != 0 ]; then
     failure_details "$LOG_DIR/e2e-pair-$v.log"; failures+=("$v: pair end-to-end tests")
@@ -102,15 +130,11 @@ version_suites() { # VERSION
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
 }
 
-# "P F" from a log: cargo's "test result:" lines, or test_install.sh's "N passed, M failed"
-count() { # FILE
-  local p=0 q=0 a b
-  [ -f "$1" ] || { echo "0 0"; return; }
-  while read -r a b; do p=$((p + a)); q=$((q + b)); done < <(
-    sed -n -e 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' \
-      -e 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$1")
-  echo "$p $q"
-}
+for v in "${!rootfs_pid[@]}"; do
+  t0=$SECONDS
+  wait "${rootfs_pid[$v]}" || { tail -20 "$LOG_DIR/rootfs-$v.log"; echo "no root filesystem for Slurm $v"; exit 1; }
+  echo "Slurm $v root filesystem ready (waited $((SECONDS - t0)) s more)"
+done
 
 declare -A vtime=()
 if [ -n "$BIN" ]; then
@@ -148,5 +172,6 @@ done
 total_failed=$((failed + nontest))
 # A suite that failed without a test result line (did not compile, crashed) still fails.
 [ ${#failures[@]} -gt 0 ] && [ "$total_failed" -eq 0 ] && total_failed=${#failures[@]}
+echo "time: no-root tier $fast_s s, then$(for v in $VERSIONS; do printf ' %s %s s,' "$v" "${vtime[$v]:-0}"; done) $((SECONDS - suite_t0)) s in all"
 echo "$passed passed, $total_failed failed"
 [ ${#failures[@]} -eq 0 ]
