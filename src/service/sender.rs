@@ -420,7 +420,7 @@ fn dispatcher(
                 while let Ok(more) = batches.try_recv() {
                     names.extend(more);
                 }
-                ob.queue.sync_files(&names);
+                sync_round(&ob, names);
             }
         });
     {
@@ -526,10 +526,13 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     // The hooks that handed their events over did not sync them: the syncer thread makes
     // the new ones durable, batch by batch, beside the sending (sending need not wait: an
     // event CloudVision has is safe; what matters is how soon a queued one is on disk).
-    let new = q.refresh(&mut ds.index);
+    let mut new = q.refresh(&mut ds.index);
+    // The files hooks handed in are taken in by the sync thread too (synced, then placed as
+    // their keys' pending events): the next look reads what they became.
+    new.extend(ds.index.handed_in().iter().cloned());
     if !new.is_empty() {
         if let Err(unsent) = ds.syncer.send(new) {
-            q.sync_files(&unsent.0); // no sync thread: here, then
+            sync_round(outbox, unsent.0); // no sync thread: here, then
         }
     }
     q.enforce_limit_in(&mut ds.index, max_events, DROP_AT_MOST);
@@ -591,6 +594,25 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     if let Err(back) = ds.settler.send(provisional) {
         // No settler thread: settled here, then.
         settle_batch(sh, outbox, back.0, &ds.syncer);
+    }
+}
+
+/// One round of the sync thread: the files hooks handed in are taken in
+/// ([`crate::state::queue::Queue::fold`]: each synced, then placed as its key's pending
+/// event, in order), the other new files synced; when anything was taken in, the dispatcher
+/// is woken to read what it became.
+fn sync_round(outbox: &StateDir, names: Vec<String>) {
+    let (handed, mut new): (Vec<String>, Vec<String>) = names
+        .into_iter()
+        .partition(|n| crate::state::queue::is_spool_name(n));
+    let taken = outbox.queue.fold(&handed);
+    // What `fold` placed is synced by it; the rest here.
+    new.retain(|n| !taken.contains(n));
+    outbox.queue.sync_files(&new);
+    if !taken.is_empty() {
+        if let Some(sock) = connect(outbox.root()) {
+            wake(&sock);
+        }
     }
 }
 
