@@ -527,9 +527,17 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     // the new ones durable, batch by batch, beside the sending (sending need not wait: an
     // event CloudVision has is safe; what matters is how soon a queued one is on disk).
     let mut new = q.refresh(&mut ds.index);
-    // The files hooks handed in are taken in by the sync thread too (synced, then placed as
-    // their keys' pending events): the next look reads what they became.
-    new.extend(ds.index.handed_in().iter().cloned());
+    // The files hooks handed in are taken in now (renames: placed as their keys' pending
+    // events, in order) and read into the index; the sync thread syncs what they became and
+    // then deletes the handed-in files of chained ends.
+    let handed = ds.index.handed_in().to_vec();
+    let mut chained = Vec::new();
+    if !handed.is_empty() {
+        let placed;
+        (placed, chained) = q.take_in(&handed);
+        new.extend(q.note_taken_in(&mut ds.index, &placed));
+    }
+    new.extend(chained);
     if !new.is_empty() {
         if let Err(unsent) = ds.syncer.send(new) {
             sync_round(outbox, unsent.0); // no sync thread: here, then
@@ -597,23 +605,16 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     }
 }
 
-/// One round of the sync thread: the files hooks handed in are taken in
-/// ([`crate::state::queue::Queue::fold`]: each synced, then placed as its key's pending
-/// event, in order), the other new files synced; when anything was taken in, the dispatcher
-/// is woken to read what it became.
+/// One round of the sync thread: the new pending files synced (and the start records of the
+/// ends among them forgotten), then the handed-in files of ends chained into them deleted
+/// ([`crate::state::queue::Queue::after_take_in`]).
 fn sync_round(outbox: &StateDir, names: Vec<String>) {
-    let (handed, mut new): (Vec<String>, Vec<String>) = names
+    let (chained, mut new): (Vec<String>, Vec<String>) = names
         .into_iter()
         .partition(|n| crate::state::queue::is_spool_name(n));
-    let taken = outbox.queue.fold(&handed);
-    // What `fold` placed is synced by it; the rest here.
-    new.retain(|n| !taken.contains(n));
-    outbox.queue.sync_files(&new);
-    if !taken.is_empty() {
-        if let Some(sock) = connect(outbox.root()) {
-            wake(&sock);
-        }
-    }
+    new.sort();
+    new.dedup();
+    outbox.queue.after_take_in(&new, &chained);
 }
 
 /// Of the events ready to send, the job events queued before [`Shared::check_before`] and not

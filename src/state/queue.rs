@@ -345,18 +345,29 @@ impl Queue {
         Ok(Enqueued::Queued { busy })
     }
 
+    /// Takes the handed-in files `names` ([`hand_in`](Self::hand_in)) into the outbox and
+    /// makes what they became durable: [`take_in`](Self::take_in), then
+    /// [`after_take_in`](Self::after_take_in). For the drainer only. Returns the names of the
+    /// pending files it changed.
+    pub fn fold(&self, names: &[String]) -> Vec<String> {
+        let (placed, chained) = self.take_in(names);
+        self.after_take_in(&placed, &chained);
+        placed
+    }
+
     /// Takes the handed-in files `names` ([`hand_in`](Self::hand_in)) into the outbox: for
     /// each key, in the order of their ranks and then of their queue times, each becomes the
-    /// key's pending event, is chained after its run's pending RUNNING, or is dropped as
-    /// superseded (by a pending event, the event in flight, or an end this process delivered
-    /// of a higher rank). Each file's data is synced first, the directory after, and then the
-    /// start records of the ends now durably queued are forgotten (as
-    /// [`sync_files`](Self::sync_files) does). For the drainer only (it holds `drainer.lock`): a
-    /// hook never deletes a file but its own. A file not readable now stays for the next
-    /// call; one that is not an event goes to `rejected/`; one of a newer format, or whose
-    /// key's pending event is of a newer format, stays where it is, never sent. Returns the
-    /// names of the pending files it changed.
-    pub fn fold(&self, names: &[String]) -> Vec<String> {
+    /// key's pending event (a rename: its data as the hook wrote it, synced without the
+    /// service), is chained after its run's pending RUNNING (the pending file written anew),
+    /// or is dropped as superseded (by a pending event, the event in flight, or an end this
+    /// process delivered of a higher rank) and deleted. Nothing is synced here: the caller
+    /// calls [`after_take_in`](Self::after_take_in) with what this returns, the names of the
+    /// pending files it changed and of the handed-in files it chained (kept until the chained
+    /// files are synced). For the drainer only (it holds `drainer.lock`): a hook never
+    /// deletes a file but its own. A file not readable now stays for the next call; one that
+    /// is not an event goes to `rejected/`; one of a newer format, or whose key's pending
+    /// event is of a newer format, stays where it is, never sent.
+    pub fn take_in(&self, names: &[String]) -> (Vec<String>, Vec<String>) {
         let mut seen = std::collections::HashSet::new();
         let mut evs = Vec::new();
         for name in names {
@@ -380,35 +391,71 @@ impl Queue {
         evs.sort_by(|(_, a), (_, b)| {
             (a.item.file_name(), a.rank, a.seq).cmp(&(b.item.file_name(), b.rank, b.seq))
         });
-        let mut touched = Vec::new();
-        let mut dropped = false;
+        let (mut placed, mut chained) = (Vec::new(), Vec::new());
         for (name, ev) in evs {
             let p = self.dir(OUTBOX).join(&name);
-            // A hook that handed its event to the running service did not sync it.
-            if let Ok((f, _)) = durable::open_regular(&p) {
-                let _ = f.sync_data();
-            }
             match self.place_from(&ev, &p, true) {
-                Ok(Enqueued::Superseded) => {
-                    dropped = true;
-                    log::info!(
-                        "outbox: {} superseded by a later event of its key; dropped",
-                        ev.item.describe()
-                    );
+                Ok(Enqueued::Chained) => {
+                    placed.push(ev.item.file_name());
+                    chained.push(name);
                 }
-                Ok(_) => touched.push(ev.item.file_name()),
+                Ok(Enqueued::Superseded) => log::info!(
+                    "outbox: {} superseded by a later event of its key; dropped",
+                    ev.item.describe()
+                ),
+                Ok(_) => placed.push(ev.item.file_name()),
                 Err(e) => report_once(&p, &format!("left where it is: {e}")),
             }
         }
-        touched.sort();
-        touched.dedup();
-        // Every file placed was synced before its rename (a handed-in file above, a chained
-        // one as it was written): the directory now, then the start records of the ends.
-        if !touched.is_empty() || dropped {
-            sync_dir(&self.dir(OUTBOX));
+        placed.sort();
+        placed.dedup();
+        (placed, chained)
+    }
+
+    /// After [`take_in`](Self::take_in): syncs the pending files `placed` (`fdatasync` each,
+    /// then the directory) and forgets the start records of the ends now durably queued
+    /// ([`sync_files`](Self::sync_files)), then deletes the handed-in files `chained` (a
+    /// crash before leaves them to be taken in again, which changes nothing).
+    pub fn after_take_in(&self, placed: &[String], chained: &[String]) {
+        self.sync_files(placed);
+        for name in chained.iter().filter(|n| is_spool_name(n)) {
+            let _ = fs::remove_file(self.dir(OUTBOX).join(name));
         }
-        self.forget_starts_of_ends(&touched);
-        touched
+    }
+
+    /// Brings `ix` up to date for the pending files `names` this process just changed
+    /// ([`take_in`](Self::take_in)) without listing the directory, and forgets the handed-in
+    /// files the last [`refresh`](Self::refresh) found (taken in by now). Returns the names
+    /// read, oldest first. The next full look sets every count right.
+    pub fn note_taken_in(&self, ix: &mut Index, names: &[String]) -> Vec<String> {
+        use std::os::unix::fs::MetadataExt;
+        ix.files = ix.files.saturating_sub(std::mem::take(&mut ix.spool).len());
+        ix.spool_oldest = None;
+        let mut changed = Vec::new();
+        for name in names {
+            let p = self.dir(OUTBOX).join(name);
+            let Ok(m) = fs::symlink_metadata(&p) else {
+                if ix.known.remove(name.as_str()).is_some() {
+                    ix.files = ix.files.saturating_sub(1);
+                }
+                continue;
+            };
+            let id = (
+                m.ino(),
+                m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+                m.size(),
+            );
+            if let ReadOutcome::Event(ev) = read_event_checked(&p) {
+                ix.reads += 1;
+                let k = Known::of(&ev, id, m.ino(), ix.gen);
+                if ix.known.insert(name.as_str().into(), k).is_none() {
+                    ix.files += 1;
+                }
+                changed.push((ev.seq, name.clone()));
+            }
+        }
+        changed.sort();
+        changed.into_iter().map(|(_, n)| n).collect()
     }
 
     /// [`fold`](Self::fold) of every handed-in file in the outbox now (`flush`). Returns the
@@ -427,9 +474,11 @@ impl Queue {
 
     /// Puts `ev`, whose bytes are in the file `src` in `outbox/` (a writer's temp file, or a
     /// handed-in file: `handed_in`), in place as its key's pending event. The chained file
-    /// (an end after its pending RUNNING) is written and synced before the lock; under it,
-    /// only a read, a compare and a rename. `src` is gone afterwards, except a handed-in file
-    /// on an error (it stays for a later [`fold`](Self::fold)).
+    /// (an end after its pending RUNNING) is written (and synced, unless `handed_in`: the
+    /// caller syncs it) before the lock; under it, only a read, a compare and a rename. `src`
+    /// is gone afterwards, except a handed-in file on an error (it stays for a later
+    /// [`fold`](Self::fold)) or once chained (the caller deletes it once the chained file is
+    /// synced).
     fn place_from(&self, ev: &Event, src: &Path, handed_in: bool) -> Result<Enqueued, String> {
         let path = self.dir(OUTBOX).join(ev.item.file_name());
         // An end that goes after its pending RUNNING replaces that file by both: that file is
@@ -446,7 +495,8 @@ impl Queue {
                     let mut both = old.clone();
                     both.then = Some(Box::new(ev.clone()));
                     let b = serde_json::to_vec(&both).map_err(|e| e.to_string());
-                    match b.and_then(|b| write_event(&path, &b, old.queued_at, self.owner, true)) {
+                    let sync = !handed_in;
+                    match b.and_then(|b| write_event(&path, &b, old.queued_at, self.owner, sync)) {
                         Ok(t) => chained = Some((old, t)),
                         Err(e) => {
                             if !handed_in {
@@ -467,7 +517,8 @@ impl Queue {
                 let _ = fs::remove_file(t);
             }
         }
-        let keep_src = matches!(res, Ok(Enqueued::Queued { .. })) || (handed_in && res.is_err());
+        let keep_src = matches!(res, Ok(Enqueued::Queued { .. }))
+            || (handed_in && matches!(res, Err(_) | Ok(Enqueued::Chained)));
         if !keep_src {
             let _ = fs::remove_file(src);
         }
@@ -2159,8 +2210,19 @@ mod tests {
             ["job.1@c.json"],
             "a handed-in file is never sent as it is"
         );
-        assert_eq!(ob.fold(ix.handed_in()), ["job.2@c.json"]);
-        assert_eq!(ob.refresh(&mut ix), ["job.2@c.json"]);
+        let handed = ix.handed_in().to_vec();
+        let (placed, chained) = ob.take_in(&handed);
+        assert_eq!(placed, ["job.2@c.json"]);
+        assert!(chained.is_empty());
+        assert_eq!(ob.note_taken_in(&mut ix, &placed), ["job.2@c.json"]);
+        assert!(ix.handed_in().is_empty());
+        assert_eq!(ix.summary(), Some(ob.depth_since()));
+        ob.after_take_in(&placed, &chained);
+        ix.stamp = None;
+        assert!(
+            ob.refresh(&mut ix).is_empty(),
+            "nothing new: the index knows it"
+        );
         assert!(ix.handed_in().is_empty());
         assert_eq!(ix.summary(), Some(ob.depth_since()));
         assert_eq!(ix.summary().unwrap().0, 2);
