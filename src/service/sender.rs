@@ -4,8 +4,10 @@
 //! - A hook writes its event durably to the outbox, then sends one datagram to
 //!   `StateDir/wake.sock`, a Unix datagram socket this sender has bound. A socket file that
 //!   nobody has bound (the service died) refuses the datagram: the hook then sends itself.
-//! - The dispatcher thread wakes on each datagram (and every few seconds regardless), reads
-//!   only the outbox files new or rewritten since its last look (an in-memory [`Index`]), and
+//! - The dispatcher thread wakes on each datagram (and every few seconds regardless), takes
+//!   in the files hooks handed in without a lock (renames: each becomes, or is chained into,
+//!   its key's pending file, or is dropped as superseded; the sync thread syncs them after),
+//!   reads only the outbox files new or rewritten since its last look (an in-memory [`Index`]), and
 //!   hands the oldest pending events, at most [`HAND_OUT_AT_MOST`] a look (more when a look
 //!   takes long: [`hand_out_limit`]), to
 //!   `MaxConcurrentRequests` worker threads; it looks again as their queue runs low. The ends the

@@ -2151,11 +2151,28 @@ mod tests {
         ob.hand_in(&late, true, q, || {}).unwrap();
         assert!(ob.fold_all().is_empty(), "its end was delivered");
         assert!(ob.pending().is_empty() && handed(&d).is_empty());
+        // Taken in by a look of the service: the handed-in file of a chained end stays until
+        // the chained file is synced.
+        let run2 = Event::new(job("2@c", JobState::Running), (0, 0));
+        ob.enqueue(&run2).unwrap();
+        let end2 = Event::new(job("2@c", JobState::Failed), (0, 1));
+        ob.hand_in(&end2, false, q, || {}).unwrap();
+        let (placed, chained) = ob.take_in(&handed(&d));
+        assert_eq!(
+            (placed, chained.clone()),
+            (vec!["job.2@c.json".to_string()], handed(&d))
+        );
+        assert_eq!(
+            ob.pending_of(&end2.item).unwrap().then.as_deref(),
+            Some(&end2)
+        );
+        ob.after_take_in(&["job.2@c.json".to_string()], &chained);
+        assert!(handed(&d).is_empty());
         // The job's next run starts anew.
         let rerun = Event::new(job("1@c", JobState::Running), (1, 0));
         ob.hand_in(&rerun, true, q, || {}).unwrap();
         assert_eq!(ob.fold_all(), ["job.1@c.json"]);
-        assert_eq!(ob.pending(), vec![rerun]);
+        assert_eq!(ob.pending_of(&rerun.item), Some(rerun));
         fs::remove_dir_all(&d).unwrap();
     }
 
