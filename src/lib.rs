@@ -100,6 +100,10 @@ pub mod internals {
         pub mod durable {
             pub use crate::state::durable::lock_file;
         }
+        /// From `crate::state::queue`.
+        pub mod queue {
+            pub use crate::state::queue::outbox_view;
+        }
     }
     /// From `crate::timefmt`.
     pub mod timefmt {

@@ -530,30 +530,57 @@ fn a_fifo_at_log_file_neither_hangs_the_hook_nor_loses_the_event() {
     assert_eq!(cv.accepted("JobConfig").len(), 1, "the event was sent");
 }
 
+/// Another process holding every lock of the outbox (`outbox.lock`, `drainer.lock`) does not
+/// stop a hook: it queues without a lock, sends, and removes its own file.
 #[test]
-fn a_held_outbox_lock_makes_the_hook_send_directly_and_say_so_truthfully() {
-    use std::os::unix::fs::OpenOptionsExt;
+fn held_outbox_locks_never_stop_a_hook_from_queueing() {
     let cv = Standin::start();
     let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1");
     std::fs::create_dir_all(&site.state_dir).unwrap();
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(site.state_dir.join(layout::OUTBOX_LOCK))
-        .unwrap();
-    let held = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).unwrap();
+    let lock = |name: &str| {
+        cvslurm::internals::state::durable::lock_file(&site.state_dir.join(name), None, None)
+            .unwrap()
+    };
+    let held = (lock(layout::OUTBOX_LOCK), lock(layout::DRAINER_LOCK));
     let (out, took) = site.hook(&job_env("prolog_slurmctld", "92", &[]));
     assert_eq!(out.status.code(), Some(0));
-    // Loose bound (process start on a loaded machine); a hook blocked on the lock never ends.
+    // Loose bound (process start on a loaded machine); a hook blocked on a lock never ends.
     assert!(took < Duration::from_secs(10), "{took:?}");
     assert_eq!(cv.accepted("JobConfig").len(), 1, "sent directly");
-    // CloudVision down as well: the log says the event is lost, not that it is kept.
+    assert!(site.outbox().is_empty(), "a sent event leaves the outbox");
+    // CloudVision down as well: the event is queued all the same, and the log says so.
     cv.set_mode(json!({"mode": "status", "status": 503}));
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "93", &[]));
     assert_eq!(out.status.code(), Some(0));
     drop(held);
+    let log = site.log();
+    assert!(!log.contains("cannot queue"), "{log}");
+    assert!(
+        log.contains("job 92@hpc-cluster-west: sent RUNNING"),
+        "{log}"
+    );
+    let l93: Vec<&str> = log.lines().filter(|l| l.contains("job 93@")).collect();
+    assert!(l93.iter().any(|l| l.contains("kept in outbox")), "{l93:?}");
+    assert!(!l93.iter().any(|l| l.contains("LOST")), "{l93:?}");
+    let queued = site.outbox();
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0]["job"]["key"]["id"], "93@hpc-cluster-west");
+}
+
+/// A hook that cannot write the outbox at all (here `outbox` is not a directory) sends
+/// directly, and when that fails too it says the event is lost, not that it is kept.
+#[test]
+fn an_outbox_that_cannot_be_written_makes_the_hook_say_so_truthfully() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1");
+    std::fs::create_dir_all(&site.state_dir).unwrap();
+    std::fs::write(site.state_dir.join(layout::OUTBOX), b"not a directory").unwrap();
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "92", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(cv.accepted("JobConfig").len(), 1, "sent directly");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    let (out, _) = site.hook(&job_env("prolog_slurmctld", "93", &[]));
+    assert_eq!(out.status.code(), Some(0));
     let log = site.log();
     assert!(log.contains("cannot queue the event"), "{log}");
     assert!(

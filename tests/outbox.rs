@@ -226,11 +226,18 @@ fn an_event_of_a_newer_format_is_kept_and_not_sent() {
     let queued = site.outbox();
     assert_eq!(queued.len(), 2);
     assert!(queued.iter().all(|e| e["v"] == 1), "{queued:?}");
-    // Job 77's event as a newer cvslurm would have left it.
-    let newer = site
-        .state_dir
-        .join(layout::OUTBOX)
-        .join("job.77@hpc-cluster-west.json");
+    // Job 77's event as a newer cvslurm would have left it (the file its hook handed in).
+    let newer = std::fs::read_dir(site.state_dir.join(layout::OUTBOX))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("job.77@hpc-cluster-west.")
+        })
+        .unwrap();
     let mut ev: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&newer).unwrap()).unwrap();
     ev["v"] = 2.into();
@@ -350,8 +357,9 @@ fn ends_behind_waiting_runnings_under_cpu_load_are_never_lost() {
     }
 }
 
-/// An epilog that cannot take `outbox.lock` in time (and cannot send either) keeps the job's
-/// start record, so that reconciliation finds the job gone and sends its end.
+/// An epilog that cannot queue its end (here the outbox is not a directory any more), and
+/// cannot send it either, keeps the job's start record, so that reconciliation finds the job
+/// gone and sends its end.
 #[test]
 fn an_end_that_cannot_be_queued_keeps_its_start_record() {
     let cv = Standin::start();
@@ -364,22 +372,108 @@ fn an_end_that_cannot_be_queued_keeps_its_start_record() {
         .join(layout::JOBS)
         .join("4242@hpc-cluster-west");
     assert!(record.exists(), "the prolog records the start");
-    let lock = cvslurm::internals::state::durable::lock_file(
-        &site.state_dir.join(layout::OUTBOX_LOCK),
-        None,
-        None,
-    )
-    .unwrap();
+    let outbox = site.state_dir.join(layout::OUTBOX);
+    std::fs::rename(&outbox, site.state_dir.join("outbox.aside")).unwrap();
+    std::fs::write(&outbox, b"not a directory").unwrap();
     let (out, _) = site.hook(&job_env(
         "epilog_slurmctld",
         "4242",
         &[("SLURM_JOB_EXIT_CODE2", "0:0")],
     ));
-    drop(lock);
     assert_eq!(out.status.code(), Some(0));
     assert!(site.log().contains("LOST"), "{}", site.log());
     assert!(
         record.exists(),
         "the start record of a job whose end was lost is kept for reconciliation"
     );
+}
+
+/// 50 epilogs at once while their jobs' RUNNINGs still wait in the outbox (CloudVision refused
+/// the prologs) and another process holds every lock of the outbox (`outbox.lock`,
+/// `drainer.lock`) for as long as they run: a hook never waits for another process, so every
+/// end is queued (none LOST), each behind its RUNNING; once the locks go, one flush delivers
+/// every RUNNING and then its end. Asserts on what is queued, logged and delivered, never on
+/// timing (the budget is one the held locks would use up, not CPU starvation).
+#[test]
+fn epilogs_queue_while_another_process_holds_every_outbox_lock() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=20");
+    cv.set_mode(json!({"mode": "status", "status": 503}));
+    let jobs = 50;
+    let run = |ctx: &'static str| {
+        std::thread::scope(|s| {
+            for i in 0..jobs {
+                let site = &site;
+                s.spawn(move || {
+                    let id = (7000 + i).to_string();
+                    let (out, _) =
+                        site.hook(&job_env(ctx, &id, &[("SLURM_JOB_EXIT_CODE2", "0:0")]));
+                    assert_eq!(out.status.code(), Some(0));
+                });
+            }
+        });
+    };
+    run("prolog_slurmctld");
+    assert_eq!(site.outbox().len(), jobs, "every RUNNING waits");
+    // Held by a separate process: `flock` from a child that waits on its stdin.
+    let mut holder = Command::new("flock")
+        .arg(site.state_dir.join(layout::OUTBOX_LOCK))
+        .args(["flock"])
+        .arg(site.state_dir.join(layout::DRAINER_LOCK))
+        .args(["sh", "-c", "echo held; read _; exit 0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut said,
+    )
+    .unwrap();
+    assert_eq!(said.trim(), "held");
+    run("epilog_slurmctld");
+    let log = site.log();
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    let lost: Vec<&str> = log.lines().filter(|l| l.contains("LOST")).collect();
+    assert!(
+        lost.is_empty(),
+        "{} ends lost:\n{}",
+        lost.len(),
+        lost.join("\n")
+    );
+    assert_eq!(
+        log.matches("queued after its RUNNING, which is still waiting to be sent")
+            .count(),
+        jobs,
+        "{log}"
+    );
+    let queued = site.outbox();
+    assert_eq!(queued.len(), jobs);
+    for ev in &queued {
+        assert_eq!(ev["job"]["state"], "JOB_STATE_RUNNING");
+        assert_eq!(ev["then"]["job"]["state"], "JOB_STATE_COMPLETED", "{ev}");
+    }
+    cv.set_mode(json!({"mode": "ok"}));
+    let out = site.run(&["flush"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("outbox: {} delivered, 0 kept, 0 rejected", 2 * jobs)
+    );
+    let mut ended = std::collections::HashSet::new();
+    for r in cv.requests() {
+        if r["status"] != 200 {
+            continue;
+        }
+        let id = r["body"]["key"]["id"].as_str().unwrap().to_string();
+        if r["body"]["state"] == "JOB_STATE_RUNNING" {
+            assert!(!ended.contains(&id), "RUNNING of {id} after its end");
+        } else {
+            ended.insert(id);
+        }
+    }
+    assert_eq!(ended.len(), jobs);
+    assert!(site.outbox().is_empty());
 }

@@ -73,6 +73,9 @@ pub fn run(a: Args) -> i32 {
         log::error!("{e}");
         return 1;
     }
+    // What the hooks handed in becomes pending (ordered, superseded) before anything else
+    // looks at the outbox.
+    outbox.queue.fold_all();
     // Sites without the service run flush from cron: reconcile here too (unless switched off
     // or Slurm cannot be asked), so missed hooks and cancels the epilog saw as successes are
     // still put right.

@@ -18,7 +18,7 @@ use crate::payload::{JobConfig, JobState, Key};
 use crate::runner::Slurm;
 use crate::service::sender;
 use crate::slurm::{self, JobInfo};
-use crate::state::queue::{EndFacts, Enqueued, Event, Item};
+use crate::state::queue::{EndFacts, Enqueued, Event, Item, Look};
 use crate::state::status::counter;
 use crate::state::StateDir;
 use crate::timefmt::{format_epoch, now_epoch};
@@ -130,7 +130,7 @@ fn watchdog(t0: Instant) {
     let job = JOB_KEY.get().map_or("?", |s| s.as_str());
     match PROGRESS.load(Ordering::SeqCst) {
         NOTHING_YET => log::error!(
-            "job {job}: hook time budget of {budget:.1} s used up before its event was queued: the event is LOST (StateDir slow or locked?); reconciliation can send it later from Slurm's record"
+            "job {job}: hook time budget of {budget:.1} s used up before its event was queued: the event is LOST (StateDir slow?); reconciliation can send it later from Slurm's record"
         ),
         QUEUED => log::warn!(
             "job {job}: hook time budget of {budget:.1} s used up while sending; the event is in the outbox and is sent later"
@@ -237,7 +237,7 @@ fn handle(
     let queue_by = t0 + cfg.hook_timeout / 2;
     let (mut event, mut named_final) =
         build_event(cfg, &env, start_rec, service.is_some(), deadline);
-    let mut queued = queue(cfg, &outbox, &event, queue_by, service.is_none());
+    let (mut queued, mut own) = queue(cfg, &outbox, &event, queue_by, service.is_none());
     if queued == Queue::Stop {
         return;
     }
@@ -260,8 +260,13 @@ fn handle(
             (event, named_final) = build_event(cfg, &env, start_rec, false, deadline);
         }
         if queued != Queue::Failed {
-            // Again, synced this time: nobody else will sync it.
-            queued = queue(cfg, &outbox, &event, queue_by, true);
+            // Again, synced this time: nobody else will sync it. The first file goes once
+            // the second is in place (it is this hook's own).
+            let first = own.take();
+            (queued, own) = queue(cfg, &outbox, &event, queue_by, true);
+            if let (Some(first), Queue::Queued | Queue::Behind | Queue::Stop) = (first, queued) {
+                outbox.queue.withdraw(&first);
+            }
             if queued == Queue::Stop {
                 return;
             }
@@ -355,10 +360,10 @@ fn handle(
             if state.is_terminal() {
                 outbox.job_reps.forget(&key);
             }
-            if queued {
-                if let Err(e) = outbox.queue.remove_if_same(&event) {
-                    log::warn!("job {key}: sent, but cannot remove it from the outbox: {e}");
-                }
+            if let Some(own) = own.as_deref().filter(|_| queued) {
+                // Its own file only, without a lock: if a drainer took it in meanwhile, it is
+                // sent once more.
+                outbox.queue.withdraw(own);
             }
             log::info!(
                 "job {key}: sent {state} on {} (HTTP {}, {} ms)",
@@ -379,7 +384,7 @@ fn handle(
 enum Queue {
     /// In the outbox, durably.
     Queued,
-    /// Not in the outbox (StateDir not writable, or its lock not had in time).
+    /// Not in the outbox (StateDir not writable).
     Failed,
     /// In the outbox behind an earlier event of the job (being sent, or still waiting):
     /// the drainer sends both in order; this hook must not send it.
@@ -388,39 +393,60 @@ enum Queue {
     Stop,
 }
 
-/// Queues the event; `sync` unless the running service takes it (it syncs before sending).
-fn queue(cfg: &Config, outbox: &StateDir, event: &Event, by: Instant, sync: bool) -> Queue {
+/// Queues the event without waiting for any other process ([`crate::state::queue::Queue::hand_in`]);
+/// `sync` unless the running service takes it (it syncs before sending). Without the service
+/// (`sync`), whether an earlier event of the job waits is looked up until `by`. Returns the
+/// hook's own outbox file too.
+fn queue(
+    cfg: &Config,
+    outbox: &StateDir,
+    event: &Event,
+    by: Instant,
+    sync: bool,
+) -> (Queue, Option<PathBuf>) {
     let key = match &event.item {
         Item::Job { job } => job.key.id.clone(),
         other => other.describe(),
     };
     let state = event_state(event);
-    match outbox.queue.enqueue_by(event, Some(by), sync) {
+    let look = if sync { Look::Full(by) } else { Look::Quick };
+    let placed = || PROGRESS.store(QUEUED, Ordering::SeqCst);
+    let (res, own) = match outbox.queue.hand_in(event, sync, look, placed) {
+        Ok((r, own)) => (Ok(r), Some(own)),
+        Err(e) => (Err(e), None),
+    };
+    let q = match res {
         Ok(Enqueued::Superseded) => {
             log::info!("job {key}: {state} superseded by a later event already queued; not sent");
             Queue::Stop
         }
         Ok(Enqueued::Queued { busy: true }) => {
-            PROGRESS.store(QUEUED, Ordering::SeqCst);
             log::info!("job {key}: {state} queued behind an event being sent now");
             Queue::Behind
         }
         Ok(Enqueued::Chained) => {
-            PROGRESS.store(QUEUED, Ordering::SeqCst);
             log::info!(
                 "job {key}: {state} queued after its RUNNING, which is still waiting to be sent"
             );
             Queue::Behind
         }
+        Ok(Enqueued::Unchecked) => {
+            log::warn!(
+                "job {key}: {state} queued; whether an earlier event of the job waits could not be told within half of HookTimeout (a large outbox?), so it is not sent now: the next drainer (the service, or cvslurm flush) sends it in order"
+            );
+            Queue::Behind
+        }
         Ok(Enqueued::Queued { busy: false }) => Queue::Queued,
         Err(e) => {
+            PROGRESS.store(NOTHING_YET, Ordering::SeqCst);
             log::error!(
                 "job {key}: cannot queue the event in StateDir {}: {e}; sending directly",
                 cfg.state_dir.display()
             );
             Queue::Failed
         }
-    }
+    };
+    (q, own)
 }
 
 fn event_state(ev: &Event) -> String {

@@ -707,6 +707,8 @@ impl Engine {
 pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> DrainReport {
     let outbox = engine.outbox();
     let halt = AtomicBool::new(false);
+    // What hooks handed in is taken in first: ordered and superseded per key.
+    outbox.queue.fold_all();
     let mut round = outbox.queue.pending();
     let mut unsent = 0;
     while !round.is_empty() {

@@ -4,8 +4,10 @@
 //! - A hook writes its event durably to the outbox, then sends one datagram to
 //!   `StateDir/wake.sock`, a Unix datagram socket this sender has bound. A socket file that
 //!   nobody has bound (the service died) refuses the datagram: the hook then sends itself.
-//! - The dispatcher thread wakes on each datagram (and every few seconds regardless), reads
-//!   only the outbox files new or rewritten since its last look (an in-memory [`Index`]), and
+//! - The dispatcher thread wakes on each datagram (and every few seconds regardless), takes
+//!   in the files hooks handed in without a lock (renames: each becomes, or is chained into,
+//!   its key's pending file, or is dropped as superseded; the sync thread syncs them after),
+//!   reads only the outbox files new or rewritten since its last look (an in-memory [`Index`]), and
 //!   hands the oldest pending events, at most [`HAND_OUT_AT_MOST`] a look (more when a look
 //!   takes long: [`hand_out_limit`]), to
 //!   `MaxConcurrentRequests` worker threads; it looks again as their queue runs low. The ends the
@@ -420,7 +422,7 @@ fn dispatcher(
                 while let Ok(more) = batches.try_recv() {
                     names.extend(more);
                 }
-                ob.queue.sync_files(&names);
+                sync_round(&ob, names);
             }
         });
     {
@@ -526,10 +528,21 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     // The hooks that handed their events over did not sync them: the syncer thread makes
     // the new ones durable, batch by batch, beside the sending (sending need not wait: an
     // event CloudVision has is safe; what matters is how soon a queued one is on disk).
-    let new = q.refresh(&mut ds.index);
+    let mut new = q.refresh(&mut ds.index);
+    // The files hooks handed in are taken in now (renames: placed as their keys' pending
+    // events, in order) and read into the index; the sync thread syncs what they became and
+    // then deletes the handed-in files of chained ends.
+    let handed = ds.index.handed_in().to_vec();
+    let mut chained = Vec::new();
+    if !handed.is_empty() {
+        let placed;
+        (placed, chained) = q.take_in(&handed);
+        new.extend(q.note_taken_in(&mut ds.index, &placed));
+    }
+    new.extend(chained);
     if !new.is_empty() {
         if let Err(unsent) = ds.syncer.send(new) {
-            q.sync_files(&unsent.0); // no sync thread: here, then
+            sync_round(outbox, unsent.0); // no sync thread: here, then
         }
     }
     q.enforce_limit_in(&mut ds.index, max_events, DROP_AT_MOST);
@@ -592,6 +605,18 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
         // No settler thread: settled here, then.
         settle_batch(sh, outbox, back.0, &ds.syncer);
     }
+}
+
+/// One round of the sync thread: the new pending files synced (and the start records of the
+/// ends among them forgotten), then the handed-in files of ends chained into them deleted
+/// ([`crate::state::queue::Queue::after_take_in`]).
+fn sync_round(outbox: &StateDir, names: Vec<String>) {
+    let (chained, mut new): (Vec<String>, Vec<String>) = names
+        .into_iter()
+        .partition(|n| crate::state::queue::is_spool_name(n));
+    new.sort();
+    new.dedup();
+    outbox.queue.after_take_in(&new, &chained);
 }
 
 /// Of the events ready to send, the job events queued before [`Shared::check_before`] and not

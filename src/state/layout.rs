@@ -3,7 +3,9 @@
 //! The stores in `crate::state` and the sender's wake-up socket build their paths from these;
 //! the tests read the same names.
 
-/// Pending events, one per job or node key: `outbox/<kind>.<key>.json`.
+/// Pending events, one per job or node key: `outbox/<kind>.<key>.json`; and the events hooks
+/// handed in, one file each, until the drainer takes them in:
+/// `outbox/<kind>.<key>.<seq>.<pid>.<n>.%.json` (see `crate::state::queue`).
 pub const OUTBOX: &str = "outbox";
 /// Events a drainer is sending right now (same names as in [`OUTBOX`]).
 pub const INFLIGHT: &str = "inflight";
@@ -20,7 +22,8 @@ pub const JOB_REPS: &str = "reps";
 /// Every directory above, created (mode 0700) by `state::durable::ensure_dirs`.
 pub const DIRS: [&str; 7] = [OUTBOX, INFLIGHT, REJECTED, JOBS, VERIFY, NODES, JOB_REPS];
 
-/// `flock`ed for each read-compare-rename of the outbox.
+/// `flock`ed for each read-compare-rename of a key's pending file, by the drainer's side only
+/// (never by a hook).
 pub const OUTBOX_LOCK: &str = "outbox.lock";
 /// Held for its whole life by the one process that sends the outbox.
 pub const DRAINER_LOCK: &str = "drainer.lock";

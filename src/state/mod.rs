@@ -4,7 +4,8 @@
 //! Layout (names in [`layout`]; all files 0600 and directories 0700, owned by whoever wrote
 //! them: SlurmUser for the hooks, and StateDir's owner when root writes there):
 //! - `outbox/`, `inflight/`, `rejected/`, `outbox.lock`, `drainer.lock` — the outbox: events
-//!   waiting to be sent, being sent, and refused ([`queue`]).
+//!   waiting to be sent (one file per key, and the events hooks handed in without a lock),
+//!   being sent, and refused ([`queue`]).
 //! - `nodes/<node>.json` — the inventory's latest record of each node ([`nodes`]).
 //! - `jobs/<jobid>@<cluster>` — the start time a prolog saw ([`starts`]).
 //! - `verify/<jobid>@<cluster>` — an epilog's end to check against Slurm later ([`marks`]).

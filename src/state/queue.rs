@@ -1,14 +1,25 @@
 //! The outbox: what could not be sent now is kept on disk and sent later.
 //!
-//! - `outbox/<kind>.<key>.json` — at most one pending event per job or node: a newer event for
-//!   the same key replaces the older one, so a job's later state always wins and a stale
-//!   RUNNING can never be delivered after the job's end.
-//! - `inflight/<same name>` — an event a drainer is sending right now; moved back on failure,
-//!   on start-up after a crash, or deleted once CloudVision took it.
-//! - `rejected/<same name>` — events CloudVision refused as malformed (4xx), with its answer.
-//! - `outbox.lock` — `flock`ed for the few microseconds of each read-compare-rename (the
-//!   temp file is written and `fsync`ed before the lock is taken, the directory after it is
-//!   released: no disk wait happens under the lock).
+//! - `outbox/<kind>.<key>.json` — at most one pending event per job or node, as the drainer
+//!   resolved it: a newer event for the same key replaces the older one, so a job's later
+//!   state always wins and a stale RUNNING can never be delivered after the job's end; an end
+//!   that comes while its run's RUNNING waits is chained after it (`then`). A previous
+//!   release wrote only these: what it left is read and sent the same way.
+//! - `outbox/<kind>.<key>.<seq>.<pid>.<n>.%.json` — one event a hook handed in
+//!   ([`Queue::hand_in`]), a file of its own (`seq` the event's, `pid` the writer's, `n` a
+//!   counter of that process), written without any lock. Only the drainer takes it in
+//!   ([`Queue::fold`]: ordering and supersession per key, under `outbox.lock`), and deletes
+//!   it then; a hook deletes no file but its own, once it sent that event itself
+//!   ([`Queue::withdraw`]). `%` followed by no two hex digits never appears in a key's name
+//!   ([`super::durable::safe_name`]): the two kinds of name never mix ([`is_spool_name`]).
+//! - `inflight/<kind>.<key>.json` — an event a drainer is sending right now; moved back on
+//!   failure, on start-up after a crash, or deleted once CloudVision took it.
+//! - `rejected/<name>` — events CloudVision refused as malformed (4xx), with its answer.
+//! - `outbox.lock` — `flock`ed for the few microseconds of each read-compare-rename of a key's
+//!   pending file by the drainer's side (its moves and folds, and the service's own writers
+//!   through [`Queue::enqueue`]); never by a hook. The temp file is written and `fsync`ed
+//!   before the lock is taken, the directory after it is released: no disk wait happens
+//!   under the lock.
 //! - `drainer.lock` — held (`flock`) for its whole life by the one process that sends the
 //!   outbox (the service, or a `cvslurm flush`): `inflight/` belongs to it until it dies.
 //!
@@ -86,9 +97,27 @@ pub enum Enqueued {
     /// Queued to go right after the job's RUNNING, which is still waiting to be sent (the
     /// caller must not send directly: the drainer sends both, in order).
     Chained,
-    /// A pending event of higher rank is already queued; this one was dropped.
+    /// A pending event of higher rank is already queued; this one was dropped (a handed-in
+    /// one: will be, by the drainer).
     Superseded,
+    /// Handed in, but whether an earlier event of the key waits could not be told in time
+    /// ([`Look::Full`]): the caller must not send directly (the drainer sends it, in order).
+    Unchecked,
 }
+
+/// How much [`Queue::hand_in`] looks at the key's other events once its file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// The key's pending file and its file in flight (two reads): enough for a hook that
+    /// hands its event to the running service, which resolves the rest.
+    Quick,
+    /// Also every other handed-in file of the key (a listing of the outbox, given up at this
+    /// instant: [`Enqueued::Unchecked`]): a hook that decides whether to send itself.
+    Full(Instant),
+}
+
+/// Per job key, when this process delivered the job's end, and that end's rank.
+type DeliveredEnds = std::collections::HashMap<String, (Instant, (u32, u8))>;
 
 /// The outbox in one state directory: pending, in-flight and rejected events.
 #[derive(Debug, Clone)]
@@ -103,7 +132,9 @@ pub struct Queue {
     pub inflight_stale: Duration,
     /// The job keys whose end this process delivered, and when (shared by its clones): the
     /// service's reconciliation never sends a RUNNING for a job whose end is already out.
-    delivered_ends: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
+    /// With the rank of that end: a RUNNING a hook handed in later for the same or an earlier
+    /// run is dropped when the outbox takes it in ([`Queue::fold`]).
+    delivered_ends: std::sync::Arc<std::sync::Mutex<DeliveredEnds>>,
     /// Where the events queued and dropped are counted.
     status: super::status::ServiceStatus,
 }
@@ -137,7 +168,7 @@ impl Queue {
             .delivered_ends
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        ends.retain(|_, at| at.elapsed() < REMEMBER_ENDS);
+        ends.retain(|_, (at, _)| at.elapsed() < REMEMBER_ENDS);
         ends.keys().cloned().collect()
     }
 
@@ -181,31 +212,275 @@ impl Queue {
         }
     }
 
-    /// Writes `ev` durably unless a pending event of higher rank for the same key exists. An
-    /// error, nothing written, when the pending event of the key is of a newer format: it is
-    /// never replaced by this cvslurm.
+    /// Writes `ev` durably as its key's pending event unless a pending event of higher rank
+    /// for the same key exists, under `outbox.lock` (which only the drainer's side takes: the
+    /// service's own writers and the drainer's moves; never a hook, see [`hand_in`](Self::hand_in)).
+    /// An error, nothing written, when the pending event of the key is of a newer format: it
+    /// is never replaced by this cvslurm.
     pub fn enqueue(&self, ev: &Event) -> Result<Enqueued, String> {
-        self.enqueue_by(ev, None, true)
+        self.ensure_dirs()?;
+        let path = self.dir(OUTBOX).join(ev.item.file_name());
+        let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
+        let tmp = write_event(&path, &bytes, ev.queued_at, self.owner, true)?;
+        let res = self.place_from(ev, &tmp, false);
+        if matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
+            sync_dir(&self.dir(OUTBOX));
+            self.status.count(super::status::counter::QUEUED, 1);
+        }
+        res
     }
 
-    /// [`enqueue`](Self::enqueue), giving up (with an error, nothing written) when the outbox
-    /// lock cannot be had before `deadline`. With `sync`, the data is on disk (`fsync`) before
-    /// the lock is taken and the directory is synced after it is released: the lock is held
-    /// for a read, a compare and a rename, never across a disk wait. Without `sync` (a hook
-    /// that hands the event to the running service, which syncs the whole outbox before it
-    /// sends: [`sync_files`](Self::sync_files)) the event is in the page cache: it survives the
-    /// kill of any process, not yet a power loss.
-    pub fn enqueue_by(
+    /// Hands `ev` in without taking any lock: it becomes its own file,
+    /// `outbox/<kind>.<key>.<seq>.<pid>.<n>.%.json` (temp file, `fdatasync` with `sync`,
+    /// rename; then the directory synced with `sync`), which no other process writes and only
+    /// the drainer takes in ([`fold`](Self::fold)): ordering and supersession are resolved
+    /// there. `placed` is called as soon as the file has its name. Then looks at what else of
+    /// the key is queued (`look`), without a lock: what it returns is what the drainer will
+    /// make of the event, unless another event of the key arrives meanwhile. An error, and
+    /// the file removed again, when the key's pending event is of a newer format (never
+    /// replaced by this cvslurm: the caller sends itself). Returns the file's path too (the
+    /// caller's own: [`withdraw`](Self::withdraw) once it sent the event itself).
+    pub fn hand_in(
         &self,
         ev: &Event,
-        deadline: Option<Instant>,
         sync: bool,
-    ) -> Result<Enqueued, String> {
+        look: Look,
+        placed: impl FnOnce(),
+    ) -> Result<(Enqueued, PathBuf), String> {
         self.ensure_dirs()?;
-        let name = ev.item.file_name();
+        let name = spool_name(&ev.item, ev.seq);
         let path = self.dir(OUTBOX).join(&name);
         let bytes = serde_json::to_vec(ev).map_err(|e| e.to_string())?;
         let tmp = write_event(&path, &bytes, ev.queued_at, self.owner, sync)?;
+        if let Err(e) = fs::rename(&tmp, &path) {
+            let _ = fs::remove_file(&tmp);
+            return Err(format!("cannot write {}: {e}", path.display()));
+        }
+        placed();
+        if sync {
+            sync_dir(&self.dir(OUTBOX));
+        }
+        match self.look(ev, &name, look) {
+            Ok(r) => {
+                self.status.count(super::status::counter::QUEUED, 1);
+                Ok((r, path))
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes the file a hook handed in ([`hand_in`](Self::hand_in)) after it sent the event
+    /// itself. Only ever that process's own file, by its unique name: when the drainer took
+    /// it in first, nothing is removed and the event is sent once more (a POST replaces the
+    /// record of its key).
+    pub fn withdraw(&self, own: &Path) {
+        if own.parent() == Some(self.dir(OUTBOX).as_path())
+            && own
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(is_spool_name)
+        {
+            let _ = fs::remove_file(own);
+        }
+    }
+
+    /// What the drainer will make of `ev` (handed in as `own`), from the key's pending event,
+    /// its event in flight and (with [`Look::Full`]) the other handed-in files of the key;
+    /// read without a lock.
+    fn look(&self, ev: &Event, own: &str, look: Look) -> Result<Enqueued, String> {
+        let canon = ev.item.file_name();
+        let path = self.dir(OUTBOX).join(&canon);
+        let mut others = Vec::new();
+        match read_event(&path) {
+            Some(Err(newer @ Undecodable::Newer(_))) => {
+                return Err(format!("{}: {newer}", path.display()))
+            }
+            Some(Ok(e)) => others.push(e),
+            _ => {}
+        }
+        if let Look::Full(by) = look {
+            let stem = format!("{}.", canon.strip_suffix(".json").unwrap_or(&canon));
+            let Ok(rd) = fs::read_dir(self.dir(OUTBOX)) else {
+                return Ok(Enqueued::Unchecked);
+            };
+            for (i, e) in rd.flatten().enumerate() {
+                if i % 256 == 0 && Instant::now() > by {
+                    return Ok(Enqueued::Unchecked);
+                }
+                let n = e.file_name();
+                let Some(n) = n.to_str() else { continue };
+                if n == own
+                    || !n.starts_with(&stem)
+                    || canonical_of_spool(n).as_deref() != Some(canon.as_str())
+                {
+                    continue;
+                }
+                if let Some(Ok(o)) = read_event(&e.path()) {
+                    others.push(o);
+                }
+            }
+        }
+        let inflight = self.dir(INFLIGHT).join(&canon);
+        if let Some(Ok(f)) = read_event(&inflight) {
+            if outranks(&f, ev) {
+                return Ok(Enqueued::Superseded);
+            }
+        }
+        if others.iter().any(|o| outranks(o, ev)) {
+            return Ok(Enqueued::Superseded);
+        }
+        if others.iter().any(|o| chains_after(o, ev)) {
+            return Ok(Enqueued::Chained);
+        }
+        let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
+            Ok(t) => t
+                .elapsed()
+                .map(|age| age < self.inflight_stale)
+                .unwrap_or(true),
+            Err(_) => false,
+        };
+        Ok(Enqueued::Queued { busy })
+    }
+
+    /// Takes the handed-in files `names` ([`hand_in`](Self::hand_in)) into the outbox and
+    /// makes what they became durable: [`take_in`](Self::take_in), then
+    /// [`after_take_in`](Self::after_take_in). For the drainer only. Returns the names of the
+    /// pending files it changed.
+    pub fn fold(&self, names: &[String]) -> Vec<String> {
+        let (placed, chained) = self.take_in(names);
+        self.after_take_in(&placed, &chained);
+        placed
+    }
+
+    /// Takes the handed-in files `names` ([`hand_in`](Self::hand_in)) into the outbox: for
+    /// each key, in the order of their ranks and then of their queue times, each becomes the
+    /// key's pending event (a rename: its data as the hook wrote it, synced without the
+    /// service), is chained after its run's pending RUNNING (the pending file written anew),
+    /// or is dropped as superseded (by a pending event, the event in flight, or an end this
+    /// process delivered of a higher rank) and deleted. Nothing is synced here: the caller
+    /// calls [`after_take_in`](Self::after_take_in) with what this returns, the names of the
+    /// pending files it changed and of the handed-in files it chained (kept until the chained
+    /// files are synced). For the drainer only (it holds `drainer.lock`): a hook never
+    /// deletes a file but its own. A file not readable now stays for the next call; one that
+    /// is not an event goes to `rejected/`; one of a newer format, or whose key's pending
+    /// event is of a newer format, stays where it is, never sent.
+    pub fn take_in(&self, names: &[String]) -> (Vec<String>, Vec<String>) {
+        let mut seen = std::collections::HashSet::new();
+        let mut evs = Vec::new();
+        for name in names {
+            if !is_spool_name(name) || !seen.insert(name.as_str()) {
+                continue;
+            }
+            let p = self.dir(OUTBOX).join(name);
+            match read_event_checked(&p) {
+                ReadOutcome::Event(ev) => evs.push((name.clone(), *ev)),
+                ReadOutcome::Transient(_) => {}
+                ReadOutcome::Newer(v) => report_newer(&p, v),
+                ReadOutcome::Corrupt(why) => {
+                    log::error!(
+                        "outbox file {} is not an event ({why}); moved to rejected/",
+                        p.display()
+                    );
+                    let _ = fs::rename(&p, self.dir(REJECTED).join(name));
+                }
+            }
+        }
+        evs.sort_by(|(_, a), (_, b)| {
+            (a.item.file_name(), a.rank, a.seq).cmp(&(b.item.file_name(), b.rank, b.seq))
+        });
+        let (mut placed, mut chained) = (Vec::new(), Vec::new());
+        for (name, ev) in evs {
+            let p = self.dir(OUTBOX).join(&name);
+            match self.place_from(&ev, &p, true) {
+                Ok(Enqueued::Chained) => {
+                    placed.push(ev.item.file_name());
+                    chained.push(name);
+                }
+                Ok(Enqueued::Superseded) => log::info!(
+                    "outbox: {} superseded by a later event of its key; dropped",
+                    ev.item.describe()
+                ),
+                Ok(_) => placed.push(ev.item.file_name()),
+                Err(e) => report_once(&p, &format!("left where it is: {e}")),
+            }
+        }
+        placed.sort();
+        placed.dedup();
+        (placed, chained)
+    }
+
+    /// After [`take_in`](Self::take_in): syncs the pending files `placed` (`fdatasync` each,
+    /// then the directory) and forgets the start records of the ends now durably queued
+    /// ([`sync_files`](Self::sync_files)), then deletes the handed-in files `chained` (a
+    /// crash before leaves them to be taken in again, which changes nothing).
+    pub fn after_take_in(&self, placed: &[String], chained: &[String]) {
+        self.sync_files(placed);
+        for name in chained.iter().filter(|n| is_spool_name(n)) {
+            let _ = fs::remove_file(self.dir(OUTBOX).join(name));
+        }
+    }
+
+    /// Brings `ix` up to date for the pending files `names` this process just changed
+    /// ([`take_in`](Self::take_in)) without listing the directory, and forgets the handed-in
+    /// files the last [`refresh`](Self::refresh) found (taken in by now). Returns the names
+    /// read, oldest first. The next full look sets every count right.
+    pub fn note_taken_in(&self, ix: &mut Index, names: &[String]) -> Vec<String> {
+        use std::os::unix::fs::MetadataExt;
+        ix.files = ix.files.saturating_sub(std::mem::take(&mut ix.spool).len());
+        ix.spool_oldest = None;
+        let mut changed = Vec::new();
+        for name in names {
+            let p = self.dir(OUTBOX).join(name);
+            let Ok(m) = fs::symlink_metadata(&p) else {
+                if ix.known.remove(name.as_str()).is_some() {
+                    ix.files = ix.files.saturating_sub(1);
+                }
+                continue;
+            };
+            let id = (
+                m.ino(),
+                m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+                m.size(),
+            );
+            if let ReadOutcome::Event(ev) = read_event_checked(&p) {
+                ix.reads += 1;
+                let k = Known::of(&ev, id, m.ino(), ix.gen);
+                if ix.known.insert(name.as_str().into(), k).is_none() {
+                    ix.files += 1;
+                }
+                changed.push((ev.seq, name.clone()));
+            }
+        }
+        changed.sort();
+        changed.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// [`fold`](Self::fold) of every handed-in file in the outbox now (`flush`). Returns the
+    /// names of the pending files it changed.
+    pub fn fold_all(&self) -> Vec<String> {
+        let names: Vec<String> = fs::read_dir(self.dir(OUTBOX))
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                    .filter(|n| is_spool_name(n))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.fold(&names)
+    }
+
+    /// Puts `ev`, whose bytes are in the file `src` in `outbox/` (a writer's temp file, or a
+    /// handed-in file: `handed_in`), in place as its key's pending event. The chained file
+    /// (an end after its pending RUNNING) is written (and synced, unless `handed_in`: the
+    /// caller syncs it) before the lock; under it, only a read, a compare and a rename. `src`
+    /// is gone afterwards, except a handed-in file on an error (it stays for a later
+    /// [`fold`](Self::fold)) or once chained (the caller deletes it once the chained file is
+    /// synced).
+    fn place_from(&self, ev: &Event, src: &Path, handed_in: bool) -> Result<Enqueued, String> {
+        let path = self.dir(OUTBOX).join(ev.item.file_name());
         // An end that goes after its pending RUNNING replaces that file by both: that file is
         // written (and synced) before the lock too, from the pending event read without the
         // lock, and renamed under the lock only if the pending event is still that one.
@@ -220,16 +495,19 @@ impl Queue {
                     let mut both = old.clone();
                     both.then = Some(Box::new(ev.clone()));
                     let b = serde_json::to_vec(&both).map_err(|e| e.to_string());
+                    let sync = !handed_in;
                     match b.and_then(|b| write_event(&path, &b, old.queued_at, self.owner, sync)) {
                         Ok(t) => chained = Some((old, t)),
                         Err(e) => {
-                            let _ = fs::remove_file(&tmp);
+                            if !handed_in {
+                                let _ = fs::remove_file(src);
+                            }
                             return Err(e);
                         }
                     }
                 }
             }
-            res = self.place(ev, &path, &tmp, chained.as_ref(), deadline);
+            res = self.place(ev, &path, src, chained.as_ref(), handed_in);
             if res != Err(Replaced) {
                 break;
             }
@@ -239,14 +517,10 @@ impl Queue {
                 let _ = fs::remove_file(t);
             }
         }
-        if !matches!(res, Ok(Enqueued::Queued { .. })) {
-            let _ = fs::remove_file(&tmp);
-        }
-        if sync && matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
-            sync_dir(&self.dir(OUTBOX));
-        }
-        if matches!(res, Ok(Enqueued::Queued { .. } | Enqueued::Chained)) {
-            self.status.count(super::status::counter::QUEUED, 1);
+        let keep_src = matches!(res, Ok(Enqueued::Queued { .. }))
+            || (handed_in && matches!(res, Err(_) | Ok(Enqueued::Chained)));
+        if !keep_src {
+            let _ = fs::remove_file(src);
         }
         res.map_err(|e| match e {
             Replaced => unreachable!("retried above"),
@@ -254,25 +528,43 @@ impl Queue {
         })
     }
 
-    /// The part of [`enqueue_by`](Self::enqueue_by) under the lock: renames only (the files
+    /// The part of [`place_from`](Self::place_from) under the lock: renames only (the files
     /// are written and synced before). `Err(Replaced)`: the pending event is not the one
-    /// `chained` was made from (or one to chain after appeared): make it again.
+    /// `chained` was made from (or one to chain after appeared): make it again. A handed-in
+    /// event is also dropped when the key's event in flight, or an end of the key this
+    /// process delivered, is of a higher rank (a RUNNING never follows its run's end).
     fn place(
         &self,
         ev: &Event,
         path: &Path,
-        tmp: &Path,
+        src: &Path,
         chained: Option<&(Event, PathBuf)>,
-        deadline: Option<Instant>,
+        handed_in: bool,
     ) -> Result<Enqueued, PlaceError> {
-        let _lock = self.lock_file(OUTBOX_LOCK, deadline).map_err(Failed)?;
+        let _lock = self.lock().map_err(Failed)?;
         let cur = read_event(path);
         if let Some(Err(newer @ Undecodable::Newer(_))) = &cur {
             return Err(Failed(format!("{}: {newer}", path.display())));
         }
+        let name = ev.item.file_name();
+        let inflight = self.dir(INFLIGHT).join(&name);
+        if handed_in {
+            let flying = matches!(read_event(&inflight), Some(Ok(f)) if outranks(&f, ev));
+            let delivered = match &ev.item {
+                Item::Job { job } => self
+                    .delivered_ends
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&job.key.id)
+                    .is_some_and(|(_, rank)| ev.rank < *rank),
+                _ => false,
+            };
+            if flying || delivered {
+                return Ok(Enqueued::Superseded);
+            }
+        }
         if let Some(Ok(old)) = cur {
-            let newest = old.then.as_ref().map_or(old.rank, |t| t.rank);
-            if newest > ev.rank {
+            if outranks(&old, ev) {
                 return Ok(Enqueued::Superseded);
             }
             if chains_after(&old, ev) {
@@ -284,8 +576,6 @@ impl Queue {
                 };
             }
         }
-        let name = ev.item.file_name();
-        let inflight = self.dir(INFLIGHT).join(&name);
         let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
             Ok(t) => t
                 .elapsed()
@@ -293,7 +583,7 @@ impl Queue {
                 .unwrap_or(true),
             Err(_) => false,
         };
-        fs::rename(tmp, path)
+        fs::rename(src, path)
             .map_err(|e| Failed(format!("cannot write {}: {e}", path.display())))?;
         Ok(Enqueued::Queued { busy })
     }
@@ -318,6 +608,12 @@ impl Queue {
             }
         }
         sync_dir(&self.dir(OUTBOX));
+        self.forget_starts_of_ends(names);
+    }
+
+    /// Forgets the start record of each job whose end is in pending (or in-flight) file
+    /// `names`, on disk (synced) by now.
+    fn forget_starts_of_ends(&self, names: &[String]) {
         for name in names {
             let queued = [OUTBOX, INFLIGHT]
                 .iter()
@@ -439,6 +735,7 @@ impl Queue {
             None => unread_told = false,
         };
         let mut changed: Vec<(u128, String)> = Vec::new();
+        let (mut spool, mut spool_oldest) = (Vec::new(), None::<i64>);
         for e in rd.flatten() {
             let os_name = e.file_name();
             if !is_event_name(&os_name) {
@@ -456,6 +753,16 @@ impl Queue {
                 files -= 1;
                 continue;
             };
+            if is_spool_name(name) {
+                // Handed in by a writer: the drainer takes it in (`fold`), and the next pass
+                // reads the pending file it became. Listed again until then.
+                if let Ok(m) = e.metadata() {
+                    spool_oldest = Some(spool_oldest.map_or(m.mtime(), |o: i64| o.min(m.mtime())));
+                }
+                spool.push(name.to_string());
+                clean = false;
+                continue;
+            }
             let dino = std::os::unix::fs::DirEntryExt::ino(&e);
             if !stat_all {
                 if let Some(k) = ix.known.get_mut(name) {
@@ -537,6 +844,8 @@ impl Queue {
         }
         ix.known.retain(|_, k| k.gen == gen);
         ix.files = files;
+        ix.spool = spool;
+        ix.spool_oldest = spool_oldest;
         ix.complete = !capped;
         ix.unread = unread_told.then_some(unread);
         // A change within the file system's timestamp granularity of this listing might not
@@ -560,9 +869,15 @@ impl Queue {
     /// moved to `rejected/` and logged; one that cannot be read now (a drainer moved it, no
     /// file descriptor left, an I/O error) is skipped and read again next time; one of a newer
     /// format ([`super::event::EVENT_FORMAT`]) is left where it is, logged once per process, never sent.
+    /// Files handed in and not taken in yet ([`fold`](Self::fold)) are not among them.
     pub fn pending(&self) -> Vec<Event> {
         let mut evs: Vec<Event> = list_dir(&self.dir(OUTBOX))
             .into_iter()
+            .filter(|p| {
+                !p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(is_spool_name)
+            })
             .filter_map(|p| match read_event_checked(&p) {
                 ReadOutcome::Event(e) => Some(*e),
                 ReadOutcome::Transient(why) => {
@@ -775,7 +1090,7 @@ impl Queue {
                     self.delivered_ends
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(job.key.id.clone(), Instant::now());
+                        .insert(job.key.id.clone(), (Instant::now(), ev.rank));
                     // Delivered: the start record is no longer needed to repair the end
                     // (unless the job's next run is already pending).
                     let next_run = matches!(
@@ -845,13 +1160,17 @@ impl Queue {
         Ok(n)
     }
 
-    /// The keys (`12345@cluster`) of jobs with an event pending or in flight.
+    /// The keys (`12345@cluster`) of jobs with an event pending (handed in included) or in
+    /// flight.
     pub fn pending_job_keys(&self) -> std::collections::HashSet<String> {
         [OUTBOX, INFLIGHT]
             .iter()
             .flat_map(|d| list_dir(&self.dir(d)))
             .filter_map(|p| {
-                let n = p.file_name()?.to_string_lossy().into_owned();
+                let mut n = p.file_name()?.to_string_lossy().into_owned();
+                if let Some(canon) = canonical_of_spool(&n) {
+                    n = canon;
+                }
                 let key = n.strip_prefix("job.")?.strip_suffix(".json")?;
                 Some(unsafe_name(key))
             })
@@ -945,6 +1264,11 @@ pub struct Index {
     unread: Option<Option<i64>>,
     /// Event files read so far (for tests and logs).
     pub reads: usize,
+    /// The files handed in ([`Queue::hand_in`]) the last pass found, for the drainer to take
+    /// in ([`Queue::fold`]); counted in `files`, never sent as they are.
+    spool: Vec<String>,
+    /// The oldest queue time (mtime) among them.
+    spool_oldest: Option<i64>,
 }
 
 /// What [`Index`] knows of one pending file.
@@ -1000,7 +1324,16 @@ impl Index {
             }
             oldest = Some(oldest.map_or(k.queued_at, |o| o.min(k.queued_at)));
         }
+        if let Some(t) = self.spool_oldest {
+            oldest = Some(oldest.map_or(t, |o| o.min(t)));
+        }
         Some((self.files, oldest))
+    }
+
+    /// The files handed in that the last [`Queue::refresh`] found: the drainer takes them in
+    /// ([`Queue::fold`]).
+    pub fn handed_in(&self) -> &[String] {
+        &self.spool
     }
 
     /// False when the last [`Queue::refresh`] left files unread over [`READ_AT_MOST`]: look
@@ -1095,6 +1428,140 @@ fn chains_after(old: &Event, ev: &Event) -> bool {
         && ev.rank.1 > 0
 }
 
+/// True when `old` (a pending or in-flight event, its chained end included) makes `ev`
+/// stale: a higher rank, or the same rank queued later (of two events of one state, the
+/// later one wins; the same event twice collapses into one).
+fn outranks(old: &Event, ev: &Event) -> bool {
+    let newest = old.then.as_deref().unwrap_or(old);
+    newest.rank > ev.rank || (newest.rank == ev.rank && newest.seq > ev.seq)
+}
+
+/// What becomes of `ev` when it meets its key's pending event `cur`.
+enum Merge {
+    /// Dropped: `cur` is later.
+    Superseded,
+    /// `cur` (a RUNNING) with `ev` (its run's end) chained after it.
+    Chain(Box<Event>),
+    /// `ev` replaces `cur`.
+    Replace,
+}
+
+fn merge(cur: Option<&Event>, ev: &Event) -> Merge {
+    match cur {
+        Some(old) if outranks(old, ev) => Merge::Superseded,
+        Some(old) if chains_after(old, ev) => {
+            let mut both = old.clone();
+            both.then = Some(Box::new(ev.clone()));
+            Merge::Chain(Box::new(both))
+        }
+        _ => Merge::Replace,
+    }
+}
+
+/// How a handed-in file's name ends ([`Queue::hand_in`]): a `%` followed by no two hex digits
+/// never appears in a key's file name ([`super::durable::safe_name`]), so a pending file of a
+/// key is never taken for one.
+const SPOOL_MARK: &str = ".%.json";
+
+/// True for the name of a file a writer handed in (`Queue::hand_in`):
+/// `<kind>.<key>.<seq>.<pid>.<n>.%.json`.
+pub fn is_spool_name(name: &str) -> bool {
+    canonical_of_spool(name).is_some()
+}
+
+/// A new handed-in file's name for `item`'s key, unique on this host: the event's `seq`, the
+/// process id and a counter of this process.
+fn spool_name(item: &Item, seq: u128) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let canon = item.file_name();
+    let stem = canon.strip_suffix(".json").unwrap_or(&canon);
+    format!(
+        "{stem}.{seq}.{}.{}{SPOOL_MARK}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The pending file's name of the key a handed-in file belongs to; `None` for any other name.
+fn canonical_of_spool(name: &str) -> Option<String> {
+    if name.starts_with('.') {
+        return None;
+    }
+    let stem = name.strip_suffix(SPOOL_MARK)?;
+    let mut parts = stem.rsplitn(4, '.');
+    let numbers = [parts.next()?, parts.next()?, parts.next()?];
+    let head = parts.next()?;
+    let numeric = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    (numbers.iter().all(|p| numeric(p)) && head.contains('.')).then(|| format!("{head}.json"))
+}
+
+/// `resolve_view` of the outbox directory `dir` as JSON objects, oldest first; a file that
+/// holds JSON but no event of this cvslurm's formats (a newer one) is listed as it is, one
+/// that cannot be read now (a drainer took it) is left out. For tests and tools.
+pub fn outbox_view(dir: &Path) -> Vec<serde_json::Value> {
+    let (mut events, mut other) = (Vec::new(), Vec::new());
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Some(name) = e.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if !is_event_name(e.file_name().as_os_str()) {
+            continue;
+        }
+        let Ok(bytes) = durable::read_file(&e.path()) else {
+            continue;
+        };
+        match decode_event(&bytes) {
+            Ok(ev) => events.push((name, ev)),
+            Err(_) => {
+                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                    let seq = v["seq"].as_u64().map_or(0, u128::from);
+                    other.push((seq, v));
+                }
+            }
+        }
+    }
+    let mut all: Vec<(u128, serde_json::Value)> = resolve_view(events)
+        .into_iter()
+        .filter_map(|ev| Some((ev.seq, serde_json::to_value(&ev).ok()?)))
+        .collect();
+    all.extend(other);
+    all.sort_by_key(|(seq, _)| *seq);
+    all.into_iter().map(|(_, v)| v).collect()
+}
+
+/// The outbox as its drainer will send it, from the files' names and events (a key's pending
+/// file, and the files handed in for it, not taken in yet): one event per key, each
+/// handed-in event applied in the order of its rank, then of its queue time, as
+/// `Queue::fold` does (the checks against what is in flight or delivered aside). Oldest
+/// first. For tests and tools that look at an outbox from outside.
+pub fn resolve_view(files: Vec<(String, Event)>) -> Vec<Event> {
+    let mut keys: std::collections::BTreeMap<String, (Option<Event>, Vec<Event>)> =
+        Default::default();
+    for (name, ev) in files {
+        let slot = keys.entry(ev.item.file_name()).or_default();
+        if is_spool_name(&name) {
+            slot.1.push(ev);
+        } else {
+            slot.0 = Some(ev);
+        }
+    }
+    let mut out = Vec::new();
+    for (_, (mut cur, mut handed)) in keys {
+        handed.sort_by_key(|e| (e.rank, e.seq));
+        for ev in handed {
+            match merge(cur.as_ref(), &ev) {
+                Merge::Superseded => {}
+                Merge::Chain(both) => cur = Some(*both),
+                Merge::Replace => cur = Some(ev),
+            }
+        }
+        out.extend(cur);
+    }
+    out.sort_by_key(|e| e.seq);
+    out
+}
+
 /// [`write_tmp_at`] for an event file: its modification time is its queue time (`queued_at`),
 /// which `cvslurm status` reads without opening the file ([`Queue::depth`]).
 fn write_event(
@@ -1123,6 +1590,21 @@ fn set_queue_time(path: &Path, queued_at: i64) {
 fn read_event(path: &Path) -> Option<Result<Event, Undecodable>> {
     let bytes = durable::read_file(path).ok()?;
     Some(decode_event(&bytes))
+}
+
+/// Logs `what` about an outbox file the first time this process meets it (the service looks
+/// at the outbox every few seconds).
+fn report_once(path: &Path, what: &str) {
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<std::collections::HashSet<PathBuf>>> = OnceLock::new();
+    let first = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(path.to_path_buf());
+    if first {
+        log::error!("outbox file {}: {what}", path.display());
+    }
 }
 
 /// Logs an outbox file of a newer format the first time this process meets it (the service
@@ -1534,6 +2016,258 @@ mod tests {
             assert_eq!(fs::metadata(d.join(p)).unwrap().uid(), 65534, "{p}");
         }
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The files of one key handed in and not taken in yet.
+    fn handed(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(d.join(OUTBOX))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| is_spool_name(n))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A writer hands its event in while other processes hold every lock of the outbox
+    /// (`outbox.lock`, `drainer.lock`): it takes none, so it returns (a lock taken here would
+    /// never be released: the test would hang).
+    #[test]
+    fn a_hand_in_takes_no_lock() {
+        let d = tmpdir("lockfree");
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
+        let drainer = ob.drainer_lock(false).unwrap().unwrap();
+        let held = ob.lock().unwrap();
+        let run = Event::new(job("1@c", JobState::Running), (0, 0));
+        let far = Instant::now() + Duration::from_secs(3600);
+        let mut placed = false;
+        let (r, own) = ob
+            .hand_in(&run, true, Look::Full(far), || placed = true)
+            .unwrap();
+        assert!(placed);
+        assert_eq!(r, Enqueued::Queued { busy: false });
+        let end = Event::new(job("1@c", JobState::Completed), (0, 1));
+        let (r, _) = ob.hand_in(&end, false, Look::Full(far), || {}).unwrap();
+        assert_eq!(r, Enqueued::Chained, "the RUNNING handed in before waits");
+        let (r, _) = ob.hand_in(&end, false, Look::Quick, || {}).unwrap();
+        assert_eq!(
+            r,
+            Enqueued::Queued { busy: false },
+            "a quick look sees only the pending file"
+        );
+        assert_eq!(handed(&d).len(), 3, "one file per event, none replaced");
+        assert!(own.starts_with(d.join(OUTBOX)));
+        drop(held);
+        drop(drainer);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// For one key, the drainer resolves what was handed in: the later state wins, an end
+    /// is chained behind its run's RUNNING whatever order the files came in, identical
+    /// duplicates collapse, a RUNNING never follows its run's end (pending, in flight or
+    /// delivered), and superseded files are deleted by the drainer.
+    #[test]
+    fn the_drainer_resolves_order_and_supersession() {
+        let d = tmpdir("fold");
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
+        let q = Look::Quick;
+        // Two processes' events of one key, the end's file written first: both kept until
+        // taken in, then the RUNNING goes first and the end after it.
+        let run = Event::new(job("1@c", JobState::Running), (0, 0));
+        let end = Event::new(job("1@c", JobState::Completed), (0, 1));
+        ob.hand_in(&end, true, q, || {}).unwrap();
+        ob.hand_in(&run, true, q, || {}).unwrap();
+        assert_eq!(handed(&d).len(), 2);
+        assert!(
+            ob.pending().is_empty(),
+            "nothing pending before it is taken in"
+        );
+        assert!(ob.pending_job_keys().contains("1@c"));
+        let view = resolve_view(
+            handed(&d)
+                .into_iter()
+                .map(|n| {
+                    let ev = read_event(&d.join(OUTBOX).join(&n)).unwrap().unwrap();
+                    (n, ev)
+                })
+                .collect(),
+        );
+        assert_eq!(ob.fold_all(), ["job.1@c.json"]);
+        assert!(handed(&d).is_empty());
+        let p = ob.pending();
+        assert_eq!(p, view, "the view from outside is what the drainer makes");
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].seq, p[0].then.as_deref()), (run.seq, Some(&end)));
+        // The same end again (a hook that queued twice), and an older end of the same run:
+        // one end stays, the latest.
+        let older = Event {
+            seq: end.seq - 1,
+            ..end.clone()
+        };
+        ob.hand_in(&end, true, q, || {}).unwrap();
+        assert_eq!(
+            ob.hand_in(&older, true, q, || {}).unwrap().0,
+            Enqueued::Superseded
+        );
+        ob.fold_all();
+        assert!(
+            handed(&d).is_empty(),
+            "the drainer deletes what is superseded"
+        );
+        assert_eq!(ob.pending()[0].then.as_deref(), Some(&end));
+        // A late RUNNING of that run: superseded by the chained end.
+        let late = Event::new(job("1@c", JobState::Running), (0, 0));
+        assert_eq!(
+            ob.hand_in(
+                &late,
+                true,
+                Look::Full(Instant::now() + Duration::from_secs(60)),
+                || {}
+            )
+            .unwrap()
+            .0,
+            Enqueued::Superseded
+        );
+        assert!(ob.fold_all().is_empty());
+        // Delivered: the RUNNING, then the end; a RUNNING of that run handed in after the
+        // end went out is dropped, in flight or delivered.
+        let t = ob.take(&ob.pending()[0]).unwrap().unwrap();
+        ob.finish(&t, Finish::Delivered).unwrap();
+        let e = ob.pending().remove(0);
+        assert_eq!(e, end);
+        let t = ob.take(&e).unwrap().unwrap();
+        let late = Event::new(job("1@c", JobState::Running), (0, 0));
+        assert_eq!(
+            ob.hand_in(&late, true, q, || {}).unwrap().0,
+            Enqueued::Superseded,
+            "its end is in flight"
+        );
+        ob.fold_all();
+        assert!(ob.pending().is_empty() && handed(&d).is_empty());
+        ob.finish(&t, Finish::Delivered).unwrap();
+        ob.hand_in(&late, true, q, || {}).unwrap();
+        assert!(ob.fold_all().is_empty(), "its end was delivered");
+        assert!(ob.pending().is_empty() && handed(&d).is_empty());
+        // Taken in by a look of the service: the handed-in file of a chained end stays until
+        // the chained file is synced.
+        let run2 = Event::new(job("2@c", JobState::Running), (0, 0));
+        ob.enqueue(&run2).unwrap();
+        let end2 = Event::new(job("2@c", JobState::Failed), (0, 1));
+        ob.hand_in(&end2, false, q, || {}).unwrap();
+        let (placed, chained) = ob.take_in(&handed(&d));
+        assert_eq!(
+            (placed, chained.clone()),
+            (vec!["job.2@c.json".to_string()], handed(&d))
+        );
+        assert_eq!(
+            ob.pending_of(&end2.item).unwrap().then.as_deref(),
+            Some(&end2)
+        );
+        ob.after_take_in(&["job.2@c.json".to_string()], &chained);
+        assert!(handed(&d).is_empty());
+        // The job's next run starts anew.
+        let rerun = Event::new(job("1@c", JobState::Running), (1, 0));
+        ob.hand_in(&rerun, true, q, || {}).unwrap();
+        assert_eq!(ob.fold_all(), ["job.1@c.json"]);
+        assert_eq!(ob.pending_of(&rerun.item), Some(rerun));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// An outbox a previous release left (one file per key, written under `outbox.lock`) is
+    /// read and sent as it is, and what hooks hand in after the upgrade goes behind it.
+    #[test]
+    fn an_outbox_of_the_previous_release_is_taken_over() {
+        let d = tmpdir("upgrade");
+        let sd = StateDir::new(&d);
+        sd.ensure_dirs().unwrap();
+        let old_run = r#"{"seq":1714557600000000000,"rank":[0,0],"queued_at":1714557600,"attempts":0,"kind":"job","job":{"key":{"id":"4242@hpc-cluster-west"},"name":"train","state":"JOB_STATE_RUNNING","start_time":"2024-05-01T10:00:00Z","nodes":{"values":["gpu-node-1"]}}}"#;
+        fs::write(d.join(OUTBOX).join(UNVERSIONED_NAME), old_run).unwrap();
+        let Item::Job { job: mut j } = job("4242@hpc-cluster-west", JobState::Completed) else {
+            unreachable!()
+        };
+        j.start_time = Some("2024-05-01T10:00:00Z".into());
+        let end = Event::new(Item::Job { job: j }, (0, 1));
+        let (r, _) = sd.queue.hand_in(&end, true, Look::Quick, || {}).unwrap();
+        assert_eq!(r, Enqueued::Chained);
+        sd.queue.fold_all();
+        let p = sd.queue.pending();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].item.describe(), "job 4242@hpc-cluster-west RUNNING");
+        assert_eq!(p[0].then.as_deref(), Some(&end));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The service's index counts what was handed in (its depth is what a listing finds),
+    /// hands those files to the drainer to take in, and reads what they became.
+    #[test]
+    fn the_index_counts_handed_in_files_and_reads_what_they_became() {
+        let d = tmpdir("index-handed");
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
+        ob.enqueue(&Event::new(job("1@c", JobState::Running), (0, 0)))
+            .unwrap();
+        ob.hand_in(
+            &Event::new(job("2@c", JobState::Running), (0, 0)),
+            false,
+            Look::Quick,
+            || {},
+        )
+        .unwrap();
+        let mut ix = Index::default();
+        assert_eq!(ob.refresh(&mut ix), ["job.1@c.json"]);
+        assert_eq!(ix.handed_in().len(), 1);
+        assert_eq!(ix.summary(), Some(ob.depth_since()));
+        assert_eq!(ix.summary().unwrap().0, 2);
+        let (oldest, _) = ix.oldest(10, |_, _| true);
+        assert_eq!(
+            oldest,
+            ["job.1@c.json"],
+            "a handed-in file is never sent as it is"
+        );
+        let handed = ix.handed_in().to_vec();
+        let (placed, chained) = ob.take_in(&handed);
+        assert_eq!(placed, ["job.2@c.json"]);
+        assert!(chained.is_empty());
+        assert_eq!(ob.note_taken_in(&mut ix, &placed), ["job.2@c.json"]);
+        assert!(ix.handed_in().is_empty());
+        assert_eq!(ix.summary(), Some(ob.depth_since()));
+        ob.after_take_in(&placed, &chained);
+        ix.stamp = None;
+        assert!(
+            ob.refresh(&mut ix).is_empty(),
+            "nothing new: the index knows it"
+        );
+        assert!(ix.handed_in().is_empty());
+        assert_eq!(ix.summary(), Some(ob.depth_since()));
+        assert_eq!(ix.summary().unwrap().0, 2);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn handed_in_names_are_never_a_keys_pending_file() {
+        for (name, canon) in [
+            ("job.1@c.17.42.0.%.json", Some("job.1@c.json")),
+            ("job.1@a.b.17.42.0.%.json", Some("job.1@a.b.json")),
+            ("node.n%2F1.17.42.3.%.json", Some("node.n%2F1.json")),
+            ("job.1@c.json", None),
+            ("job.1@c.17.42.%.json", None),
+            ("job.17.42.0.%.json", None),
+            (".tmp.1.2.job.1@c.17.42.0.%.json", None),
+            ("job.1@c.1x.42.0.%.json", None),
+            (".%.json", None),
+        ] {
+            assert_eq!(canonical_of_spool(name).as_deref(), canon, "{name}");
+        }
+        let item = job("1@a.17.42.0", JobState::Running);
+        let n = spool_name(&item, 5);
+        assert_eq!(canonical_of_spool(&n), Some(item.file_name()));
+        assert!(!is_spool_name(&item.file_name()));
+        // A key's own `%` is always written as `%25`: no key's file ends like a handed-in one.
+        let tricky = job("1@c.1.2.3.%", JobState::Running).file_name();
+        assert!(!is_spool_name(&tricky), "{tricky}");
     }
 
     /// A real event file as cvslurm wrote it before events carried a format: a RUNNING with

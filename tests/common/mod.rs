@@ -312,31 +312,12 @@ impl Site {
         p
     }
 
-    /// Pending outbox files.
+    /// The pending events as the outbox's drainer will send them: one per job or node, the
+    /// files hooks handed in (`<kind>.<key>.<seq>.<pid>.<n>.%.json`) applied to their key's
+    /// pending file in order, as the drainer takes them in. A file that is no event of this
+    /// cvslurm's formats (a newer one) is listed as it is.
     pub fn outbox(&self) -> Vec<Value> {
-        let mut v: Vec<(u128, Value)> = fs::read_dir(self.state_dir.join(layout::OUTBOX))
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| {
-                        let n = e.file_name().to_string_lossy().into_owned();
-                        n.ends_with(".json") && !n.starts_with('.')
-                    })
-                    // A running service may take a file between the listing and the read:
-                    // it is no longer pending then.
-                    .filter_map(|e| match fs::read(e.path()) {
-                        Ok(b) => Some(b),
-                        Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
-                        Err(err) => panic!("{}: {err}", e.path().display()),
-                    })
-                    .map(|b| {
-                        let v: Value = serde_json::from_slice(&b).unwrap();
-                        (v["seq"].as_u64().map(u128::from).unwrap_or(0), v)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort_by_key(|(s, _)| *s);
-        v.into_iter().map(|(_, v)| v).collect()
+        cvslurm::internals::state::queue::outbox_view(&self.state_dir.join(layout::OUTBOX))
     }
 
     /// Runs the hook as slurmctld does: empty environment but the given SLURM_* variables
