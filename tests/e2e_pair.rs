@@ -13,6 +13,7 @@
 //! a long one before the change, more jobs while the backup is in control, more after the
 //! return):
 //! 1. `scontrol takeover` to the backup, then back (the primary's slurmctld started again);
+//!    the ends of an array are settled from accounting, several in one question;
 //! 2. kill -9 of the primary's slurmctld and of its cvslurm service, CloudVision cut off from
 //!    the primary until its service restarted (its slurmctld still down) and the long job
 //!    ended under the backup: the primary's queued RUNNING never reaches CloudVision; the
@@ -659,6 +660,26 @@ fn takeover_to_the_backup_and_back() {
     wait_in_control(1, Duration::from_secs(90));
     s.submit("takeover-c", 3, None);
     check_delivered(p, &s, "takeover and back");
+    // The ends were settled from accounting, several in one question (not one scontrol each).
+    let batched = [log_of(1), log_of(2)].iter().any(|l| {
+        l.lines().any(|line| {
+            line.split("settle: ").nth(1).is_some_and(|rest| {
+                let n = |w: &str| -> usize {
+                    rest.split(w)
+                        .next()
+                        .and_then(|h| h.split_whitespace().last())
+                        .and_then(|x| x.parse().ok())
+                        .unwrap_or(0)
+                };
+                n(" with a final record in accounting") >= 2
+            })
+        })
+    });
+    assert!(
+        batched,
+        "no batch of ends settled from accounting in one question\n{}",
+        logs()
+    );
     assert!(
         log_of(2).contains("this host now leads"),
         "ctl2 led meanwhile\n{}",

@@ -179,6 +179,13 @@ fn settle_records(
         .filter(|id| !answer.found.contains_key(*id) && !answer.later.contains(id))
         .cloned()
         .collect();
+    log::debug!(
+        "settle: {} end(s): {} with a final record in accounting (one question, {} ms), {} asked of slurmctld by id",
+        ids.len(),
+        answer.found.len(),
+        started.elapsed().as_millis(),
+        rest.len()
+    );
     if rest.is_empty() {
         return answer;
     }
