@@ -13,8 +13,11 @@
 //! a long one before the change, more jobs while the backup is in control, more after the
 //! return):
 //! 1. `scontrol takeover` to the backup, then back (the primary's slurmctld started again);
-//! 2. kill -9 of the primary's slurmctld and of its cvslurm service; the backup takes over;
-//!    the primary comes back;
+//!    the ends of an array are settled from accounting, several in one question;
+//! 2. kill -9 of the primary's slurmctld and of its cvslurm service, CloudVision cut off from
+//!    the primary until its service restarted (its slurmctld still down) and the long job
+//!    ended under the backup: the primary's queued RUNNING never reaches CloudVision; the
+//!    primary comes back; then its service alone restarts, leading: no catch-up;
 //! 3. the primary "powered off" (every process of its namespaces killed) while its service
 //!    held events it had not sent (CloudVision answering 503 to that host only, so its
 //!    hooks' events stay in its own StateDir, which no other host sees; a stopped service is
@@ -657,6 +660,26 @@ fn takeover_to_the_backup_and_back() {
     wait_in_control(1, Duration::from_secs(90));
     s.submit("takeover-c", 3, None);
     check_delivered(p, &s, "takeover and back");
+    // The ends were settled from accounting, several in one question (not one scontrol each).
+    let batched = [log_of(1), log_of(2)].iter().any(|l| {
+        l.lines().any(|line| {
+            line.split("settle: ").nth(1).is_some_and(|rest| {
+                let n = |w: &str| -> usize {
+                    rest.split(w)
+                        .next()
+                        .and_then(|h| h.split_whitespace().last())
+                        .and_then(|x| x.parse().ok())
+                        .unwrap_or(0)
+                };
+                n(" with a final record in accounting") >= 2
+            })
+        })
+    });
+    assert!(
+        batched,
+        "no batch of ends settled from accounting in one question\n{}",
+        logs()
+    );
     assert!(
         log_of(2).contains("this host now leads"),
         "ctl2 led meanwhile\n{}",
@@ -677,8 +700,11 @@ fn takeover_to_the_backup_and_back() {
 fn kill_9_of_the_primarys_slurmctld_and_service() {
     let (p, _g) = scenario();
     nodes_sent(p);
+    // CloudVision cut off from ctl1 from before the stream until after its service restarted
+    // and the long job ended under ctl2: ctl1's RUNNINGs stay queued in its StateDir.
+    cloudvision_reachable_from(p, 1, false);
     let mut s = Stream::default();
-    s.submit("kill-a", 6, Some(25));
+    s.submit("kill-a", 6, Some(30));
     // The array ends first and Slurm has saved that before the kill: a controller killed
     // within its state-save lag after jobs ended makes the backup recover them as running,
     // and Slurm keeps them so (measured on 26.05: the tasks RUNNING 150 s after they ended).
@@ -686,13 +712,62 @@ fn kill_9_of_the_primarys_slurmctld_and_service() {
     wait_state_saved(&s.submitted);
     kill_service(p, 1);
     cl(&["kill-slurmctld", "ctl1"]);
+    // systemd restarts the service; its slurmctld stays down.
+    start_service(p, 1);
     wait_in_control(2, Duration::from_secs(60));
     s.submit("kill-b", 4, None);
+    // The long job ends under ctl2, which delivers its end.
+    let long = s.long[0].clone();
+    wait_until(
+        "the long job's end from ctl2",
+        Duration::from_secs(90),
+        || {
+            p.cv.stored_job(&key(&long))
+                .is_some_and(|j| j["state"] != "JOB_STATE_RUNNING")
+        },
+    );
+    // CloudVision answers ctl1 again: its service (not in control) delivers what it may,
+    // never its queued RUNNING.
+    let from = log_of(1).len();
+    cloudvision_reachable_from(p, 1, true);
+    wait_until(
+        "ctl1's restarted service delivers again",
+        Duration::from_secs(120),
+        || {
+            log_of(1)
+                .get(from..)
+                .is_some_and(|l| l.contains("outbox: delivered"))
+        },
+    );
+    let j = p.cv.stored_job(&key(&long)).unwrap();
+    assert_ne!(
+        j["state"],
+        "JOB_STATE_RUNNING",
+        "the long job's RUNNING from ctl1 after ctl2 sent its end: {j}\n{}",
+        logs()
+    );
     cl(&["start-slurmctld", "ctl1"]);
-    start_service(p, 1);
     wait_in_control(1, Duration::from_secs(90));
     s.submit("kill-c", 3, None);
     check_delivered(p, &s, "kill -9 of slurmctld and service");
+    // A restart of the leader's service is no change of controller: no catch-up.
+    let from = log_of(1).len();
+    kill_service(p, 1);
+    start_service(p, 1);
+    wait_until(
+        "ctl1's restarted service leads, without a catch-up",
+        Duration::from_secs(60),
+        || {
+            log_of(1)
+                .get(from..)
+                .is_some_and(|l| l.contains("catch-up: not run") || l.contains("catch-up: job"))
+        },
+    );
+    let since = log_of(1)[from..].to_string();
+    assert!(
+        since.contains("catch-up: not run") && !since.contains("catch-up: job"),
+        "a restart of the leader's service caught up ends:\n{since}"
+    );
 }
 
 #[test]

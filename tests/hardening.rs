@@ -1142,6 +1142,7 @@ fn root_service_keeps_the_state_dir_it_checked() {
         .env_remove("NOTIFY_SOCKET")
         .env_remove("JOURNAL_STREAM")
         .env("CVSLURM_CONF", &site.conf)
+        .env("SLURM_CONF", site.no_slurm_conf())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

@@ -422,6 +422,7 @@ fn a_second_drainer_leaves_the_first_ones_event_alone() {
         .arg("flush")
         .arg("--no-reconcile")
         .env("CVSLURM_CONF", &site.conf)
+        .env("SLURM_CONF", site.no_slurm_conf())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -489,6 +490,7 @@ fn a_second_service_stands_by_and_takes_over_when_the_first_dies() {
     let mut second = Command::new(bin())
         .args(["inventory", "--monitor"])
         .env("CVSLURM_CONF", &site.conf)
+        .env("SLURM_CONF", site.no_slurm_conf())
         .env_remove("NOTIFY_SOCKET")
         .env_remove("JOURNAL_STREAM")
         .stdout(Stdio::null())
@@ -749,16 +751,30 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
             .unwrap();
         serde_json::from_slice::<Value>(&out.stdout).unwrap()
     };
-    // The other controller is in control: this one is a standby.
+    // The other controller is in control: this one is a standby. It delivers the ends its
+    // outbox holds, never a RUNNING (issue 34: only the controller in control sends one;
+    // old code sent it).
     heartbeat(0);
     let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
     let hook_conf = hook_conf_without_server(&site);
-    let out = run_hook(&site, &hook_conf, &job_env("prolog_slurmctld", "777", &[]));
+    let out = run_hook(&site, &hook_conf, &job_env("prolog_slurmctld", "776", &[]));
+    assert_eq!(out.status.code(), Some(0));
+    let out = run_hook(&site, &hook_conf, &job_env("epilog_slurmctld", "777", &[]));
     assert_eq!(out.status.code(), Some(0));
     wait_for(
         "the standby delivers its outbox",
         Duration::from_secs(20),
         || !cv.accepted("JobConfig").is_empty(),
+    );
+    wait_for("the RUNNING held", Duration::from_secs(20), || {
+        site.log()
+            .contains("1 RUNNING event(s) held: this host does not lead")
+    });
+    let sent = cv.accepted("JobConfig");
+    assert!(
+        sent.iter()
+            .all(|j| j["key"]["id"] == "777@hpc-cluster-west" && j["state"] != "JOB_STATE_RUNNING"),
+        "a standby sent a RUNNING: {sent:?}"
     );
     wait_for("a standby line", Duration::from_secs(10), || {
         site.log()
@@ -1023,7 +1039,7 @@ fn a_leader_whose_discovery_outlasts_its_control_asks_again_before_it_reconciles
 /// than what the other controller sent meanwhile: each is checked against Slurm first. Job 3
 /// ended while they waited (slurmctld's record, captured on 24.11, says COMPLETED): its
 /// RUNNING is never sent, its end from Slurm's record is. Job 5 still runs: its RUNNING goes
-/// as it is.
+/// as it is, from this host, which leads (a host that does not lead sends no RUNNING).
 #[test]
 fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm() {
     use std::fs;
@@ -1064,6 +1080,10 @@ fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm(
         assert_eq!(out.status.code(), Some(0));
     }
     assert_eq!(site.outbox().len(), 2, "{}", site.log());
+    // This host leads (the heartbeat names it, a process named slurmctld runs here): only
+    // the leader sends a RUNNING, once checked.
+    let mut slurmctld = fake_slurmctld(&site);
+    write_heartbeat(&save, 0);
     let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
     wait_for("both jobs delivered", Duration::from_secs(20), || {
         let s = job_states(&cv);
@@ -1091,6 +1111,8 @@ fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm(
         "{log}"
     );
     assert!(site.outbox().is_empty(), "{}", log);
+    let _ = slurmctld.kill();
+    let _ = slurmctld.wait();
 }
 
 /// Slurm 22.05 with a queue past the output bound: no listing of slurmctld's jobs can be had,

@@ -11,6 +11,13 @@
 //! record, at every reconciliation pass for [`CATCH_UP_FOR`] after it took over (accounting
 //! can record a job late, or not at all: measured on 22.05 and 26.05 after a takeover).
 //!
+//! It runs only on a real change of controller: when this host, before it led, last saw
+//! another controller in control (or cannot know: StateDir's
+//! [`LAST_IN_CONTROL`](super::leadership::LAST_IN_CONTROL) missing), never at a restart of
+//! the leader's own service ([`super::leadership::Leadership::took_over`]). It never sends an
+//! end this host delivered itself: those are recorded in StateDir
+//! ([`crate::state::ends_sent`]), so a restart does not forget them.
+//!
 //! Ends only: a RUNNING sent now could reach CloudVision after the end the other controller
 //! sent (the running jobs are found by reconciliation's sweep as "no hook reported it"). An
 //! end is sent again only when this host has not queued or delivered it itself, and never
@@ -119,6 +126,8 @@ impl CatchUp {
             .collect();
         let mut known = outbox.queue.pending_job_keys();
         known.extend(outbox.queue.recently_ended());
+        // What this host delivered itself, recorded in StateDir (across service restarts).
+        known.extend(outbox.ends_sent.within(CATCH_UP_WINDOW + CATCH_UP_FOR));
         known.extend(self.sent.iter().cloned());
         let candidates: Vec<JobInfo> = ctl_ended.into_iter().chain(from_acct).collect();
         let (chosen, over) = to_send(&candidates, cluster, &known, CATCH_UP_MAX_JOBS);

@@ -17,12 +17,13 @@ use crate::cloudvision::{Answer, Client, SendError};
 use crate::config::JobInterfaces;
 use crate::hook_facts as hook;
 use crate::runner::Slurm;
+use crate::service::leadership::Gate;
 use crate::slurm::{self, JobInfo};
 use crate::state::queue::{Event, Finish, Item};
 use crate::state::StateDir;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The longest slurmctld may take to answer the batch end-state question.
@@ -113,21 +114,86 @@ pub enum Outcome {
     Rejected,
     /// The outbox itself failed (the event could not be taken); it stays pending.
     Broken(String),
+    /// A RUNNING this host may not send now ([`Gate::may_send_running`]: it does not lead,
+    /// or the event waits for its check against Slurm): left pending, nothing sent.
+    Held,
 }
 
-/// Slurm's view of the given jobs: slurmctld asked job by job (at most
-/// [`slurm::JOB_QUERIES_PER_PASS`], see [`slurm::jobs_by_id`]), then accounting in bounded
-/// `sacct` batches for the jobs slurmctld has already forgotten (a service that was down for a
-/// while). Jobs neither knows, and every job when Slurm cannot be asked, are absent from
-/// [`found`](slurm::Answer::found) (their ends are then judged from the exit codes, as a hook
-/// without slurmctld does); the ids a bound left unasked are in
+/// Is the event's head a job's RUNNING (what only the leader sends, see [`Gate`])?
+pub fn running_head(ev: &Event) -> bool {
+    matches!(&ev.item, Item::Job { job } if job.state == crate::payload::JobState::Running)
+}
+
+/// How the given jobs ended, for the settler: accounting first, all of them in one question
+/// (`sacct -j ID,…`: [`slurm::sacct_jobs`], at most [`slurm::SACCT_IDS_PER_CALL`] ids a call
+/// and [`slurm::SACCT_CALLS_PER_PASS`] calls, the ids past that in
+/// [`later`](slurm::Answer::later) with a warning), so that the time it takes does not grow
+/// with the number of ends and slurmctld is not asked at all for most of them; then
+/// slurmctld by id ([`slurm::jobs_by_id`], bounded) for the jobs accounting holds no final
+/// record of yet (no accounting, or a record it has not written yet). Jobs neither knows,
+/// and every job when neither can be asked, are absent from [`found`](slurm::Answer::found)
+/// (their ends are then judged from the exit codes, as a hook without slurmctld does, and
+/// marked for verification); the ids a bound left unasked are in
 /// [`later`](slurm::Answer::later), to be asked in the next pass.
 pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> slurm::Answer {
+    settle_records(
+        ids,
+        timeout,
+        |ids, left| slurm::sacct_jobs(slurm, ids, left),
+        |ids, left| slurm::jobs_by_id(slurm, ids, left),
+    )
+}
+
+/// [`end_states`] with its two questions given: `acct` (accounting, all the ids at once) and
+/// `ctl` (slurmctld, for the ids accounting has no final record of), each with the time left.
+fn settle_records(
+    ids: &[String],
+    timeout: Duration,
+    acct: impl FnOnce(&[String], Duration) -> Result<slurm::Answer, String>,
+    ctl: impl FnOnce(&[String], Duration) -> Result<slurm::Answer, String>,
+) -> slurm::Answer {
     if ids.is_empty() {
         return slurm::Answer::default();
     }
-    match records_of(slurm, ids, timeout) {
-        Ok(a) => a,
+    let started = Instant::now();
+    // Half the time at most: slurmctld gets the rest however slow accounting is.
+    let mut answer = match acct(ids, timeout / 2) {
+        Ok(a) => slurm::Answer {
+            found: a
+                .found
+                .into_iter()
+                .filter(|(_, j)| hook::final_state_named(j))
+                .collect(),
+            later: a.later,
+        },
+        Err(e) => {
+            log::debug!(
+                "settle: accounting not asked about {} job(s) ({e}); asking slurmctld",
+                ids.len()
+            );
+            slurm::Answer::default()
+        }
+    };
+    let rest: Vec<String> = ids
+        .iter()
+        .filter(|id| !answer.found.contains_key(*id) && !answer.later.contains(id))
+        .cloned()
+        .collect();
+    log::debug!(
+        "settle: {} end(s): {} with a final record in accounting (one question, {} ms), {} asked of slurmctld by id",
+        ids.len(),
+        answer.found.len(),
+        started.elapsed().as_millis(),
+        rest.len()
+    );
+    if rest.is_empty() {
+        return answer;
+    }
+    match ctl(&rest, timeout.saturating_sub(started.elapsed())) {
+        Ok(a) => {
+            answer.found.extend(a.found);
+            answer.later.extend(a.later);
+        }
         Err(e) => {
             // A held-back listing was said once, when the backoff started (src/slurm.rs).
             let level = if slurm::held_back(&e) {
@@ -138,11 +204,11 @@ pub fn end_states(slurm: &Slurm, ids: &[String], timeout: Duration) -> slurm::An
             log::log!(
                 level,
                 "cannot ask slurmctld how {} job(s) ended ({e}); using their exit codes",
-                ids.len()
+                rest.len()
             );
-            slurm::Answer::default()
         }
     }
+    answer
 }
 
 /// Slurm's records of `ids`: slurmctld by id ([`slurm::jobs_by_id`], bounded), then
@@ -358,6 +424,8 @@ pub struct Engine {
     interfaces: JobInterfaces,
     report: Mutex<DrainReport>,
     token_warned_at: Mutex<Option<Instant>>,
+    /// Whether this host may send a RUNNING now (see [`Gate`]).
+    gate: Arc<Gate>,
 }
 
 /// What [`Engine::check_old`] decided.
@@ -380,6 +448,41 @@ impl Engine {
             interfaces: cfg.job_interfaces,
             report: Mutex::new(DrainReport::default()),
             token_warned_at: Mutex::new(None),
+            gate: Arc::new(Gate::new(crate::service::controller_pair())),
+        }
+    }
+
+    /// The same engine with `gate` deciding whether a RUNNING may go out (tests).
+    #[cfg(test)]
+    pub fn with_gate(mut self, gate: Arc<Gate>) -> Engine {
+        self.gate = gate;
+        self
+    }
+
+    /// Whether this host may send a RUNNING now, shared with the monitor.
+    pub fn gate(&self) -> Arc<Gate> {
+        self.gate.clone()
+    }
+
+    /// A RUNNING with its job's end chained behind it, on a host that may not send the
+    /// RUNNING ([`Gate`]): the end becomes the pending event alone (CloudVision gets the end,
+    /// whose record holds the job's start too), and is returned. `None` when the event has no
+    /// end chained, or changed meanwhile.
+    pub fn end_alone(&self, ev: &Event) -> Option<Event> {
+        let end = *ev.then.clone()?;
+        match self.outbox.queue.replace_if_same(ev, &end, true) {
+            Ok(true) => {
+                log::info!(
+                    "outbox: {} not sent: this host does not lead (only the controller in control sends a RUNNING); its job's end goes alone",
+                    ev.item.describe()
+                );
+                Some(end)
+            }
+            Ok(false) => None,
+            Err(e) => {
+                log::error!("outbox: {e}");
+                None
+            }
         }
     }
 
@@ -417,8 +520,9 @@ impl Engine {
         // An end a bound left unasked stays provisional in the outbox: the next look asks.
         if !later.is_empty() {
             self.outbox.status.record_slurm_warning(&format!(
-                "{} end(s) left for the next pass: slurmctld is asked about at most {} jobs per pass",
+                "{} end(s) left for the next pass: accounting is asked about at most {} jobs per pass, slurmctld about at most {} by id",
                 later.len(),
+                slurm::SACCT_IDS_PER_CALL * slurm::SACCT_CALLS_PER_PASS,
                 slurm::JOB_QUERIES_PER_PASS
             ));
         }
@@ -503,6 +607,17 @@ impl Engine {
                     }
                 }
                 Some(_) => {} // ended, its final state not named yet: asked again later
+                None if running && info.is_none() => {
+                    // slurmctld holds every job that runs: this one runs no more.
+                    log::info!(
+                        "outbox: {what} queued before this host's role changed is dropped: Slurm no longer knows the job (neither slurmctld nor accounting)"
+                    );
+                    if let Err(e) = self.outbox.queue.remove_if_same(&ev) {
+                        log::error!("outbox: {e}");
+                        continue;
+                    }
+                    checked.decided.push((ev.item.file_name(), ev.seq));
+                }
                 None => {
                     checked.decided.push((ev.item.file_name(), ev.seq));
                     checked.send.push(ev);
@@ -589,8 +704,16 @@ impl Engine {
         ))
     }
 
-    /// Takes, enriches, sends and finishes one (settled) event.
-    pub fn deliver(&self, ev: &Event) -> Outcome {
+    /// Takes, enriches, sends and finishes one (settled) event. A RUNNING goes out only when
+    /// [`Gate::may_send_running`] says so (`checked(term)`: the event was checked against
+    /// Slurm during that term), asked before it is taken and again just before it is posted
+    /// (after its attribution, which can take a while): else [`Outcome::Held`], the event
+    /// left pending.
+    pub fn deliver_if(&self, ev: &Event, checked: &dyn Fn(u128) -> bool) -> Outcome {
+        let gated = running_head(ev);
+        if gated && !self.gate.may_send_running(ev.seq, checked) {
+            return Outcome::Held;
+        }
         let taken = match self.outbox.queue.take(ev) {
             Ok(Some(t)) => t,
             Ok(None) => return Outcome::Gone,
@@ -605,6 +728,12 @@ impl Engine {
         };
         let what = taken.item.describe();
         let outgoing = self.outgoing(&taken);
+        if gated && !self.gate.may_send_running(taken.seq, checked) {
+            if let Err(e) = self.outbox.queue.finish(&taken, Finish::Retry) {
+                log::error!("outbox: {e}");
+            }
+            return Outcome::Held;
+        }
         let result = match &outgoing {
             Some(o) => post_outgoing(&self.client, o, None),
             None => send_item(&self.client, &taken.item, None),
@@ -690,12 +819,59 @@ impl Engine {
             {
                 self.outbox.job_reps.forget(&job.key.id);
             }
+            // On a pair: so that a later catch-up here never sends it again.
+            if job.state.is_terminal() && outcome == Outcome::Delivered && self.gate.pair() {
+                if let Err(e) = self.outbox.ends_sent.record(&job.key.id) {
+                    log::debug!("job {}: its delivered end not recorded: {e}", job.key.id);
+                }
+            }
         }
         if let Err(e) = self.outbox.queue.finish(&taken, finish) {
             log::error!("outbox: {e}");
         }
         outcome
     }
+}
+
+/// The RUNNINGs among `ready` as [`Gate`] allows them in a `flush`: on a host that does not
+/// lead, held (an end chained behind one goes alone); on the leader, checked against Slurm
+/// first ([`Engine::check_old`]: every one of them was queued before this flush's term).
+/// Returns what to send, the events checked, and how many were held.
+fn gate_for_flush(
+    engine: &Engine,
+    ready: Vec<Event>,
+) -> (Vec<Event>, std::collections::HashSet<(String, u128)>, usize) {
+    let (running, mut rest): (Vec<Event>, Vec<Event>) = ready.into_iter().partition(running_head);
+    let mut checked = std::collections::HashSet::new();
+    if running.is_empty() || !engine.gate.pair() {
+        rest.extend(running);
+        return (rest, checked, 0);
+    }
+    let mut held = 0;
+    if engine.gate.term().is_none() {
+        for ev in running {
+            match engine.end_alone(&ev) {
+                Some(end) if end.resolve.is_none() => rest.push(end),
+                _ => held += 1,
+            }
+        }
+        if held > 0 {
+            log::warn!("outbox: {held} RUNNING event(s) not sent: this host does not lead (only the controller in control sends a RUNNING); they go out when it leads again and the job still runs");
+        }
+        return (rest, checked, held);
+    }
+    let n = running.len();
+    match engine.check_old(running) {
+        Ok(c) => {
+            checked.extend(c.decided);
+            rest.extend(c.send);
+        }
+        Err(e) => {
+            log::warn!("outbox: {n} RUNNING event(s) not sent: slurmctld cannot say whether their jobs still run: {e}");
+            held = n;
+        }
+    }
+    (rest, checked, held)
 }
 
 /// `cvslurm flush`: goes through the outbox once with the engine, `concurrency` events at a
@@ -726,6 +902,9 @@ pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> Dra
             .collect();
         outbox.queue.sync_files(&names);
         ready.extend(settled);
+        let (ready, checked, held) = gate_for_flush(engine, ready);
+        unsent += held;
+        let mut ready = ready;
         ready.sort_by_key(|e| e.seq);
         let queue = Mutex::new(VecDeque::from(ready));
         let followers = Mutex::new(Vec::new());
@@ -739,7 +918,8 @@ pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> Dra
                     else {
                         break;
                     };
-                    match engine.deliver(&ev) {
+                    let name = (ev.item.file_name(), ev.seq);
+                    match engine.deliver_if(&ev, &|_| checked.contains(&name)) {
                         Outcome::Delivered | Outcome::Rejected if ev.then.is_some() => {
                             // The job's end, chained after its RUNNING, goes out in this pass.
                             if let Some(next) = outbox.queue.pending_of(&ev.item) {
@@ -770,4 +950,230 @@ pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> Dra
     let mut r = engine.take_report();
     r.kept += unsent;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloudvision::ClientOptions;
+    use crate::config::{Config, Token};
+    use crate::payload::{JobConfig, JobState, Key};
+    use crate::service::leadership::Role;
+
+    fn job(id: &str, state: JobState) -> Item {
+        Item::Job {
+            job: JobConfig {
+                key: Key { id: id.into() },
+                name: Some("j".into()),
+                state,
+                start_time: Some("2026-01-01T00:00:00Z".into()),
+                end_time: state
+                    .is_terminal()
+                    .then(|| "2026-01-01T00:01:00Z".to_string()),
+                location: Some("c".into()),
+                job_type: None,
+                nodes: Some(vec!["n1".to_string()].into()),
+                interfaces: None,
+            },
+        }
+    }
+
+    /// An engine on `dir` whose CloudVision is nobody (a send is tried and kept), and a gate
+    /// of a controller pair whose role the test sets.
+    fn engine(dir: &std::path::Path) -> (Engine, Arc<Gate>) {
+        let _ = std::fs::remove_dir_all(dir);
+        let client = Client::new(ClientOptions {
+            server: "127.0.0.1:1".into(),
+            token: Token::new("t"),
+            ca_file: None,
+            pins: Vec::new(),
+            insecure: true,
+            timeout: Duration::from_secs(2),
+        })
+        .unwrap();
+        let cfg = Config {
+            state_dir: dir.to_path_buf(),
+            ..Config::default()
+        };
+        // Decided by the test only (observe): a decision of its own would ask this machine.
+        let gate = Arc::new(Gate::with(
+            true,
+            Box::new(|_| Role::CannotTell("the test decides".into())),
+        ));
+        let e = Engine::new(&cfg, client, StateDir::new(dir)).with_gate(gate.clone());
+        (e, gate)
+    }
+
+    fn standby() -> Role {
+        Role::Standby {
+            why: "test".into(),
+            in_control: "ctl2".into(),
+        }
+    }
+
+    /// The race of a kill -9: a RUNNING queued while this host led (and checked while its
+    /// job still ran) must not go out once this host no longer leads, however late
+    /// CloudVision answers again: it is held, nothing is tried, and it stays pending.
+    #[test]
+    fn a_host_that_does_not_lead_never_sends_a_running() {
+        let d = std::env::temp_dir().join(format!("cvslurm-engine-gate-{}", std::process::id()));
+        let (e, gate) = engine(&d);
+        let q = &e.outbox().queue;
+        gate.observe(&Role::Leads("test".into()));
+        let term = gate.term().unwrap();
+        q.enqueue(&Event::new(job("1@c", JobState::Running), (0, 0)))
+            .unwrap();
+        let ev = q.pending_of(&job("1@c", JobState::Running)).unwrap();
+        assert!(ev.seq >= term, "queued during the term");
+        gate.observe(&standby());
+        assert_eq!(e.deliver_if(&ev, &|_| true), Outcome::Held);
+        gate.observe(&Role::CannotTell("test".into()));
+        assert_eq!(e.deliver_if(&ev, &|_| true), Outcome::Held);
+        assert_eq!(e.take_report(), DrainReport::default(), "nothing tried");
+        assert!(q.is_pending(&ev.item));
+        // Leading again: a new term; the event, queued before it, waits for its check.
+        gate.observe(&Role::Leads("again".into()));
+        let t2 = gate.term().unwrap();
+        assert!(t2 > term);
+        assert_eq!(e.deliver_if(&ev, &|_| false), Outcome::Held);
+        assert_eq!(
+            e.deliver_if(&ev, &|t| t == term),
+            Outcome::Held,
+            "checked in the old term"
+        );
+        // Checked in this term: tried (and kept: nobody answers).
+        let tried = e.deliver_if(&ev, &|t| t == t2);
+        assert!(matches!(tried, Outcome::Kept { .. }), "{tried:?}");
+        assert_eq!(e.take_report().retried, 1);
+        // An end is never held.
+        gate.observe(&standby());
+        q.enqueue(&Event::new(job("2@c", JobState::Completed), (0, 1)))
+            .unwrap();
+        let end = q.pending_of(&job("2@c", JobState::Completed)).unwrap();
+        assert!(matches!(
+            e.deliver_if(&end, &|_| false),
+            Outcome::Kept { .. }
+        ));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A RUNNING with its job's end chained behind it, on a host that does not lead: the end
+    /// becomes the pending event alone.
+    #[test]
+    fn the_end_chained_behind_a_held_running_goes_alone() {
+        let d = std::env::temp_dir().join(format!("cvslurm-engine-alone-{}", std::process::id()));
+        let (e, gate) = engine(&d);
+        let q = &e.outbox().queue;
+        q.enqueue(&Event::new(job("3@c", JobState::Running), (0, 0)))
+            .unwrap();
+        q.enqueue(&Event::new(job("3@c", JobState::Completed), (0, 1)))
+            .unwrap();
+        let both = q.pending_of(&job("3@c", JobState::Running)).unwrap();
+        assert!(both.then.is_some(), "chained");
+        gate.observe(&standby());
+        let end = e.end_alone(&both).unwrap();
+        assert!(matches!(&end.item, Item::Job { job } if job.state == JobState::Completed));
+        let now = q.pending_of(&both.item).unwrap();
+        assert_eq!(now.seq, end.seq);
+        assert!(now.then.is_none());
+        // Changed meanwhile: nothing done.
+        assert!(e.end_alone(&both).is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The gate of a single controller always lets a RUNNING go.
+    #[test]
+    fn one_controller_always_sends() {
+        let g = Gate::with(false, Box::new(|_| Role::CannotTell("never asked".into())));
+        assert_eq!(g.term(), Some(0));
+        assert!(g.may_send_running(1, &|_| false));
+    }
+
+    fn info(id: &str, state: &str) -> JobInfo {
+        JobInfo {
+            job_id: id.into(),
+            state: state.into(),
+            ..JobInfo::default()
+        }
+    }
+
+    /// A burst of ends is one question to accounting, whatever its size; slurmctld is asked
+    /// (by id) only about the jobs accounting holds no final record of.
+    #[test]
+    fn a_burst_of_ends_is_asked_in_one_question() {
+        let ids: Vec<String> = (1..=200).map(|i| i.to_string()).collect();
+        let acct_calls = std::cell::Cell::new(0);
+        let asked_ctl = std::cell::RefCell::new(Vec::new());
+        let a = settle_records(
+            &ids,
+            END_STATE_TIMEOUT,
+            |asked, left| {
+                acct_calls.set(acct_calls.get() + 1);
+                assert_eq!(asked.len(), 200, "all at once");
+                assert!(left <= END_STATE_TIMEOUT / 2);
+                // 1..=150 ended; 151..=180 still RUNNING in accounting; the rest unknown.
+                let found = asked
+                    .iter()
+                    .filter_map(|id| {
+                        let n: u32 = id.parse().unwrap();
+                        let st = match n {
+                            1..=150 => "COMPLETED",
+                            151..=180 => "RUNNING",
+                            _ => return None,
+                        };
+                        Some((id.clone(), info(id, st)))
+                    })
+                    .collect();
+                Ok(slurm::Answer {
+                    found,
+                    later: Vec::new(),
+                })
+            },
+            |asked, _| {
+                asked_ctl.borrow_mut().extend(asked.iter().cloned());
+                Ok(slurm::Answer {
+                    found: asked
+                        .iter()
+                        .map(|id| (id.clone(), info(id, "CANCELLED")))
+                        .collect(),
+                    later: Vec::new(),
+                })
+            },
+        );
+        assert_eq!(acct_calls.get(), 1);
+        let ctl = asked_ctl.into_inner();
+        assert_eq!(ctl.len(), 50, "only what accounting has no final record of");
+        assert!(ctl.iter().all(|id| id.parse::<u32>().unwrap() > 150));
+        assert_eq!(a.found.len(), 200);
+        assert_eq!(a.found["7"].state, "COMPLETED");
+        assert_eq!(a.found["160"].state, "CANCELLED");
+        // No accounting: slurmctld for all; neither: nothing known (exit codes then).
+        let all = settle_records(
+            &ids[..3],
+            END_STATE_TIMEOUT,
+            |_, _| Err("accounting storage is disabled".into()),
+            |asked, _| {
+                assert_eq!(asked.len(), 3);
+                Ok(slurm::Answer::default())
+            },
+        );
+        assert!(all.found.is_empty() && all.later.is_empty());
+        // Past accounting's bound: those left for the next pass, not asked of slurmctld.
+        let bound = settle_records(
+            &ids[..4],
+            END_STATE_TIMEOUT,
+            |_, _| {
+                Ok(slurm::Answer {
+                    found: [("1".to_string(), info("1", "FAILED"))].into(),
+                    later: vec!["4".into()],
+                })
+            },
+            |asked, _| {
+                assert_eq!(asked, ["2".to_string(), "3".to_string()]);
+                Err("slurmctld down".into())
+            },
+        );
+        assert_eq!(bound.later, ["4".to_string()]);
+        assert_eq!(bound.found.len(), 1);
+    }
 }

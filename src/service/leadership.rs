@@ -235,6 +235,167 @@ fn read_capped(path: &str, cap: u64) -> std::io::Result<String> {
     Ok(s)
 }
 
+/// How old the [`Gate`]'s verdict may be before it decides again (a decision reads
+/// slurm.conf and the heartbeat and scans `/proc`: about a millisecond).
+pub const GATE_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The sending side of leadership: whether this host may send a RUNNING now, and since when it
+/// leads (its *term*). Shared by the monitor (which feeds it the role it decides at each poll)
+/// and the sender, which asks it just before each RUNNING goes out, deciding again itself when
+/// its verdict is older than [`GATE_FRESH`].
+///
+/// The rule it serves (docs/design.md, "No RUNNING after an end"): on a controller pair a
+/// RUNNING is sent only by the host that leads, and only when it was queued during the current
+/// term or checked against Slurm during it; a host that does not lead, or cannot tell, keeps
+/// its RUNNINGs unsent. With one controller this host always leads, in one term since the
+/// epoch: nothing changes.
+pub struct Gate {
+    pair: bool,
+    readyz: std::sync::atomic::AtomicBool,
+    decide: Box<dyn Fn(bool) -> Role + Send + Sync>,
+    state: std::sync::Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// When the verdict was last decided.
+    at: Option<std::time::Instant>,
+    /// The current term's start (ns since the epoch, as an event's `seq`), or `None`.
+    term: Option<u128>,
+}
+
+impl GateState {
+    fn follow(&mut self, role: &Role) {
+        self.at = Some(std::time::Instant::now());
+        self.term = match (role.leads(), self.term) {
+            (true, Some(t)) => Some(t),
+            (true, None) => Some(crate::service::engine::now_nanos()),
+            (false, _) => None,
+        };
+    }
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate").field("pair", &self.pair).finish()
+    }
+}
+
+impl Gate {
+    /// A gate for this host: `pair` when slurm.conf names two or more `SlurmctldHost`
+    /// (otherwise it always leads), deciding as [`Leadership::update`] does.
+    pub fn new(pair: bool) -> Gate {
+        Gate::with(pair, Box::new(decide_here))
+    }
+
+    /// A gate whose decisions come from `decide` (given whether `/readyz` is asked).
+    pub fn with(pair: bool, decide: Box<dyn Fn(bool) -> Role + Send + Sync>) -> Gate {
+        Gate {
+            pair,
+            readyz: std::sync::atomic::AtomicBool::new(false),
+            decide,
+            state: Default::default(),
+        }
+    }
+
+    /// Whether this host is one of a controller pair.
+    pub fn pair(&self) -> bool {
+        self.pair
+    }
+
+    /// From now on `GET /readyz` is asked too (this Slurm release answers it).
+    pub fn set_readyz(&self, on: bool) {
+        self.readyz.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The current term's start (ns since the epoch; 0 with one controller), or `None` when
+    /// this host does not lead or cannot tell. Decided again when the last verdict is older
+    /// than [`GATE_FRESH`].
+    pub fn term(&self) -> Option<u128> {
+        if !self.pair {
+            return Some(0);
+        }
+        // Decided under the lock: one decision at a time, and nobody uses a verdict older
+        // than GATE_FRESH meanwhile (a decision's reads are bounded in time: the heartbeat's
+        // 2 s on a hung StateSaveLocation, /readyz's 1 s).
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.at.is_none_or(|t| t.elapsed() >= GATE_FRESH) {
+            let role = (self.decide)(self.readyz.load(std::sync::atomic::Ordering::Relaxed));
+            st.follow(&role);
+        }
+        st.term
+    }
+
+    /// A role decided now (by the monitor's poll, or by [`Gate::term`]): a term starts when
+    /// this host leads after not leading, and ends when it does not lead.
+    pub fn observe(&self, role: &Role) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .follow(role);
+    }
+
+    /// May a job event with this `seq` (its queue time) whose head is a RUNNING go out now:
+    /// this host leads, and the event was queued during the current term or `checked` (against
+    /// Slurm) during it. `checked` is asked only when needed, with the term.
+    pub fn may_send_running(&self, seq: u128, checked: &dyn Fn(u128) -> bool) -> bool {
+        match self.term() {
+            None => false,
+            Some(t) => seq >= t || checked(t),
+        }
+    }
+}
+
+/// The role of this host decided now, as [`Leadership::update`] decides it.
+fn decide_here(readyz_answers: bool) -> Role {
+    let path = crate::slurm_conf::slurm_conf_path();
+    let conf = crate::slurm_conf::load_slurm_conf(&path);
+    let now = crate::timefmt::now_epoch();
+    let missing = conf.is_err() && !path.exists();
+    decide_with(
+        conf.as_ref().map_err(|e| {
+            if missing {
+                NoConf::Missing(&path)
+            } else {
+                NoConf::Unreadable(e)
+            }
+        }),
+        &leader::this_hostname(),
+        u64::try_from(now).unwrap_or(0),
+        &own_slurmctld_runs,
+        readyz_answers
+            .then_some(&|addr: &str, port: u16| leader::readyz(addr, port, leader::READYZ_TIMEOUT)),
+    )
+}
+
+/// The file in StateDir that says which controller this host last saw in control: `this` or
+/// `other` (one word and a newline). Read by [`last_in_control`], written on each change.
+pub const LAST_IN_CONTROL: &str = "last-in-control";
+
+/// Who this host last saw in control, from StateDir ([`LAST_IN_CONTROL`]): `Some(true)` this
+/// host, `Some(false)` another controller, `None` when not known (no file yet, or anything
+/// but one of the two words: a link, a FIFO, a file too large, other bytes).
+pub fn last_in_control(outbox: &StateDir) -> Option<bool> {
+    use std::io::Read;
+    let (f, _) = crate::state::durable::open_regular(&outbox.root().join(LAST_IN_CONTROL)).ok()?;
+    let mut s = String::new();
+    f.take(16).read_to_string(&mut s).ok()?;
+    match s.as_str() {
+        "this\n" => Some(true),
+        "other\n" => Some(false),
+        _ => None,
+    }
+}
+
+/// Records who this host sees in control ([`LAST_IN_CONTROL`]); a failure is logged.
+fn record_in_control(outbox: &StateDir, this: bool) {
+    let path = outbox.root().join(LAST_IN_CONTROL);
+    let word: &[u8] = if this { b"this\n" } else { b"other\n" };
+    if let Err(e) = crate::state::durable::replace(&path, word, outbox.owner()) {
+        log::warn!("cannot record who is in control in StateDir: {e}");
+    }
+}
+
 /// The service's leadership over its polls: the role, since when, and whether this host has
 /// led for a whole poll already.
 #[derive(Debug, Default)]
@@ -242,9 +403,32 @@ pub struct Leadership {
     role: Option<Role>,
     since: i64,
     polls_as_leader: u64,
+    /// Fed every role decided here (the sender's view of it).
+    gate: Option<std::sync::Arc<Gate>>,
+    /// What [`LAST_IN_CONTROL`] holds as written by this process.
+    recorded: Option<bool>,
+    /// This host's current leadership follows another controller's (see
+    /// [`Leadership::took_over`]).
+    took_over: bool,
 }
 
 impl Leadership {
+    /// A leadership that feeds `gate` each role it decides.
+    pub fn with_gate(gate: std::sync::Arc<Gate>) -> Leadership {
+        Leadership {
+            gate: Some(gate),
+            ..Leadership::default()
+        }
+    }
+
+    /// Whether this host's current leadership is a change of controller: before it, this host
+    /// last saw another controller in control, or cannot know (StateDir's
+    /// [`LAST_IN_CONTROL`] missing or unreadable). False when this host led last, its
+    /// service restarted meanwhile or not: a restart of the leader's service is no takeover.
+    pub fn took_over(&self) -> bool {
+        self.took_over
+    }
+
     /// Decides the role again (slurm.conf read now; with `readyz_answers`, this Slurm release
     /// answers `GET /readyz`, asked too), logs a change (info; a warning when it cannot be
     /// told), records it in service-status.json, and returns it.
@@ -259,31 +443,32 @@ impl Leadership {
     }
 
     fn decide_now(&mut self, outbox: &StateDir, readyz_answers: bool, poll: bool) -> &Role {
-        let path = crate::slurm_conf::slurm_conf_path();
-        let conf = crate::slurm_conf::load_slurm_conf(&path);
-        let now = crate::timefmt::now_epoch();
-        let missing = conf.is_err() && !path.exists();
-        let role = decide_with(
-            conf.as_ref().map_err(|e| {
-                if missing {
-                    NoConf::Missing(&path)
-                } else {
-                    NoConf::Unreadable(e)
-                }
-            }),
-            &leader::this_hostname(),
-            u64::try_from(now).unwrap_or(0),
-            &own_slurmctld_runs,
-            readyz_answers.then_some(&|addr: &str, port: u16| {
-                leader::readyz(addr, port, leader::READYZ_TIMEOUT)
-            }),
-        );
-        self.apply(role, now, outbox, poll);
+        let role = decide_here(readyz_answers);
+        if let Some(g) = &self.gate {
+            g.set_readyz(readyz_answers);
+        }
+        self.apply(role, crate::timefmt::now_epoch(), outbox, poll);
         self.role.as_ref().expect("set by apply")
     }
 
     fn apply(&mut self, role: Role, now: i64, outbox: &StateDir, poll: bool) {
+        if let Some(g) = &self.gate {
+            g.observe(&role);
+        }
         let changed = !self.role.as_ref().is_some_and(|r| r.same_as(&role));
+        let was_leading = self.role.as_ref().is_some_and(Role::leads);
+        if role.leads() && !was_leading {
+            self.took_over = last_in_control(outbox) != Some(true);
+        }
+        let this = match &role {
+            Role::Leads(_) => Some(true),
+            Role::Standby { .. } => Some(false),
+            Role::CannotTell(_) => None,
+        };
+        if this.is_some() && this != self.recorded {
+            record_in_control(outbox, this == Some(true));
+            self.recorded = this;
+        }
         if changed {
             self.since = now;
             self.polls_as_leader = 0;
@@ -481,5 +666,73 @@ mod tests {
         assert_eq!(v["leader"], false);
         assert_eq!(v["leader_since"], 140);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A restart of the leader's service is no change of controller: the catch-up runs only
+    /// when this host last saw another controller in control (or cannot know).
+    #[test]
+    fn took_over_only_from_another_controller() {
+        let dir = std::env::temp_dir().join(format!("cvslurm-leadership4-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let outbox = StateDir::new(&dir);
+        let leads = || Role::Leads("x".into());
+        let standby = || Role::Standby {
+            why: "w".into(),
+            in_control: "ctl2".into(),
+        };
+        // Nothing recorded (a first start, an upgrade): cannot know, so a takeover.
+        let mut l = Leadership::default();
+        l.apply(leads(), 100, &outbox, true);
+        assert!(l.took_over());
+        assert_eq!(last_in_control(&outbox), Some(true));
+        // The leader's service restarts: not a takeover, even through "cannot tell" (its
+        // slurmctld restarted, nobody else took control).
+        let mut l = Leadership::default();
+        l.apply(Role::CannotTell("no slurmctld".into()), 110, &outbox, true);
+        l.apply(leads(), 120, &outbox, true);
+        assert!(!l.took_over());
+        // Another controller in control meanwhile: a takeover, in the same process...
+        l.apply(standby(), 130, &outbox, true);
+        assert_eq!(last_in_control(&outbox), Some(false));
+        l.apply(leads(), 140, &outbox, true);
+        assert!(l.took_over());
+        // ...and across a restart.
+        l.apply(standby(), 150, &outbox, true);
+        let mut l = Leadership::default();
+        l.apply(leads(), 160, &outbox, true);
+        assert!(l.took_over());
+        // A hostile record: not known, so a takeover; never followed.
+        let rec = dir.join(LAST_IN_CONTROL);
+        std::fs::remove_file(&rec).unwrap();
+        std::os::unix::fs::symlink(dir.join("elsewhere"), &rec).unwrap();
+        std::fs::write(dir.join("elsewhere"), "this\n").unwrap();
+        assert_eq!(last_in_control(&outbox), None);
+        std::fs::remove_file(&rec).unwrap();
+        std::fs::write(&rec, "this\nand more").unwrap();
+        assert_eq!(last_in_control(&outbox), None);
+        nix::unistd::mkfifo(&rec.with_extension("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::fs::rename(rec.with_extension("fifo"), &rec).unwrap();
+        assert_eq!(last_in_control(&outbox), None, "a FIFO never blocks");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The gate's terms: one per stretch of leading; none while not leading.
+    #[test]
+    fn the_gate_follows_the_role_in_terms() {
+        let g = Gate::with(true, Box::new(|_| Role::CannotTell("t".into())));
+        assert_eq!(g.term(), None, "decided itself: cannot tell");
+        g.observe(&Role::Leads("a".into()));
+        let t = g.term().unwrap();
+        g.observe(&Role::Leads("b".into()));
+        assert_eq!(g.term(), Some(t), "the same term");
+        assert!(g.may_send_running(t, &|_| false));
+        assert!(!g.may_send_running(t - 1, &|_| false));
+        assert!(g.may_send_running(t - 1, &|term| term == t));
+        g.observe(&Role::CannotTell("c".into()));
+        assert_eq!(g.term(), None);
+        assert!(!g.may_send_running(u128::MAX, &|_| true));
+        g.observe(&Role::Leads("d".into()));
+        assert!(g.term().unwrap() > t, "a new term");
     }
 }

@@ -66,7 +66,7 @@ pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static At
 
 /// Does slurm.conf (`$SLURM_CONF`, else /etc/slurm/slurm.conf) name two or more
 /// `SlurmctldHost`? (One, none, or no readable slurm.conf: one controller.)
-fn controller_pair() -> bool {
+pub(crate) fn controller_pair() -> bool {
     crate::slurm_conf::load_slurm_conf(&crate::slurm_conf::slurm_conf_path())
         .is_ok_and(|c| crate::slurm::leader::controllers(&c).len() >= 2)
 }

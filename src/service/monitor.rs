@@ -48,7 +48,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     let follow_records = inv.cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
     let mut records = resend::RecordWatch::default();
     let mut resend_on: BTreeSet<String> = BTreeSet::new();
-    let mut leadership = Leadership::default();
+    let mut leadership = Leadership::with_gate(sender.gate());
     let mut leads = false;
     // On a pair, a host that becomes leader catches up the ends the other may not have sent.
     let mut catch_up: Option<CatchUp> = None;
@@ -78,8 +78,14 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                 if !was {
                     // The reconciliation and the record watch start from now.
                     next_reconcile = Instant::now();
+                    // Only when control came from another controller: a restart of the
+                    // leader's own service is no takeover, and what it queued is its own.
                     if super::controller_pair() {
-                        catch_up = Some(CatchUp::new(crate::timefmt::now_epoch()));
+                        if leadership.took_over() {
+                            catch_up = Some(CatchUp::new(crate::timefmt::now_epoch()));
+                        } else {
+                            log::info!("catch-up: not run: this host was the last controller in control it saw (StateDir/{}); no other controller led meanwhile", super::leadership::LAST_IN_CONTROL);
+                        }
                     }
                     // Before its first discovery, whose srun waits for the scheduler (22.05
                     // schedules nothing for ~30 s after a takeover, measured): what the old
@@ -119,6 +125,9 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             if pruned > 0 {
                 log::info!("{pruned} representation record(s) of jobs without an end removed");
             }
+            outbox
+                .ends_sent
+                .prune(super::catch_up::CATCH_UP_WINDOW + super::catch_up::CATCH_UP_FOR);
             if leads {
                 reconcile_pass(inv, outbox, sender, &mut catch_up);
             }

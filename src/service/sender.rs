@@ -24,7 +24,8 @@
 //! The sender holds the outbox's drainer lock for its whole life: in-flight events are its
 //! own until it dies, and a `flush` beside it leaves them alone.
 
-use super::engine::{record_drain, DrainReport, Engine, Outcome};
+use super::engine::{record_drain, running_head, DrainReport, Engine, Outcome};
+use super::leadership::Gate;
 use crate::cloudvision::Client;
 use crate::delivery::backoff;
 use crate::state::queue::{Event, Index, Item};
@@ -160,8 +161,16 @@ struct State {
     more: bool,
     /// The last scan left ends the settler could have had: look again once it is done.
     more_ends: bool,
-    /// Events (file name, `seq`) queued before `check_before` and already checked.
+    /// Events (file name, `seq`) queued before `check_before` and already checked, during
+    /// the term `checked_term` (cleared when it changes).
     checked: HashSet<(String, u128)>,
+    /// The leadership term `checked` belongs to ([`Gate::term`]).
+    checked_term: Option<u128>,
+    /// The term the dispatcher last saw.
+    term: Option<u128>,
+    /// The file names of RUNNINGs this host may not send, as it does not lead: not handed out
+    /// again until the file changes or this host leads.
+    held: HashSet<String>,
     /// The last check could not ask Slurm (said once until one succeeds).
     check_failing: bool,
     /// How many events the last scan could hand out ([`hand_out_limit`]; 0 before the first).
@@ -177,6 +186,8 @@ pub struct Sender {
     summary: Arc<Mutex<Option<OutboxSummary>>>,
     /// See [`Sender::check_queued_before`].
     check_before: Arc<AtomicU64>,
+    /// Whether this host may send a RUNNING now (shared with the monitor).
+    gate: Arc<Gate>,
 }
 
 /// The outbox as the dispatcher's index knew it at its last look: event files and the oldest
@@ -216,6 +227,11 @@ impl Sender {
     /// another controller has sent since. Only moves forward.
     pub fn check_queued_before(&self, ns: u64) {
         self.check_before.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// Whether this host may send a RUNNING now: the monitor feeds it the role it decides.
+    pub fn gate(&self) -> Arc<Gate> {
+        self.gate.clone()
     }
 
     /// Wakes the dispatcher (after the service itself queued something).
@@ -275,17 +291,19 @@ pub fn start(
     let idle = Arc::new(AtomicBool::new(true));
     let summary = Arc::new(Mutex::new(None));
     let check_before = Arc::new(AtomicU64::new(check_before));
+    let engine = Engine::new(cfg, client, outbox.clone());
     let sender = Sender {
         state_dir: outbox.root().to_path_buf(),
         idle: idle.clone(),
         summary: summary.clone(),
         check_before: check_before.clone(),
+        gate: engine.gate(),
     };
     let setup = Setup {
         summary,
         check_before,
         idle,
-        engine: Engine::new(cfg, client, outbox.clone()),
+        engine,
         workers: cfg.max_concurrent_requests.max(1),
         max_events: cfg.outbox_max_events,
         stop,
@@ -540,15 +558,27 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
         new.extend(q.note_taken_in(&mut ds.index, &placed));
     }
     new.extend(chained);
+    let term = follow_term(sh);
+    if !new.is_empty() {
+        let mut st = lock(sh);
+        for n in &new {
+            st.held.remove(n);
+        }
+    }
     if !new.is_empty() {
         if let Err(unsent) = ds.syncer.send(new) {
             sync_round(outbox, unsent.0); // no sync thread: here, then
         }
     }
     q.enforce_limit_in(&mut ds.index, max_events, DROP_AT_MOST);
-    let (busy, settling, queued) = {
+    let (busy, settling, queued, held) = {
         let st = lock(sh);
-        (st.busy.clone(), st.settling.clone(), st.queue.len())
+        (
+            st.busy.clone(),
+            st.settling.clone(),
+            st.queue.len(),
+            st.held.clone(),
+        )
     };
     // An end is settled even while its job's RUNNING is being sent (its pending file is
     // not the one in flight): it is ready the moment the RUNNING is delivered.
@@ -563,7 +593,10 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     let (names, more_ready) = if dispatch {
         ds.index
             .oldest(limit.saturating_sub(queued), |name, provisional| {
-                !provisional && !busy.contains(name) && !settling.contains(name)
+                !provisional
+                    && !busy.contains(name)
+                    && !settling.contains(name)
+                    && !held.contains(name)
             })
     } else {
         (Vec::new(), false)
@@ -584,6 +617,7 @@ fn scan(sh: &Shared, outbox: &StateDir, max_events: usize, dispatch: bool, ds: &
     }
     provisional.sort_by_key(|e| e.seq);
     ready.sort_by_key(|e| e.seq);
+    let ready = hold_running(sh, ready, term);
     let ready = hold_back_old(sh, ready, ds);
     {
         let mut st = lock(sh);
@@ -619,6 +653,63 @@ fn sync_round(outbox: &StateDir, names: Vec<String>) {
     outbox.queue.after_take_in(&new, &chained);
 }
 
+/// The leadership term now ([`Gate::term`]); when it changed since the last look, what was
+/// checked or held under the old one is forgotten, and the events queued before a new term
+/// are checked against Slurm before they go out ([`Sender::check_queued_before`]).
+fn follow_term(sh: &Shared) -> Option<u128> {
+    let term = sh.engine.gate().term();
+    let mut st = lock(sh);
+    if st.term != term {
+        st.term = term;
+        st.held.clear();
+        st.checked.clear();
+        st.checked_term = term;
+        if let Some(t) = term {
+            sh.check_before
+                .fetch_max(u64::try_from(t).unwrap_or(u64::MAX), Ordering::Relaxed);
+        }
+    }
+    term
+}
+
+/// On a host that does not lead (`term` is `None`), the RUNNINGs among `ready` are held: not
+/// sent, kept pending until this host leads again (then checked against Slurm first); an end
+/// chained behind one goes alone ([`Engine::end_alone`]). The rest is returned.
+fn hold_running(sh: &Shared, ready: Vec<Event>, term: Option<u128>) -> Vec<Event> {
+    if term.is_some() {
+        return ready;
+    }
+    let mut out = Vec::with_capacity(ready.len());
+    let mut newly = 0;
+    for ev in ready {
+        if !running_head(&ev) {
+            out.push(ev);
+            continue;
+        }
+        if ev.then.is_some() {
+            match sh.engine.end_alone(&ev) {
+                Some(end) if end.resolve.is_none() => out.push(end),
+                // To the settler at the next look, or changed meanwhile.
+                _ => lock(sh).rescan = true,
+            }
+            continue;
+        }
+        log::debug!(
+            "outbox: {} held: this host does not lead",
+            ev.item.describe()
+        );
+        if lock(sh).held.insert(ev.item.file_name()) {
+            newly += 1;
+        }
+    }
+    if newly > 0 {
+        log::info!(
+            "outbox: {newly} RUNNING event(s) held: this host does not lead (only the controller in control sends a RUNNING); each goes out if this host leads again while its job runs, checked against Slurm first"
+        );
+    }
+    out
+}
+
 /// Of the events ready to send, the job events queued before [`Shared::check_before`] and not
 /// checked yet go to the checker thread (and are kept from the workers until it is done); the
 /// rest are returned.
@@ -650,6 +741,8 @@ fn hold_back_old(sh: &Shared, ready: Vec<Event>, ds: &Dispatch) -> Vec<Event> {
 fn check_batch(sh: &Shared, events: Vec<Event>) {
     let names: Vec<String> = events.iter().map(|e| e.item.file_name()).collect();
     let n = events.len();
+    // The term the check counts for: a RUNNING checked under it goes out during it only.
+    let term = sh.engine.gate().term();
     let result = sh.engine.check_old(events);
     let mut st = lock(sh);
     for name in &names {
@@ -657,10 +750,14 @@ fn check_batch(sh: &Shared, events: Vec<Event>) {
     }
     match result {
         Ok(c) => {
-            if st.checked.len() + c.decided.len() > CHECKED_AT_MOST {
-                st.checked.clear();
+            // Counted only for the term the dispatcher follows now (a check that spanned a
+            // change of term is made again under the new one).
+            if st.checked_term == term {
+                if st.checked.len() + c.decided.len() > CHECKED_AT_MOST {
+                    st.checked.clear();
+                }
+                st.checked.extend(c.decided);
             }
-            st.checked.extend(c.decided);
             st.check_failing = false;
             drop(st);
             hand_out(sh, c.send);
@@ -763,8 +860,25 @@ fn worker(sh: &Shared) {
             }
         };
         let name = ev.item.file_name();
-        match sh.engine.deliver(&ev) {
+        let checked = |t: u128| {
+            let st = lock(sh);
+            st.checked_term == Some(t) && st.checked.contains(&(name.clone(), ev.seq))
+        };
+        match sh.engine.deliver_if(&ev, &checked) {
             Outcome::Delivered => lock(sh).failures = 0,
+            Outcome::Held => {
+                // Not leading: held until it leads (an end chained behind it goes alone, at
+                // the next look); leading: it waits for its check, at the next look (which
+                // follows the new term).
+                if sh.engine.gate().term().is_some() {
+                    lock(sh).rescan = true;
+                } else if ev.then.is_some() {
+                    let _ = sh.engine.end_alone(&ev);
+                    lock(sh).rescan = true;
+                } else {
+                    lock(sh).held.insert(name.clone());
+                }
+            }
             Outcome::Kept {
                 why, retry_after, ..
             } => pause(sh, retry_after, &why),

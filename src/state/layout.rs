@@ -19,8 +19,13 @@ pub const VERIFY: &str = "verify";
 pub const NODES: &str = "nodes";
 /// Representation records: `reps/<jobid>@<cluster>`, how a job's records go (node names or MACs).
 pub const JOB_REPS: &str = "reps";
-/// Every directory above, created (mode 0700) by `state::durable::ensure_dirs`.
-pub const DIRS: [&str; 7] = [OUTBOX, INFLIGHT, REJECTED, JOBS, VERIFY, NODES, JOB_REPS];
+/// The ends this host delivered on a controller pair: `sent/<jobid>@<cluster>`, empty, its
+/// modification time the delivery's (see `crate::state::ends_sent`).
+pub const SENT: &str = "sent";
+/// Every directory above, created (mode 0700) by [`crate::state::durable::ensure_dirs`].
+pub const DIRS: [&str; 8] = [
+    OUTBOX, INFLIGHT, REJECTED, JOBS, VERIFY, NODES, JOB_REPS, SENT,
+];
 
 /// `flock`ed for each read-compare-rename of a key's pending file, by the drainer's side only
 /// (never by a hook).

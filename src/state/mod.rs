@@ -10,6 +10,7 @@
 //! - `jobs/<jobid>@<cluster>` — the start time a prolog saw ([`starts`]).
 //! - `verify/<jobid>@<cluster>` — an epilog's end to check against Slurm later ([`marks`]).
 //! - `reps/<jobid>@<cluster>` — how a job's records go: node names or MACs ([`job_reps`]).
+//! - `sent/<jobid>@<cluster>` — the ends this host delivered lately, on a pair ([`ends_sent`]).
 //! - `service-status.json`, `service-status.lock` — what cvslurm did (times, counters), for
 //!   `cvslurm status` and the metrics file ([`status`]).
 //! - `wake.sock` — the service's wake-up socket (see `crate::sender`).
@@ -19,6 +20,7 @@
 
 pub mod counter_journal;
 pub mod durable;
+pub mod ends_sent;
 pub mod event;
 pub mod job_reps;
 pub mod layout;
@@ -48,6 +50,8 @@ pub struct StateDir {
     pub status: status::ServiceStatus,
     /// How running jobs' records go (node names or MACs).
     pub job_reps: job_reps::JobReps,
+    /// The ends this host delivered lately (controller pairs).
+    pub ends_sent: ends_sent::EndsSent,
 }
 
 impl StateDir {
@@ -67,6 +71,7 @@ impl StateDir {
             marks: marks::Marks::new(root, owner),
             status,
             job_reps: job_reps::JobReps::new(root, owner),
+            ends_sent: ends_sent::EndsSent::new(root, owner),
         }
     }
 

@@ -352,15 +352,24 @@ impl Site {
         stdout(&out)
     }
 
-    /// Runs `cvslurm <args>` with this site's config.
+    /// Runs `cvslurm <args>` with this site's config (and no slurm.conf: see
+    /// [`Site::no_slurm_conf`]).
     pub fn run(&self, args: &[&str]) -> Output {
         Command::new(bin())
             .args(args)
             .env_remove("CV_API_TOKEN")
             .env_remove("CV_API_SERVER")
             .env("CVSLURM_CONF", &self.conf)
+            .env("SLURM_CONF", self.no_slurm_conf())
             .output()
             .unwrap()
+    }
+
+    /// A `SLURM_CONF` that names no file: the site is one controller whatever this machine's
+    /// /etc/slurm/slurm.conf holds (a test cluster's pair, up meanwhile, would make the
+    /// site's processes a controller that does not lead).
+    pub fn no_slurm_conf(&self) -> PathBuf {
+        self.dir.path().join("no-slurm.conf")
     }
 }
 
@@ -421,6 +430,7 @@ impl Service {
             .env_remove("NOTIFY_SOCKET")
             .env_remove("JOURNAL_STREAM")
             .env("CVSLURM_CONF", &site.conf)
+            .env("SLURM_CONF", site.no_slurm_conf())
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
