@@ -22,7 +22,7 @@ pub const JOB_REPS: &str = "reps";
 /// The ends this host delivered on a controller pair: `sent/<jobid>@<cluster>`, empty, its
 /// modification time the delivery's (see `crate::state::ends_sent`).
 pub const SENT: &str = "sent";
-/// Every directory above, created (mode 0700) by [`crate::state::durable::ensure_dirs`].
+/// Every directory above, created (mode 0700) by `state::durable::ensure_dirs`.
 pub const DIRS: [&str; 8] = [
     OUTBOX, INFLIGHT, REJECTED, JOBS, VERIFY, NODES, JOB_REPS, SENT,
 ];
