@@ -221,6 +221,8 @@ pub struct Config {
     /// `MetricsFile`: where the service, `flush` and the inventory write their Prometheus
     /// metrics (node_exporter's textfile format; `None`: off).
     pub metrics_file: Option<PathBuf>,
+    /// `MetricsInterval`: how often the service rewrites the metrics file.
+    pub metrics_interval: Duration,
 }
 
 impl Default for Config {
@@ -263,6 +265,7 @@ impl Default for Config {
             node_hostname: NodeHostname::NodeName,
             qualify_node_names: false,
             metrics_file: None,
+            metrics_interval: Duration::from_secs(15),
         }
     }
 }
@@ -571,6 +574,14 @@ pub const KEYS: &[Key] = &[
         default: "",
         set: |c, v| {
             c.metrics_file = metrics_file(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "MetricsInterval",
+        default: "15",
+        set: |c, v| {
+            c.metrics_interval = parse_duration(v, 1.0)?;
             Ok(())
         },
     },
@@ -1415,6 +1426,16 @@ mod tests {
                 k.name
             );
         }
+    }
+
+    #[test]
+    fn metrics_interval_defaults_to_15_s_and_is_at_least_1_s() {
+        assert_eq!(parse("").unwrap().metrics_interval, Duration::from_secs(15));
+        assert_eq!(
+            parse("MetricsInterval=2").unwrap().metrics_interval,
+            Duration::from_secs(2)
+        );
+        assert!(parse("MetricsInterval=500ms").is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! `rejected/`) and `service-status.json` (times, counters kept across restarts, the
 //! leadership the service recorded; see [`crate::state::status`]), with slurm.conf's
 //! `SlurmctldHost` count and `ClusterName` for the leadership ([`Leadership`]). `cvslurm status --json` shows the same [`Figures`]. So every
-//! writer (the service every [`SERVICE_EVERY`] and at exit, `flush` and the one-shot
+//! writer (the service every `MetricsInterval` and at exit, `flush` and the one-shot
 //! inventory at the end of their run) writes the whole picture of the StateDir into the same
 //! file: there is no per-mode file and no `mode` label; the last writer's figures are the
 //! newest.
@@ -26,9 +26,6 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-/// How often the service rewrites the metrics file.
-pub const SERVICE_EVERY: Duration = Duration::from_secs(15);
 
 /// The longest a label value read from StateDir may be.
 const MAX_LABEL: usize = 64;
@@ -485,14 +482,15 @@ pub fn publish_with(
     }
 }
 
-/// The service's metrics writer: a thread that writes the file now, then every
-/// [`SERVICE_EVERY`] until `stop` is set (the service writes it once more at exit). The
+/// The service's metrics writer: a thread that writes the file now, then every `every`
+/// (`MetricsInterval`) until `stop` is set (the service writes it once more at exit). The
 /// outbox's depth comes from `depth` (the sender's index) when it knows it, else from a
 /// listing.
 pub fn spawn_writer(
     metrics_file: Option<&Path>,
     outbox: &StateDir,
     poll_interval: Duration,
+    every: Duration,
     stop: &'static AtomicBool,
     depth: impl Fn() -> Option<(usize, Option<i64>)> + Send + 'static,
 ) -> Option<std::thread::JoinHandle<()>> {
@@ -503,7 +501,7 @@ pub fn spawn_writer(
         .spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 publish_with(Some(&path), &outbox, poll_interval, depth());
-                let until = Instant::now() + SERVICE_EVERY;
+                let until = Instant::now() + every;
                 while Instant::now() < until && !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(200));
                 }

@@ -94,7 +94,7 @@ fn fixture() -> &'static Fixture {
             format!(
                 "# cvslurm end-to-end tests\nApiServer={}\nApiTokenFile={}\nCaFile={}\nStateDir={}\nLogFile={}\n\
                  LogLevel=debug\nHookTimeout=2\nPollInterval=2\nDiscoveryTimeout=30\nInterfacePhysicalOnly=no\n\
-                 ReconcileInterval=3\nSlurmBinDir={}\nMetricsFile={}\n",
+                 ReconcileInterval=3\nSlurmBinDir={}\nMetricsFile={}\nMetricsInterval=2\n",
                 cv.server(),
                 token.display(),
                 ca.display(),
@@ -2163,7 +2163,7 @@ fn the_service_metrics_file_tells_what_cloudvision_received() {
     let delivered = |t: &str| metric_samples(t)["cvslurm_events_delivered_total"];
     let taken = || f.cv.accepted("JobConfig").len() + f.cv.accepted("NodeConfig").len();
     // A baseline both sides agree on: the service idle (an empty outbox) and no delivery
-    // between two rewrites of the file (every 15 s), so the file's counter already holds
+    // between two rewrites of the file (every 2 s: MetricsInterval), so the file's counter already holds
     // every POST the stand-in took. Both are read again until they agree after the job: the
     // file is rewritten on its own schedule, so no single reading of both is at one moment.
     let mut baseline = None;

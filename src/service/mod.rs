@@ -51,6 +51,7 @@ pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static At
         cfg.metrics_file.as_deref(),
         &outbox,
         cfg.poll_interval,
+        cfg.metrics_interval,
         stop,
         sender.summary_source(),
     );
