@@ -163,7 +163,7 @@ pub fn run(client: &Client, cluster: &str, curl: &str, hostname_settings: &[&str
     let mut r = Run {
         client,
         curl: curl.to_string(),
-        job: format!("{stem}@{cluster}"),
+        job: crate::payload::job_key(&stem, cluster),
         node: format!("{stem}@{cluster}"),
         cluster: cluster.to_string(),
         start: crate::timefmt::format_epoch(now - 60).unwrap_or_default(),

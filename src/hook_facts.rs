@@ -146,7 +146,7 @@ impl HookEnv {
 
     /// `<jobid>@<cluster>`.
     pub fn key(&self) -> String {
-        format!("{}@{}", self.job_id, self.cluster)
+        crate::payload::job_key(&self.job_id, &self.cluster)
     }
 }
 

@@ -227,6 +227,12 @@ pub fn job_name(name: &str, partition: Option<&str>) -> String {
     }
 }
 
+/// CloudVision's job key: `<jobid>@<cluster>` (`key.id` of a JobConfig; the name of a job's
+/// files in StateDir). The one place this key is built.
+pub fn job_key(job_id: impl std::fmt::Display, cluster: &str) -> String {
+    format!("{job_id}@{cluster}")
+}
+
 /// One data interface of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataInterface {
@@ -310,7 +316,7 @@ pub(crate) fn running_job(
 ) -> JobConfig {
     JobConfig {
         key: Key {
-            id: format!("{}@{cluster}", info.job_id),
+            id: job_key(&info.job_id, cluster),
         },
         name: Some(job_name(&info.name, info.partition.as_deref())),
         state: JobState::Running,
@@ -352,7 +358,7 @@ pub(crate) fn job_config(info: &crate::slurm::JobInfo, cluster: &str) -> Result<
     };
     Ok(JobConfig {
         key: Key {
-            id: format!("{}@{cluster}", info.job_id),
+            id: job_key(&info.job_id, cluster),
         },
         name: Some(job_name(&info.name, info.partition.as_deref())),
         state,

@@ -205,7 +205,7 @@ impl CatchUp {
 }
 
 fn key_of(id: &str, cluster: &str) -> String {
-    format!("{id}@{cluster}")
+    crate::payload::job_key(id, cluster)
 }
 
 /// The ended jobs of `ended` whose key is not in `known`, each once, at most `max` (by job

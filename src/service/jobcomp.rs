@@ -133,7 +133,7 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
     Ok(Doc::End {
         job: Box::new(JobConfig {
             key: Key {
-                id: format!("{id}@{cluster}"),
+                id: crate::payload::job_key(id, cluster),
             },
             name: Some(job_name(name, partition)),
             state,

@@ -371,7 +371,7 @@ pub fn reconcile(
     let pending = outbox.queue.pending_job_keys();
     let ended = outbox.queue.recently_ended();
     let mut report = Report::default();
-    let key_of = |id: &str| format!("{id}@{cluster}");
+    let key_of = |id: &str| crate::payload::job_key(id, cluster);
 
     // Jobs no hook reported are found by a sweep only (between sweeps only the recorded
     // jobs were asked about).
