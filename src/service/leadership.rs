@@ -188,51 +188,11 @@ pub fn decide_with(
     }
 }
 
-/// Whether a process named `slurmctld` runs on this host: one in `/proc` whose name
-/// (`/proc/PID/stat`) is `slurmctld`, not a zombie, in this process's network namespace (the
-/// host's network, where its slurmctld listens: a slurmctld in a container or another
-/// namespace with a network of its own is another host's; a process whose namespace cannot
-/// be read counts). `/proc` not readable:
-/// true (the heartbeat alone decides, as without this check).
+/// Whether a process named `slurmctld` runs on this host
+/// ([`crate::slurm::ctld_process::find_here`]: not a zombie, in this process's network
+/// namespace). `/proc` not readable: true (the heartbeat alone decides, as without this check).
 pub fn own_slurmctld_runs() -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return true;
-    };
-    let net = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
-    let mine = net("self");
-    entries.flatten().any(|e| {
-        let pid = e.file_name().to_string_lossy().into_owned();
-        if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-            return false;
-        }
-        // At most 4 KiB: `pid (comm) state …`; comm may hold ')' and spaces.
-        let Ok(stat) = read_capped(&format!("/proc/{pid}/stat"), 4096) else {
-            return false;
-        };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            return false;
-        };
-        if open >= close || &stat[open + 1..close] != "slurmctld" {
-            return false;
-        }
-        let state = stat[close + 1..].trim_start().chars().next();
-        if matches!(state, Some('Z') | Some('X') | None) {
-            return false;
-        }
-        match (&mine, net(&pid)) {
-            (Some(a), Some(b)) => *a == b,
-            _ => true,
-        }
-    })
-}
-
-fn read_capped(path: &str, cap: u64) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut s = String::new();
-    std::fs::File::open(path)?
-        .take(cap)
-        .read_to_string(&mut s)?;
-    Ok(s)
+    crate::slurm::ctld_process::find_here().map_or(true, |found| !found.is_empty())
 }
 
 /// The service's leadership over its polls: the role, since when, and whether this host has
