@@ -7,9 +7,12 @@
 //!   (a site whose slurm.conf is elsewhere, its service not given `SLURM_CONF`): this host
 //!   leads (one controller, as before two were known);
 //! - two or more: this host leads when `StateSaveLocation/heartbeat` names it, the heartbeat
-//!   is fresh ([`crate::slurm::leader`]: at most SlurmctldTimeout old) **and** a process named
-//!   `slurmctld` runs on this host ([`own_slurmctld_runs`]: after a kill -9 the heartbeat keeps
-//!   naming the dead controller for up to SlurmctldTimeout);
+//!   is fresh ([`crate::slurm::leader`]: at most SlurmctldTimeout old) **and** this host's
+//!   slurmctld runs, as SlurmUser from an installed binary
+//!   ([`crate::slurm::ctld_process::find_trusted`]: after a kill -9 the heartbeat keeps
+//!   naming the dead controller for up to SlurmctldTimeout; any user can name a process
+//!   `slurmctld`); on 25.11+ its `/readyz` answer counts only from the socket that slurmctld
+//!   listens on ([`crate::slurm::ctld_process::owns_listening`]);
 //! - anything else that cannot be read (slurm.conf there but unreadable; the heartbeat
 //!   missing, stale, hostile):
 //!   [`Role::CannotTell`], and this host does not lead: no discovery, no deletion.
@@ -168,7 +171,7 @@ pub fn decide_with(
             }
             if !own_slurmctld_runs() {
                 return Role::CannotTell(format!(
-                    "the heartbeat ({age_s} s old) names this host ({name}), but no slurmctld runs here: killed? a takeover follows within SlurmctldTimeout"
+                    "the heartbeat ({age_s} s old) names this host ({name}), but no slurmctld runs here (as SlurmUser, from an installed binary): killed? a takeover follows within SlurmctldTimeout"
                 ));
             }
             if ready == Some(false) {
@@ -188,11 +191,15 @@ pub fn decide_with(
     }
 }
 
-/// Whether a process named `slurmctld` runs on this host
-/// ([`crate::slurm::ctld_process::find_here`]: not a zombie, in this process's network
-/// namespace). `/proc` not readable: true (the heartbeat alone decides, as without this check).
-pub fn own_slurmctld_runs() -> bool {
-    crate::slurm::ctld_process::find_here().map_or(true, |found| !found.is_empty())
+/// SlurmUser's uid (slurm.conf's `SlurmUser`, else root); `None` when it is no known user.
+pub fn slurm_user_uid(conf: &SlurmConf) -> Option<u32> {
+    let name = conf
+        .last("SlurmUser")
+        .map_or("root".to_string(), |s| s.value.trim().to_string());
+    nix::unistd::User::from_name(&name)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
 }
 
 /// The service's leadership over its polls: the role, since when, and whether this host has
@@ -223,6 +230,35 @@ impl Leadership {
         let conf = crate::slurm_conf::load_slurm_conf(&path);
         let now = crate::timefmt::now_epoch();
         let missing = conf.is_err() && !path.exists();
+        // This host's slurmctld, trusted only as SlurmUser from an installed binary; looked
+        // for at most once per decision, when the decision needs it.
+        let slurm_uid = conf.as_ref().ok().and_then(slurm_user_uid);
+        let found = std::cell::OnceCell::new();
+        let trusted = || {
+            found.get_or_init(|| match slurm_uid {
+                Some(uid) => crate::slurm::ctld_process::find_trusted(uid),
+                None => Ok(Vec::new()),
+            })
+        };
+        let runs = || trusted().as_ref().map_or(true, |v| !v.is_empty());
+        let ask = |addr: &str, port: u16| {
+            let started = std::time::Instant::now();
+            let target = leader::resolve(addr, port, leader::READYZ_TIMEOUT)?;
+            // only an answer from the trusted slurmctld's own listening socket
+            let owner = trusted()
+                .as_ref()
+                .ok()?
+                .iter()
+                .any(|c| crate::slurm::ctld_process::owns_listening(c.pid, target));
+            if !owner {
+                return None;
+            }
+            leader::readyz_at(
+                target,
+                addr,
+                leader::READYZ_TIMEOUT.checked_sub(started.elapsed())?,
+            )
+        };
         let role = decide_with(
             conf.as_ref().map_err(|e| {
                 if missing {
@@ -233,10 +269,8 @@ impl Leadership {
             }),
             &leader::this_hostname(),
             u64::try_from(now).unwrap_or(0),
-            &own_slurmctld_runs,
-            readyz_answers.then_some(&|addr: &str, port: u16| {
-                leader::readyz(addr, port, leader::READYZ_TIMEOUT)
-            }),
+            &runs,
+            readyz_answers.then_some(&ask),
         );
         self.apply(role, now, outbox, poll);
         self.role.as_ref().expect("set by apply")

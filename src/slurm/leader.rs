@@ -315,23 +315,51 @@ pub fn slurmctld_port(conf: &SlurmConf) -> Option<u16> {
     }
 }
 
+/// `addr:port` as a socket address, within `timeout`: an IP address as it is (no lookup), a
+/// name resolved in a thread of its own and given up after `timeout` (a hung resolver holds
+/// that one thread, and no second lookup starts while it is stuck); `None` when it does not
+/// resolve in time.
+pub fn resolve(addr: &str, port: u16, timeout: Duration) -> Option<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    static STUCK: AtomicBool = AtomicBool::new(false);
+    if let Ok(ip) = addr.parse::<std::net::IpAddr>() {
+        return Some(std::net::SocketAddr::new(ip, port));
+    }
+    let name = addr.to_string();
+    within(&STUCK, timeout, move || {
+        (name.as_str(), port).to_socket_addrs().ok()?.next()
+    })
+    .ok()
+    .flatten()
+}
+
 /// What the slurmctld at `addr:port` answers to `GET /readyz` (25.11 and later, measured on
 /// 26.05: 204 from the controller in control, 500 from a standby): `Some(true)` for a 2xx,
 /// `Some(false)` for any other status, `None` when it does not answer an HTTP status line
-/// within `timeout` (down, older release, not HTTP). Plain HTTP/1.0 on slurmctld's own port;
-/// at most 256 bytes of the answer are read.
-pub fn readyz(addr: &str, port: u16, timeout: std::time::Duration) -> Option<bool> {
-    use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
+/// within `timeout`, its name lookup included ([`resolve`]; down, older release, not HTTP).
+#[cfg(test)]
+pub fn readyz(addr: &str, port: u16, timeout: Duration) -> Option<bool> {
     let started = std::time::Instant::now();
-    let target = (addr, port).to_socket_addrs().ok()?.next()?;
+    let target = resolve(addr, port, timeout)?;
+    readyz_at(target, addr, timeout.checked_sub(started.elapsed())?)
+}
+
+/// [`readyz`] at a resolved address (`host` for the Host header): plain HTTP/1.0 on
+/// slurmctld's own port; at most 256 bytes of the answer are read, all within `timeout`.
+pub fn readyz_at(target: std::net::SocketAddr, host: &str, timeout: Duration) -> Option<bool> {
+    use std::io::{Read, Write};
+    let started = std::time::Instant::now();
     let mut conn = std::net::TcpStream::connect_timeout(&target, timeout).ok()?;
     let left = timeout.checked_sub(started.elapsed())?;
-    conn.set_read_timeout(Some(left.max(std::time::Duration::from_millis(10))))
+    conn.set_read_timeout(Some(left.max(Duration::from_millis(10))))
         .ok()?;
-    conn.set_write_timeout(Some(left.max(std::time::Duration::from_millis(10))))
+    conn.set_write_timeout(Some(left.max(Duration::from_millis(10))))
         .ok()?;
-    conn.write_all(format!("GET /readyz HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+    let host: String = host
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || ".-_:[]".contains(*c))
+        .collect();
+    conn.write_all(format!("GET /readyz HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
         .ok()?;
     let mut head = [0u8; 256];
     let mut n = 0;
@@ -435,6 +463,21 @@ mod tests {
         assert_eq!(readyz("127.0.0.1", closed, t), None);
         assert_eq!(http_status(b"HTTP/1.0 204\r\n"), Some(204));
         assert_eq!(http_status(b"HTTP/1.1 99999 x"), None);
+    }
+
+    /// An address is taken as it is, no lookup; a name is looked up within the deadline.
+    #[test]
+    fn resolve_within_the_deadline() {
+        let t = Duration::from_secs(1);
+        assert_eq!(
+            resolve("10.99.0.2", 6817, t),
+            Some("10.99.0.2:6817".parse().unwrap())
+        );
+        assert_eq!(resolve("::1", 7000, t), Some("[::1]:7000".parse().unwrap()));
+        assert!(
+            resolve("localhost", 6817, Duration::from_secs(5)).is_some_and(|a| a.port() == 6817)
+        );
+        assert_eq!(resolve("bad name!", 6817, t), None);
     }
 
     #[test]
