@@ -888,15 +888,60 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
     assert_eq!(site.log().matches("cannot list nodes").count(), inventories);
 }
 
+/// A pair whose slurm.conf is not where the service looks (`SLURM_CONF` names a file that is
+/// not there, as /etc/slurm/slurm.conf is not on a site whose Slurm was built for another
+/// path): the service asks Slurm (`scontrol show config`, its `SLURM_CONF` line), finds the
+/// pair, and the standby does not lead. Old code: no slurm.conf, so this host was taken for
+/// the only controller, and both led.
+#[test]
+fn a_pair_whose_slurm_conf_is_elsewhere_still_has_one_leader() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let (slurm_conf, save) = pair_this_host_second(&site);
+    site.command(
+        "scontrol",
+        &format!(
+            "#!/bin/sh\ncase \"$*\" in\n*--version*) echo 'slurm 24.11.5' ;;\n\
+             *'show config'*) printf 'ClusterName             = hpc-cluster-west\\nSLURM_CONF              = %s\\n' '{}' ;;\n\
+             *) exit 1 ;;\nesac\n",
+            slurm_conf.display()
+        ),
+    );
+    write_heartbeat(&save, 0);
+    let nowhere = site.dir.path().join("no-such-slurm.conf");
+    let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &nowhere)]);
+    wait_for("a leadership line", Duration::from_secs(20), || {
+        let log = site.log();
+        log.contains("this host now leads") || log.contains("this host does not lead")
+    });
+    let log = site.log();
+    assert!(!log.contains("this host now leads"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "slurm.conf is {} (scontrol show config, SLURM_CONF)",
+            slurm_conf.display()
+        )) && log.contains("names cvslurm-other-ctl, not this host"),
+        "{log}"
+    );
+}
+
 /// A process any local user starts under the name `slurmctld` does not make this host lead:
-/// the heartbeat names this host, the "slurmctld" runs from a binary anyone can write (and,
-/// not as root, as a user that is not SlurmUser). Old code: any process so named counted.
+/// the heartbeat names this host, the "slurmctld" runs as a user that is not SlurmUser, from
+/// a binary anyone can write. Old code: any process so named counted.
 #[test]
 fn a_process_merely_named_slurmctld_does_not_make_this_host_lead() {
     use std::os::unix::fs::PermissionsExt;
     let cv = Standin::start();
     let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
     let (slurm_conf, save) = pair_this_host_second(&site);
+    // SlurmUser is nobody: neither this fake nor another test's (run as this user, beside
+    // this one) is SlurmUser's
+    let text = std::fs::read_to_string(&slurm_conf).unwrap();
+    std::fs::write(
+        &slurm_conf,
+        text.replace(&format!("SlurmUser={}", this_user()), "SlurmUser=nobody"),
+    )
+    .unwrap();
     let fake = site.dir.path().join("slurmctld");
     std::fs::copy("/bin/sleep", &fake).unwrap();
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o777)).unwrap();

@@ -4,8 +4,10 @@
 //! holds) always runs; inventory, node deletions, reconciliation and resends run only while
 //! this host [`Role::Leads`]. Slurm decides, never cvslurm:
 //! - slurm.conf names one `SlurmctldHost` (or none), or there is no slurm.conf at its path
-//!   (a site whose slurm.conf is elsewhere, its service not given `SLURM_CONF`): this host
-//!   leads (one controller, as before two were known);
+//!   and `scontrol show config` names none that exists: this host leads (one controller, as
+//!   before two were known). A slurm.conf elsewhere is found by asking Slurm (its
+//!   `SLURM_CONF` line), so a pair whose service was not given `SLURM_CONF` still has one
+//!   leader;
 //! - two or more: this host leads when `StateSaveLocation/heartbeat` names it, the heartbeat
 //!   is fresh ([`crate::slurm::leader`]: at most SlurmctldTimeout old) **and** this host's
 //!   slurmctld runs, as SlurmUser from an installed binary
@@ -124,7 +126,7 @@ pub fn decide_with(
         Ok(c) => c,
         Err(NoConf::Missing(path)) => {
             return Role::Leads(format!(
-                "there is no {}: this host is taken for the only controller (on a pair, set SLURM_CONF in the service's environment)",
+                "there is no {} and scontrol show config names none: this host is taken for the only controller (on a pair, set SLURM_CONF in the service's environment)",
                 path.display()
             ))
         }
@@ -209,9 +211,70 @@ pub struct Leadership {
     role: Option<Role>,
     since: i64,
     polls_as_leader: u64,
+    /// Slurm's commands: where slurm.conf is not at its path, `scontrol show config` names it.
+    slurm: Option<crate::runner::Slurm>,
+    /// The slurm.conf `scontrol show config` named, once it did.
+    asked: Option<std::path::PathBuf>,
+    /// When to ask it again after it named none.
+    ask_again: Option<std::time::Instant>,
 }
 
+/// How long `scontrol show config` may take when asked where slurm.conf is.
+const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often it is asked again while it names no slurm.conf.
+const ASK_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Leadership {
+    /// Leadership that asks Slurm (`scontrol show config`, its `SLURM_CONF` line) where
+    /// slurm.conf is when it is not at its path (`$SLURM_CONF`, else /etc/slurm/slurm.conf).
+    pub fn new(slurm: crate::runner::Slurm) -> Leadership {
+        Leadership {
+            slurm: Some(slurm),
+            ..Leadership::default()
+        }
+    }
+
+    /// slurm.conf's path: `$SLURM_CONF`, else the default; where no file is there, the one
+    /// `scontrol show config` names (asked at most every [`ASK_EVERY`] until it names one
+    /// that exists, then kept).
+    fn conf_path(&mut self) -> std::path::PathBuf {
+        let path = crate::slurm_conf::slurm_conf_path();
+        if path.exists() {
+            return path;
+        }
+        if let Some(p) = &self.asked {
+            return p.clone();
+        }
+        let Some(slurm) = &self.slurm else {
+            return path;
+        };
+        if self
+            .ask_again
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            return path;
+        }
+        self.ask_again = Some(std::time::Instant::now() + ASK_EVERY);
+        match slurm.run("scontrol", &["show", "config"], ASK_TIMEOUT) {
+            Ok(out) => match crate::slurm_conf::path_from_show_config(&out) {
+                Some(p) if p.exists() => {
+                    log::info!(
+                        "there is no {}: slurm.conf is {} (scontrol show config, SLURM_CONF)",
+                        path.display(),
+                        p.display()
+                    );
+                    self.asked = Some(p.clone());
+                    p
+                }
+                _ => path,
+            },
+            Err(e) => {
+                log::debug!("where is slurm.conf? {e}");
+                path
+            }
+        }
+    }
+
     /// Decides the role again (slurm.conf read now; with `readyz_answers`, this Slurm release
     /// answers `GET /readyz`, asked too), logs a change (info; a warning when it cannot be
     /// told), records it in service-status.json, and returns it.
@@ -226,7 +289,7 @@ impl Leadership {
     }
 
     fn decide_now(&mut self, outbox: &StateDir, readyz_answers: bool, poll: bool) -> &Role {
-        let path = crate::slurm_conf::slurm_conf_path();
+        let path = self.conf_path();
         let conf = crate::slurm_conf::load_slurm_conf(&path);
         let now = crate::timefmt::now_epoch();
         let missing = conf.is_err() && !path.exists();
