@@ -699,8 +699,20 @@ fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
     let Some((named_in, named_at)) = newest else {
         return;
     };
+    // Only a slurmctld that reads this slurm.conf (its -f, its SLURM_CONF, else the default;
+    // one whose command line cannot be read is taken to).
+    let same = |p: &Path| {
+        let canon = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        canon(p) == canon(&ctx.slurm_conf_path)
+    };
+    let default = Path::new(crate::slurm_conf::DEFAULT_SLURM_CONF);
     let ctld = match crate::slurm::ctld_process::find_here() {
-        Ok(v) => v.into_iter().min_by(|a, b| a.started.total_cmp(&b.started)),
+        Ok(v) => v
+            .into_iter()
+            .filter(|c| {
+                crate::slurm::ctld_process::conf_of(c.pid, default).is_none_or(|p| same(&p))
+            })
+            .min_by(|a, b| a.started.total_cmp(&b.started)),
         Err(e) => {
             r.warn(&format!(
                 "cannot tell whether this host's slurmctld runs the hooks: {e}"

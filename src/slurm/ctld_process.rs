@@ -241,6 +241,42 @@ pub fn owns_listening(pid: u32, target: std::net::SocketAddr) -> bool {
     })
 }
 
+/// The slurm.conf slurmctld `pid` reads: its `-f FILE` option, else `SLURM_CONF` in its
+/// environment, else `default`; `None` when neither its command line nor its environment can
+/// be read (another user's process, not as root).
+pub fn conf_of(pid: u32, default: &std::path::Path) -> Option<std::path::PathBuf> {
+    let read = |what: &str| -> Option<Vec<u8>> {
+        let mut v = Vec::new();
+        std::fs::File::open(format!("/proc/{pid}/{what}"))
+            .ok()?
+            .take(1 << 20)
+            .read_to_end(&mut v)
+            .ok()?;
+        Some(v)
+    };
+    let cmdline = read("cmdline")?;
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    for (i, a) in args.iter().enumerate() {
+        let path = match a.strip_prefix(b"-f") {
+            Some(b"") => args.get(i + 1).copied(),
+            Some(rest) => Some(rest),
+            None => None,
+        };
+        if let Some(p) = path.filter(|p| !p.is_empty()) {
+            return Some(std::path::PathBuf::from(
+                String::from_utf8_lossy(p).into_owned(),
+            ));
+        }
+    }
+    let environ = read("environ")?;
+    let from_env = environ
+        .split(|&b| b == 0)
+        .find_map(|e| e.strip_prefix(b"SLURM_CONF="))
+        .filter(|v| !v.is_empty())
+        .map(|v| std::path::PathBuf::from(String::from_utf8_lossy(v).into_owned()));
+    Some(from_env.unwrap_or_else(|| default.to_path_buf()))
+}
+
 /// At most `cap` bytes of a text file.
 pub(crate) fn read_capped(path: &str, cap: u64) -> std::io::Result<String> {
     let mut s = String::new();
@@ -365,6 +401,46 @@ x y z 0A",
         assert!(found, "a process named slurmctld is not found");
         assert!(!trusted_as_other, "trusted while not SlurmUser");
         assert!(!trusted_as_me, "trusted from a binary anyone can write");
+    }
+
+    /// A child's slurm.conf: its `-f`, else its `SLURM_CONF`, else the default.
+    #[test]
+    fn the_slurm_conf_a_process_reads() {
+        let d = std::path::Path::new("/etc/slurm/slurm.conf");
+        // a shell that keeps running with these arguments (it does not read them)
+        let run = |args: &[&str], env: Option<&str>| {
+            let mut c = std::process::Command::new("/bin/sh");
+            c.args(["-c", "sleep 60; :"])
+                .args(args)
+                .env_remove("SLURM_CONF");
+            if let Some(e) = env {
+                c.env("SLURM_CONF", e);
+            }
+            let mut child = c.spawn().unwrap();
+            // spawn() returns once exec closed its pipe, a moment before the new program's
+            // arguments are in place: wait for them
+            let cmdline = format!("/proc/{}/cmdline", child.id());
+            while !std::fs::read(&cmdline).unwrap().starts_with(b"/bin/sh\0") {
+                std::thread::yield_now();
+            }
+            let got = conf_of(child.id(), d);
+            let _ = child.kill();
+            let _ = child.wait();
+            got
+        };
+        assert_eq!(
+            run(&["-f", "/x/slurm.conf"], None).unwrap().to_str(),
+            Some("/x/slurm.conf")
+        );
+        assert_eq!(
+            run(&["-f/y.conf"], Some("/z")).unwrap().to_str(),
+            Some("/y.conf")
+        );
+        assert_eq!(
+            run(&[], Some("/z/slurm.conf")).unwrap().to_str(),
+            Some("/z/slurm.conf")
+        );
+        assert_eq!(run(&[], None).unwrap(), d);
     }
 
     /// This test's own process, seen as `find_here` sees any: its start lies between boot
