@@ -13,8 +13,8 @@
 //!   slurmctld runs, as SlurmUser from an installed binary
 //!   ([`crate::slurm::ctld_process::find_trusted`]: after a kill -9 the heartbeat keeps
 //!   naming the dead controller for up to SlurmctldTimeout; any user can name a process
-//!   `slurmctld`); on 25.11+ its `/readyz` answer counts only from the socket that slurmctld
-//!   listens on ([`crate::slurm::ctld_process::owns_listening`]);
+//!   `slurmctld`); on 25.11+ its `/readyz` answer counts only from a listening socket that is
+//!   SlurmUser's ([`crate::slurm::ctld_process::owns_listening`]);
 //! - anything else that cannot be read (slurm.conf there but unreadable; the heartbeat
 //!   missing, stale, hostile):
 //!   [`Role::CannotTell`], and this host does not lead: no discovery, no deletion.
@@ -308,11 +308,11 @@ impl Leadership {
             let started = std::time::Instant::now();
             let target = leader::resolve(addr, port, leader::READYZ_TIMEOUT)?;
             // only an answer from the trusted slurmctld's own listening socket
-            let owner = trusted()
-                .as_ref()
-                .ok()?
-                .iter()
-                .any(|c| crate::slurm::ctld_process::owns_listening(c.pid, target));
+            let owner = trusted().as_ref().ok()?.iter().any(|c| {
+                slurm_uid.is_some_and(|uid| {
+                    crate::slurm::ctld_process::owns_listening(c.pid, uid, target)
+                })
+            });
             if !owner {
                 return None;
             }

@@ -13,9 +13,9 @@
 //! Any local user can start a process named `slurmctld`, and listen on SlurmctldPort while the
 //! real one is down. [`find_trusted`] keeps only one that runs as SlurmUser (real and
 //! effective uid) from an installed binary (owned by root, writable by nobody else, its file
-//! name starting with `slurmctld`); [`owns_listening`] tells whether such a process holds the
-//! listening socket an answer on the port comes from (`/proc/net/tcp{,6}` inodes against its
-//! `/proc/PID/fd`).
+//! name starting with `slurmctld`); [`owns_listening`] tells whether the listening socket an
+//! answer on the port comes from is SlurmUser's (its owner uid in `/proc/net/tcp{,6}`, or its
+//! inode among such a process's `/proc/PID/fd`).
 
 use std::io::Read;
 
@@ -163,16 +163,16 @@ pub fn find_trusted(slurm_uid: u32) -> Result<Vec<Slurmctld>, String> {
         .collect())
 }
 
-/// The inodes of the listening TCP sockets in `/proc/net/tcp` (or `tcp6`) text whose local
-/// port is `port` and whose local address is `ip` or the wildcard.
-pub fn listening_inodes(table: &str, port: u16, ip: std::net::IpAddr) -> Vec<u64> {
+/// The listening TCP sockets in `/proc/net/tcp` (or `tcp6`) text whose local port is `port`
+/// and whose local address is `ip` or the wildcard: (inode, owner uid) each.
+pub fn listening_sockets(table: &str, port: u16, ip: std::net::IpAddr) -> Vec<(u64, u32)> {
     table
         .lines()
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             // sl local rem st tx:rx tr:when retr uid timeout inode
-            let (local, st, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            let (local, st, uid, inode) = (f.get(1)?, f.get(3)?, f.get(7)?, f.get(9)?);
             if *st != "0A" {
                 return None;
             }
@@ -187,7 +187,10 @@ pub fn listening_inodes(table: &str, port: u16, ip: std::net::IpAddr) -> Vec<u64
                     .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
                 v4 => v4,
             };
-            (bound.is_unspecified() || v4(bound) == v4(ip)).then(|| inode.parse().ok())?
+            if !(bound.is_unspecified() || v4(bound) == v4(ip)) {
+                return None;
+            }
+            Some((inode.parse().ok()?, uid.parse().ok()?))
         })
         .collect()
 }
@@ -215,18 +218,21 @@ fn proc_net_ip(hex: &str) -> Option<std::net::IpAddr> {
     }
 }
 
-/// Whether process `pid` holds a listening TCP socket on `target` (its port, at its address
-/// or the wildcard), in this process's network namespace: the inodes of
-/// `/proc/net/tcp{,6}` against the sockets in `/proc/PID/fd`. False when either cannot be
-/// read.
-pub fn owns_listening(pid: u32, target: std::net::SocketAddr) -> bool {
-    let mut inodes = Vec::new();
+/// Whether the listening TCP socket on `target` (its port, at its address or the wildcard),
+/// in this process's network namespace, is SlurmUser's: owned by uid `slurm_uid`
+/// (`/proc/net/tcp{,6}`), or held by process `pid` (its inode among `/proc/PID/fd`). Only
+/// SlurmUser (or root) can make either so. False when the tables cannot be read.
+pub fn owns_listening(pid: u32, slurm_uid: u32, target: std::net::SocketAddr) -> bool {
+    let mut sockets = Vec::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         if let Ok(t) = read_capped(table, 16 << 20) {
-            inodes.extend(listening_inodes(&t, target.port(), target.ip()));
+            sockets.extend(listening_sockets(&t, target.port(), target.ip()));
         }
     }
-    if inodes.is_empty() {
+    if sockets.iter().any(|&(_, uid)| uid == slurm_uid) {
+        return true;
+    }
+    if sockets.is_empty() {
         return false;
     }
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
@@ -236,7 +242,7 @@ pub fn owns_listening(pid: u32, target: std::net::SocketAddr) -> bool {
         std::fs::read_link(fd.path()).is_ok_and(|l| {
             l.to_str()
                 .and_then(|s| s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
-                .is_some_and(|i: u64| inodes.contains(&i))
+                .is_some_and(|i: u64| sockets.iter().any(|&(s, _)| s == i))
         })
     })
 }
@@ -341,21 +347,36 @@ mod tests {
 ";
         let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
         // the wildcard listener serves every address; 127.0.0.1's only its own
-        assert_eq!(listening_inodes(tcp, 6817, ip("10.99.0.3")), [2287987]);
-        assert_eq!(listening_inodes(tcp, 6817, ip("127.0.0.1")), [2287987, 555]);
+        assert_eq!(
+            listening_sockets(tcp, 6817, ip("10.99.0.3")),
+            [(2287987, 64030)]
+        );
+        assert_eq!(
+            listening_sockets(tcp, 6817, ip("127.0.0.1")),
+            [(2287987, 64030), (555, 1000)]
+        );
         // a connection (st 01) is no listener; a listener on 10.99.0.3 is not on 10.99.0.2
-        assert_eq!(listening_inodes(tcp, 6818, ip("10.99.0.3")), [888]);
-        assert!(listening_inodes(tcp, 6818, ip("10.99.0.2")).is_empty());
-        assert!(listening_inodes(tcp, 6817, ip("10.99.0.3"))
+        assert_eq!(
+            listening_sockets(tcp, 6818, ip("10.99.0.3")),
+            [(888, 64030)]
+        );
+        assert!(listening_sockets(tcp, 6818, ip("10.99.0.2")).is_empty());
+        assert!(listening_sockets(tcp, 6817, ip("10.99.0.3"))
             .iter()
-            .all(|&i| i != 777));
+            .all(|&(i, _)| i != 777));
         let tcp6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 00000000000000000000000000000000:1AA1 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 64030        0 99 1 0 100 0 0 10 0
    1: 00000000000000000000000001000000:1AA1 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 1000        0 98 1 0 100 0 0 10 0
 ";
-        assert_eq!(listening_inodes(tcp6, 6817, ip("::1")), [99, 98]);
-        assert_eq!(listening_inodes(tcp6, 6817, ip("10.99.0.3")), [99]);
-        assert!(listening_inodes(
+        assert_eq!(
+            listening_sockets(tcp6, 6817, ip("::1")),
+            [(99, 64030), (98, 1000)]
+        );
+        assert_eq!(
+            listening_sockets(tcp6, 6817, ip("10.99.0.3")),
+            [(99, 64030)]
+        );
+        assert!(listening_sockets(
             "garbage
 x y z 0A",
             6817,
@@ -369,10 +390,15 @@ x y z 0A",
     fn the_owner_of_a_listening_socket() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let at = l.local_addr().unwrap();
-        assert!(owns_listening(std::process::id(), at));
-        assert!(!owns_listening(1, at) || std::process::id() == 1);
+        let me = nix::unistd::getuid().as_raw();
+        let other = me.wrapping_add(1);
+        // held by this process; owned by this uid
+        assert!(owns_listening(std::process::id(), other, at));
+        assert!(owns_listening(1, me, at));
+        // neither held by pid 1 nor owned by another uid
+        assert!(!owns_listening(1, other, at) || std::process::id() == 1);
         drop(l);
-        assert!(!owns_listening(std::process::id(), at));
+        assert!(!owns_listening(std::process::id(), me, at));
     }
 
     /// A process any user starts under the name `slurmctld` (a copy of `sleep`) is found by
