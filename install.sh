@@ -349,8 +349,31 @@ restart_note() {
     v="$(scontrol --version 2>/dev/null | awk '{print $2}')"
     major="${v%%.*}"; minor="${v#*.}"; minor="${minor%%.*}"
     [[ "$major" =~ ^[0-9]+$ && "$minor" =~ ^[0-9]+$ ]] || return 0
+    # two controllers, hooks written: pair_restart_note names every slurmctld to restart
+    if ((UNINSTALL == 0)) && (($(fact controller 2>/dev/null | wc -l) > 1)); then return 0; fi
     if ((major < 23 || (major == 23 && minor < 11))); then
         warn "Slurm $v: slurmctld runs the PrologSlurmctld/EpilogSlurmctld it started with until it restarts; restart it now for this change to take effect: systemctl restart slurmctld (running jobs keep running)"
+    fi
+}
+
+# Two controllers: slurmctld reads PrologSlurmctld/EpilogSlurmctld when it starts, and a
+# reconfigure restarts (from 23.11) only the controller in control: a standby started before
+# slurm.conf named the hooks never runs them, not even after a takeover (measured on 24.11);
+# before 23.11 no controller runs them until restarted. One line naming each to restart.
+pair_restart_note() {
+    local -a all=() need=()
+    local host whose ic major=0 minor=0
+    while read -r host whose; do all+=("$host"); done < <(fact controller)
+    ((${#all[@]} > 1)) || return 0
+    ic="$(fact in_control)"
+    if [[ "$VERSION" =~ ^([0-9]+)\.([0-9]+)$ ]]; then major=$((10#${BASH_REMATCH[1]})); minor=$((10#${BASH_REMATCH[2]})); fi
+    if ((major > 23 || (major == 23 && minor >= 11))); then
+        while read -r host whose; do
+            if [[ -n "$ic" && "$host" != "$ic" ]] || [[ -z "$ic" && "$whose" != this ]]; then need+=("$host"); fi
+        done < <(fact controller)
+        warn "two controllers: restart slurmctld on ${need[*]} (${ic:+$ic is in control; }a slurmctld started before slurm.conf named the hooks never runs them, not even after a takeover, and a reconfigure restarts only the controller in control; restarting a standby does not disturb it): on each: systemctl restart slurmctld, then cvslurm check"
+    else
+        warn "two controllers, Slurm ${VERSION:-(unknown)}: restart slurmctld on every controller, ${all[*]}, the standby first (before 23.11 a slurmctld runs only the hooks it started with; a reconfigure loads none): on each: systemctl restart slurmctld (running jobs keep running), then cvslurm check"
     fi
 }
 
@@ -798,7 +821,10 @@ if ! { [[ -f "$MANIFEST" ]] && cmp -s "$WORK/manifest" "$MANIFEST"; }; then
 fi
 
 # apply the hooks
-if ((SLURM_CONF_CHANGED)); then apply_reconfigure; fi
+if ((SLURM_CONF_CHANGED)); then
+    apply_reconfigure
+    if [[ " ${ADD_LINES[*]:-} " == *logSlurmctld=* ]]; then pair_restart_note; fi
+fi
 
 if ((DRY)); then
     if ((CHANGES == 0)); then say "no change"; else say "dry run: $CHANGES change(s) shown, nothing changed"; fi

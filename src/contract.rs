@@ -55,10 +55,47 @@
 //!
 //! What the server answers is hostile like any outside byte: it is only compared, and quoted
 //! on one line, capped, control characters escaped.
+//!
+//! SIGINT or SIGTERM (Ctrl-C, a `timeout`, a closed session) stops the questions at the next
+//! request (the one under way is finished: its outcome says whether a record may be stored),
+//! deletes what the run may have stored, and exits 130 or 143. The line it prints first names
+//! the throw-away keys and the command that deletes each by hand; a second signal ends the
+//! process at once (the handler is reset), leaving those lines as the record of what is left.
 
 use crate::cloudvision::{Answer, Client, Kind, SendError};
 use crate::text::one_line;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The signal (SIGINT or SIGTERM) that asked the run to stop; 0 while none did.
+static STOP: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: nix::libc::c_int) {
+    STOP.store(sig, Ordering::SeqCst);
+}
+
+/// Catches SIGINT and SIGTERM into [`STOP`], once each (a second one ends the process), and
+/// lets interrupted system calls restart (a request under way is finished).
+fn catch_stop_signals() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let act = SigAction::new(
+        SigHandler::Handler(on_stop_signal),
+        SaFlags::SA_RESTART | SaFlags::SA_RESETHAND,
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores into an atomic (async-signal-safe).
+        let _ = unsafe { sigaction(sig, &act) };
+    }
+}
+
+/// The signal that asked the run to stop, if one did.
+fn stop_signal() -> Option<nix::sys::signal::Signal> {
+    match STOP.load(Ordering::SeqCst) {
+        0 => None,
+        n => nix::sys::signal::Signal::try_from(n).ok(),
+    }
+}
 
 /// Every question answered, and every assumption holds (or differs harmlessly).
 pub const EXIT_HOLDS: i32 = 0;
@@ -140,6 +177,7 @@ struct Run<'a> {
 /// question 5 is asked only when there is one. Prints one line per question, the clean-up
 /// and a summary; returns [`EXIT_HOLDS`], [`EXIT_DOES_NOT_HOLD`] or [`EXIT_COULD_NOT_RUN`].
 pub fn run(client: &Client, cluster: &str, curl: &str, hostname_settings: &[&str]) -> i32 {
+    catch_stop_signals();
     let server = client.base_url().trim_start_matches("https://").to_string();
     // Reachable, TLS, the token: else nothing is written. A server that answers, but not as
     // CloudVision, is still asked the writes.
@@ -187,14 +225,24 @@ pub fn run(client: &Client, cluster: &str, curl: &str, hostname_settings: &[&str
         },
         r.job
     );
-    r.q1_get_without_key();
-    r.q2_unknown_key();
-    r.q3_other_list();
-    r.q4_end_time_kept();
-    r.q5_hostname();
-    r.q6_unknown_field();
-    r.q7_delete_job();
-    r.q8_type();
+    for question in 1..=8 {
+        if stop_signal().is_some() {
+            break;
+        }
+        match question {
+            1 => r.q1_get_without_key(),
+            2 => r.q2_unknown_key(),
+            3 => r.q3_other_list(),
+            4 => r.q4_end_time_kept(),
+            5 => r.q5_hostname(),
+            6 => r.q6_unknown_field(),
+            7 => r.q7_delete_job(),
+            _ => r.q8_type(),
+        }
+    }
+    if let Some(sig) = stop_signal() {
+        return r.interrupted(sig);
+    }
     let clean = r.clean_up();
     r.summary();
     if !r.failed.is_empty() {
@@ -390,8 +438,54 @@ impl Run<'_> {
         );
     }
 
-    /// Posts a JobConfig as it is, and notes whether it may be stored.
+    /// Stopped by a signal: says what the run may have left and how to delete it by hand
+    /// (in case the clean-up is cut short too), deletes it, and returns 128 + the signal.
+    fn interrupted(&mut self, sig: nix::sys::signal::Signal) -> i32 {
+        let mut left = Vec::new();
+        if self.job_stored {
+            left.push(format!(
+                "JobConfig {}: curl -X DELETE {} '{}'",
+                one_line(&self.job, QUOTE),
+                crate::text::escape_control(&self.curl),
+                one_line(&self.client.job_key_url(&self.job), 400)
+            ));
+        }
+        if self.node_stored {
+            left.push(format!(
+                "NodeConfig {}: curl -X DELETE {} '{}'",
+                one_line(&self.node, QUOTE),
+                crate::text::escape_control(&self.curl),
+                one_line(&self.client.node_key_url(&self.node), 400)
+            ));
+        }
+        if left.is_empty() {
+            println!("interrupted by {sig}: the questions stop here; nothing was stored");
+        } else {
+            println!(
+                "interrupted by {sig}: the questions stop here; deleting the throw-away records (should that be cut short, delete them by hand: {})",
+                left.join("; ")
+            );
+        }
+        let clean = self.clean_up();
+        println!(
+            "interrupted by {sig}{}",
+            if clean {
+                ""
+            } else {
+                ": the throw-away records above are still in CloudVision"
+            }
+        );
+        128 + sig as i32
+    }
+
+    /// Posts a JobConfig as it is, and notes whether it may be stored. Once a signal asked
+    /// the run to stop, nothing more is posted.
     fn post_job(&mut self, body: Value) -> Result<Answer, SendError> {
+        if let Some(sig) = stop_signal() {
+            return Err(SendError::Unreachable(format!(
+                "not sent: interrupted by {sig}"
+            )));
+        }
         let r = self.client.post_raw(Kind::Job, &body, None);
         self.job_stored |= may_store(&r);
         r
@@ -645,7 +739,12 @@ impl Run<'_> {
             .join(" and ");
         let host = format!("cvslurm-contract-host-{}", std::process::id());
         let body = self.whole_node(&host);
-        let r = self.client.post_raw(Kind::Node, &body, None);
+        let r = match stop_signal() {
+            Some(sig) => Err(SendError::Unreachable(format!(
+                "not sent: interrupted by {sig}"
+            ))),
+            None => self.client.post_raw(Kind::Node, &body, None),
+        };
         self.node_stored |= may_store(&r);
         if !self.answered("5", q, "the Set", &r) {
             return;

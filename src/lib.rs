@@ -78,19 +78,16 @@ pub mod internals {
         pub mod json {
             pub use crate::slurm::json::parse_jobs;
         }
+        /// From `crate::slurm::ctld_process`.
+        pub mod ctld_process {
+            pub use crate::slurm::ctld_process::find_here;
+        }
         /// From `crate::slurm::leader`.
         pub mod leader {
             pub use crate::slurm::leader::{
                 controllers, is_this_host, leader, leader_from, parse_controller, parse_heartbeat,
                 slurmctld_timeout_s, stale_after_s, Controller, Heartbeat, Leader, HEARTBEAT_LEN,
             };
-        }
-    }
-    /// From `crate::service`.
-    pub mod service {
-        /// From `crate::service::leadership`.
-        pub mod leadership {
-            pub use crate::service::leadership::own_slurmctld_runs;
         }
     }
     /// From `crate::state`.

@@ -7,6 +7,7 @@
 //! real Slurm output in its tests (`tests/fixtures/slurm-<version>/`).
 
 pub mod bounds;
+pub mod ctld_process;
 pub mod json;
 pub mod leader;
 pub mod version;

@@ -51,6 +51,16 @@ pub fn slurm_conf_path() -> PathBuf {
         .map_or_else(|| PathBuf::from(DEFAULT_SLURM_CONF), PathBuf::from)
 }
 
+/// The slurm.conf that `scontrol show config` names (its `SLURM_CONF = PATH` line): the path
+/// when it is absolute, else `None`.
+pub fn path_from_show_config(text: &str) -> Option<PathBuf> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        let p = PathBuf::from(v.trim());
+        (k.trim() == "SLURM_CONF" && p.is_absolute()).then_some(p)
+    })
+}
+
 /// Reads slurm.conf at `path` from the file system, `Include`s followed.
 pub fn load_slurm_conf(path: &Path) -> Result<SlurmConf, String> {
     let list_dir = |d: &Path| -> Vec<PathBuf> {
@@ -225,6 +235,22 @@ pub fn hook_programs(settings: &[Setting]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As 24.11's `scontrol show config` prints it (measured on the test cluster).
+    #[test]
+    fn slurm_conf_from_show_config() {
+        let text = "Configuration data as of 2026-12-03T15:34:32\nBOOT_TIME               = 2026-12-03T15:34:29\nPrologSlurmctld[0]      = /bin/true\nSLURM_CONF              = /usr/local/etc/slurm.conf\nSrunProlog              = (null)\n";
+        assert_eq!(
+            path_from_show_config(text),
+            Some(PathBuf::from("/usr/local/etc/slurm.conf"))
+        );
+        assert_eq!(path_from_show_config("SLURM_CONF = slurm.conf\n"), None);
+        assert_eq!(
+            path_from_show_config("SLURM_CONF_X = /x\nClusterName = a\n"),
+            None
+        );
+        assert_eq!(path_from_show_config(""), None);
+    }
 
     fn parse_map(files: &[(&str, &str)], root: &str) -> SlurmConf {
         let map: HashMap<PathBuf, String> = files

@@ -12,6 +12,8 @@
 //!   file), `calls` (a script whose code names a cvslurm hook link), or `other`;
 //! - `controller=NAME this|other` for each `SlurmctldHost`, in slurm.conf's order: whether it
 //!   is this host as slurmctld decides it (its short or full host name, or `localhost`);
+//! - `in_control=NAME` with two or more: the controller Slurm's heartbeat names
+//!   ([`crate::slurm::leader`]); empty when it cannot be told;
 //! - `problem=TEXT` for each slurm.conf line that could not be read (an Include).
 //!
 //! Lines install.sh added (ending with [`INSTALL_MARK`]) are left out: it rebuilds them.
@@ -76,6 +78,14 @@ pub fn facts(
             "other"
         };
         put("controller", &format!("{} {whose}", c.name));
+    }
+    if crate::slurm::leader::controllers(conf).len() > 1 {
+        let now = u64::try_from(crate::timefmt::now_epoch()).unwrap_or(0);
+        let name = match crate::slurm::leader::leader(conf, now) {
+            crate::slurm::leader::Leader::InControl { name, .. } => name,
+            crate::slurm::leader::Leader::Unknown(_) => String::new(),
+        };
+        put("in_control", &name);
     }
     for p in &conf.problems {
         put("problem", p);

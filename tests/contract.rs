@@ -538,3 +538,101 @@ fn a_failure_midway_still_cleans_up() {
     assert!(text.contains("could not be asked"), "{text}");
     nothing_left(&cv, &text);
 }
+
+/// Ctrl-C or SIGTERM while the questions run: the throw-away RUNNING record the stand-in
+/// already holds is deleted, the line printed first names it with the command that deletes it
+/// by hand, and the exit status is 128 + the signal. The stand-in holds the run at its fifth
+/// request (question 3's second Set: `"after": 4`) until the signal was sent, so it lands
+/// mid-run whatever the pace. With CloudVision failing from then on, the record is
+/// named as left, with its curl command. Old code: killed, the record stayed, nothing said.
+#[test]
+fn a_signal_midway_deletes_the_record_or_says_how() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    for (sig, code, then) in [
+        (Signal::SIGTERM, 143, json!({"mode": "ok"})),
+        (Signal::SIGINT, 130, json!({"mode": "ok"})),
+        (
+            Signal::SIGTERM,
+            143,
+            json!({"mode": "status", "status": 500}),
+        ),
+    ] {
+        let cv = Standin::start();
+        cv.set_mode(json!({"mode": "hang", "after": 4}));
+        let site = Site::new(&cv.server(), &cv.ca(), "");
+        let child = std::process::Command::new(bin())
+            .args(["check", "--contract"])
+            .env_remove("CV_API_TOKEN")
+            .env_remove("CV_API_SERVER")
+            .env("CVSLURM_CONF", &site.conf)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for("a request held", std::time::Duration::from_secs(20), || {
+            cv.requests().iter().any(|r| r["outcome"] == "hang")
+        });
+        let jobs = cv.state()["jobs"].clone();
+        let key = jobs.as_object().unwrap().keys().next().cloned();
+        let key = key.expect("the stand-in holds the throw-away record");
+        assert!(key.starts_with("cvslurm-contract-"), "{key}");
+        kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+        // releases the held request (its connection closed)
+        cv.set_mode(then.clone());
+        let out = child.wait_with_output().unwrap();
+        let text = stdout(&out) + &stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{sig}: {text}");
+        assert!(
+            text.contains(&format!(
+                "interrupted by {sig}: the questions stop here; deleting the throw-away records (should that be cut short, delete them by hand: JobConfig {key}: curl -X DELETE"
+            )),
+            "{text}"
+        );
+        if then["mode"] == "ok" {
+            assert_eq!(cv.state(), json!({"jobs": {}, "nodes": {}}), "{text}");
+            assert!(
+                text.contains(&format!(
+                    "cleaned up: the throw-away JobConfig {key} is deleted"
+                )),
+                "{text}"
+            );
+            assert!(
+                text.trim_end().ends_with(&format!("interrupted by {sig}")),
+                "{text}"
+            );
+        } else {
+            assert!(cv.stored_job(&key).is_some());
+            assert!(
+                text.contains(&format!(
+                    "FAIL clean-up: the throw-away JobConfig {key} is still in CloudVision"
+                )) && text.contains("delete it by hand: curl -X DELETE"),
+                "{text}"
+            );
+            assert!(
+                text.contains("the throw-away records above are still in CloudVision"),
+                "{text}"
+            );
+        }
+        // nothing was asked after the signal but the clean-up
+        let after_hang: Vec<String> = cv
+            .requests()
+            .iter()
+            .skip_while(|r| r["outcome"] != "hang")
+            .skip(1)
+            .map(|r| {
+                format!(
+                    "{} {}",
+                    r["method"].as_str().unwrap_or(""),
+                    r["path"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        assert!(
+            after_hang
+                .iter()
+                .all(|r| r.starts_with("DELETE") || r.starts_with("POST")),
+            "{after_hang:?}"
+        );
+    }
+}

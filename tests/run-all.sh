@@ -125,6 +125,15 @@ version_suites() { # VERSION
   for p in /var/tmp/cvslurm-e2e-pair/*.pid; do [ -f "$p" ] && kill -9 "$(cat "$p")" 2>/dev/null; done
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
   rm -f /etc/slurm/cloudvision.conf
+  step "Slurm $v: a pair installed in README's order (install.sh on each controller)"
+  SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
+    cargo test --release --test e2e_pair_install -- --ignored 2>&1 \
+    | tee "$LOG_DIR/e2e-pair-install-$v.log" | grep -E '^(test |test result|failures:|---- |\[e2e\])'
+  if [ "${PIPESTATUS[0]}" != 0 ]; then
+    failure_details "$LOG_DIR/e2e-pair-install-$v.log"; failures+=("$v: pair install end-to-end test")
+  fi
+  tests/cluster/cluster.sh down >/dev/null 2>&1 || true
+  rm -f /etc/slurm/cloudvision.conf /etc/slurm/cloudvision.token
   step "Slurm $v: install.sh on the real cluster"
   if SLURM="$v" tests/cluster/cluster.sh up 2 >"$LOG_DIR/install-cluster-$v.log" 2>&1; then
     SLURM="$v" PATH="$CLUSTER_BIN:$PATH" LIVE=1 CVSLURM_BIN="$PWD/$BIN" tests/install/test_install.sh 2>&1 \

@@ -695,8 +695,9 @@ fn pair_this_host_second(site: &Site) -> (std::path::PathBuf, std::path::PathBuf
         &slurm_conf,
         format!(
             "ClusterName=hpc-cluster-west\nSlurmctldHost=cvslurm-other-ctl(10.99.0.2)\n\
-             SlurmctldHost={me}\nSlurmctldTimeout=60\nStateSaveLocation={}\n",
-            save.display()
+             SlurmctldHost={me}\nSlurmctldTimeout=60\nStateSaveLocation={}\nSlurmUser={}\n",
+            save.display(),
+            this_user()
         ),
     )
     .unwrap();
@@ -722,9 +723,20 @@ fn write_heartbeat(save: &std::path::Path, index: u64) {
 /// forking meanwhile can hold the copy's write descriptor until its exec, and the spawn fails
 /// with ETXTBSY (seen once in a full run).
 fn fake_slurmctld(site: &Site) -> std::process::Child {
+    use std::os::unix::fs::PermissionsExt;
     let fake = site.dir.path().join("slurmctld");
-    std::os::unix::fs::symlink("/bin/sleep", &fake).unwrap();
+    std::fs::copy("/bin/sleep", &fake).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     Command::new(&fake).arg("120").spawn().unwrap()
+}
+
+/// This test's user name: SlurmUser in the scratch slurm.confs (the service trusts a
+/// slurmctld only as SlurmUser, from a binary only root can write: as root, `fake_slurmctld`).
+fn this_user() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .unwrap()
+        .name
 }
 
 /// Issue 19: the service on each controller of a pair; Slurm's heartbeat decides which one
@@ -825,9 +837,21 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
     );
 
     // A takeover: the heartbeat names this host, and a process named slurmctld runs here.
-    let other_slurmctld = cvslurm::internals::service::leadership::own_slurmctld_runs();
+    let other_slurmctld =
+        cvslurm::internals::slurm::ctld_process::find_here().map_or(true, |v| !v.is_empty());
     let mut slurmctld = fake_slurmctld(&site);
     heartbeat(1);
+    if !nix::unistd::getuid().is_root() && !other_slurmctld {
+        // Not root: the fake runs from a binary its user can write, as any user could start
+        // one: not trusted, this host does not lead. The rest needs root.
+        wait_for("cannot tell", Duration::from_secs(10), || {
+            site.log()
+                .contains("no slurmctld runs here (as SlurmUser, from an installed binary)")
+        });
+        let _ = slurmctld.kill();
+        let _ = slurmctld.wait();
+        return;
+    }
     wait_for("this host leads", Duration::from_secs(10), || {
         site.log().contains("this host now leads: the heartbeat")
     });
@@ -880,6 +904,80 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
     assert_eq!(site.log().matches("cannot list nodes").count(), inventories);
 }
 
+/// A pair whose slurm.conf is not where the service looks (`SLURM_CONF` names a file that is
+/// not there, as /etc/slurm/slurm.conf is not on a site whose Slurm was built for another
+/// path): the service asks Slurm (`scontrol show config`, its `SLURM_CONF` line), finds the
+/// pair, and the standby does not lead. Old code: no slurm.conf, so this host was taken for
+/// the only controller, and both led.
+#[test]
+fn a_pair_whose_slurm_conf_is_elsewhere_still_has_one_leader() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let (slurm_conf, save) = pair_this_host_second(&site);
+    site.command(
+        "scontrol",
+        &format!(
+            "#!/bin/sh\ncase \"$*\" in\n*--version*) echo 'slurm 24.11.5' ;;\n\
+             *'show config'*) printf 'ClusterName             = hpc-cluster-west\\nSLURM_CONF              = %s\\n' '{}' ;;\n\
+             *) exit 1 ;;\nesac\n",
+            slurm_conf.display()
+        ),
+    );
+    write_heartbeat(&save, 0);
+    let nowhere = site.dir.path().join("no-such-slurm.conf");
+    let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &nowhere)]);
+    wait_for("a leadership line", Duration::from_secs(20), || {
+        let log = site.log();
+        log.contains("this host now leads") || log.contains("this host does not lead")
+    });
+    let log = site.log();
+    assert!(!log.contains("this host now leads"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "slurm.conf is {} (scontrol show config, SLURM_CONF)",
+            slurm_conf.display()
+        )) && log.contains("names cvslurm-other-ctl, not this host"),
+        "{log}"
+    );
+}
+
+/// A process any local user starts under the name `slurmctld` does not make this host lead:
+/// the heartbeat names this host, the "slurmctld" runs as a user that is not SlurmUser, from
+/// a binary anyone can write. Old code: any process so named counted.
+#[test]
+fn a_process_merely_named_slurmctld_does_not_make_this_host_lead() {
+    use std::os::unix::fs::PermissionsExt;
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let (slurm_conf, save) = pair_this_host_second(&site);
+    // SlurmUser is nobody: neither this fake nor another test's (run as this user, beside
+    // this one) is SlurmUser's
+    let text = std::fs::read_to_string(&slurm_conf).unwrap();
+    std::fs::write(
+        &slurm_conf,
+        text.replace(&format!("SlurmUser={}", this_user()), "SlurmUser=nobody"),
+    )
+    .unwrap();
+    let fake = site.dir.path().join("slurmctld");
+    std::fs::copy("/bin/sleep", &fake).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut slurmctld = Command::new(&fake).arg("120").spawn().unwrap();
+    write_heartbeat(&save, 1);
+    let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
+    wait_for("a leadership line", Duration::from_secs(20), || {
+        let log = site.log();
+        log.contains("this host now leads") || log.contains("this host does not lead")
+    });
+    let log = site.log();
+    let _ = slurmctld.kill();
+    let _ = slurmctld.wait();
+    assert!(!log.contains("this host now leads"), "{log}");
+    assert!(
+        log.contains("no slurmctld runs here (as SlurmUser, from an installed binary)"),
+        "{log}"
+    );
+}
+
 /// Issue 34, round 4: a controller that slurm.conf names by its full host name
 /// (`SlurmctldHost=ctl1.example.com`, as slurmctld matches a host by its full name or its
 /// short one) leads when the heartbeat names it. This host is given that name in a UTS
@@ -906,6 +1004,10 @@ fn a_controller_named_by_its_full_host_name_leads() {
         ),
     )
     .unwrap();
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("skipped: a slurmctld is trusted only from a binary root owns (run as root)");
+        return;
+    }
     let mut slurmctld = fake_slurmctld(&site);
     write_heartbeat(&save, 1);
     let _svc = Service::start_command(&site, cmd, &[("SLURM_CONF", &slurm_conf)]);

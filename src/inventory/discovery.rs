@@ -169,6 +169,12 @@ impl Inventory<'_> {
             // A MAC belongs to one node: a record that claims another node's is held.
             let stored = crate::state::StateDir::new(&self.cfg.state_dir).nodes.all();
             super::mac_claims::hold_claimed_macs(&mut out, &stored);
+            // So does a host name, where NodeConfigs carry the reported one.
+            if self.cfg.node_hostname == crate::config::NodeHostname::HostName {
+                for why in super::mac_claims::drop_claimed_hostnames(&mut out, &stored).values() {
+                    log::warn!("{}", crate::logging::escape_control(why));
+                }
+            }
             out
         })
     }

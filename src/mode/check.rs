@@ -251,6 +251,7 @@ const CHECKS: &[Check] = &[
     slurm_user,
     hooks,
     controllers,
+    hooks_loaded,
     slurm_release,
     token,
     token_file_readable,
@@ -580,6 +581,201 @@ fn controllers(ctx: &mut Context, r: &mut Report) {
         r.warn(&format!(
             "this host ({me}) is not a SlurmctldHost in slurm.conf: the hooks run on the controllers; run cvslurm check on each of them"
         ));
+    }
+}
+
+/// This host's slurmctld in relation to the hooks ([`hooks_loaded_verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Here<'a> {
+    /// This host's slurmctld is in control (or the only controller).
+    InControl,
+    /// Another controller (its name) is in control: this host's slurmctld is the standby.
+    Standby(&'a str),
+    /// Who is in control cannot be told.
+    Unknown,
+}
+
+/// What [`hooks_loaded_verdict`] decides from.
+#[derive(Debug, Clone, Copy)]
+struct HookFacts<'a> {
+    /// The newest file that names a PrologSlurmctld/EpilogSlurmctld, and its mtime (Unix s).
+    named_in: &'a Path,
+    named_at: f64,
+    /// This host's slurmctld: its pid and start (Unix s, from /proc: at most ~1 s early).
+    pid: u32,
+    started: f64,
+    here: Here<'a>,
+    /// Slurm 23.11 or later: `scontrol reconfigure` restarts the slurmctld in control in place.
+    restarts_in_place: bool,
+    /// BOOT_TIME of `scontrol show config` (the slurmctld in control), asked only where it is
+    /// this host's and restarts in place: when it last (re)started, Unix s.
+    boot_time: Option<i64>,
+}
+
+/// How far /proc's start time may lie before the truth (`btime` is whole seconds), and a
+/// little more: a slurmctld that started within this of slurm.conf's change is taken to have
+/// started after it.
+const START_SLACK_S: f64 = 1.5;
+
+/// Whether this host's running slurmctld runs the hooks slurm.conf names: `Ok` (the line) when
+/// it started, or was restarted in place by a reconfigure (Slurm 23.11+, the controller in
+/// control), after the file naming them last changed; `Err` (the line, with the command that
+/// makes it run them) when not. slurmctld reads PrologSlurmctld/EpilogSlurmctld when it starts:
+/// one started before slurm.conf named them never runs them, not even after a takeover (a
+/// reconfigure restarts only the controller in control; before 23.11 not even that one).
+fn hooks_loaded_verdict(f: &HookFacts) -> Result<String, String> {
+    let at = |t: f64| {
+        crate::timefmt::format_epoch(t.floor() as i64).unwrap_or_else(|| format!("{t:.0}"))
+    };
+    let named = format!(
+        "slurm.conf named the hooks ({} changed at {})",
+        f.named_in.display(),
+        at(f.named_at)
+    );
+    let who = match f.here {
+        Here::InControl => format!("this host's slurmctld (pid {}, in control)", f.pid),
+        Here::Standby(c) => format!(
+            "this host's slurmctld (pid {}, the standby: {c} is in control)",
+            f.pid
+        ),
+        Here::Unknown => format!("this host's slurmctld (pid {})", f.pid),
+    };
+    if f.started + START_SLACK_S >= f.named_at {
+        return Ok(format!(
+            "{who} started at {}, after {named}: it runs them",
+            at(f.started)
+        ));
+    }
+    if f.here == Here::InControl && f.restarts_in_place {
+        // BOOT_TIME is whole seconds; a reconfigure in the same second as the change counts.
+        if let Some(b) = f.boot_time.filter(|&b| b as f64 >= f.named_at.floor()) {
+            return Ok(format!(
+                "{who} was restarted in place by scontrol reconfigure at {}, after {named}: it runs them",
+                at(b as f64)
+            ));
+        }
+    }
+    let remedy = match f.here {
+        Here::Standby(c) => format!(
+            "restart it here: systemctl restart slurmctld (restarting the standby does not disturb {c})"
+        ),
+        Here::InControl if f.restarts_in_place => {
+            "run scontrol reconfigure (from Slurm 23.11 it restarts the slurmctld in control in place; running jobs keep running)".to_string()
+        }
+        Here::InControl => {
+            "before Slurm 23.11 a reconfigure does not load them: restart it: systemctl restart slurmctld (running jobs keep running)".to_string()
+        }
+        Here::Unknown => "restart it: systemctl restart slurmctld".to_string(),
+    };
+    Err(format!(
+        "{who} started at {}, before {named}: it does not run them, not even after a takeover; {remedy}",
+        at(f.started)
+    ))
+}
+
+/// Fails when this host's running slurmctld started before slurm.conf named the hooks
+/// ([`hooks_loaded_verdict`]); says nothing when no slurmctld runs here (it reads slurm.conf
+/// when it starts) or slurm.conf names no hook.
+fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
+    use crate::slurm::leader::{self, Leader};
+    let Some(sc) = &ctx.slurm_conf else { return };
+    let mut newest: Option<(PathBuf, f64)> = None;
+    for key in crate::slurm_facts::HOOK_KEYS {
+        for s in sc.all(key) {
+            if hook_programs(std::slice::from_ref(s)).is_empty() {
+                continue;
+            }
+            let Some(t) = fs::metadata(&s.file).ok().and_then(|m| m.modified().ok()) else {
+                continue;
+            };
+            let t = t
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            if newest.as_ref().is_none_or(|(_, n)| t > *n) {
+                newest = Some((s.file.clone(), t));
+            }
+        }
+    }
+    let Some((named_in, named_at)) = newest else {
+        return;
+    };
+    // Only a slurmctld that reads this slurm.conf (its -f, its SLURM_CONF, else the default;
+    // one whose command line cannot be read is taken to).
+    let same = |p: &Path| {
+        let canon = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        canon(p) == canon(&ctx.slurm_conf_path)
+    };
+    let default = Path::new(crate::slurm_conf::DEFAULT_SLURM_CONF);
+    let ctld = match crate::slurm::ctld_process::find_here() {
+        Ok(v) => v
+            .into_iter()
+            .filter(|c| {
+                crate::slurm::ctld_process::conf_of(c.pid, default).is_none_or(|p| same(&p))
+            })
+            .min_by(|a, b| a.started.total_cmp(&b.started)),
+        Err(e) => {
+            r.warn(&format!(
+                "cannot tell whether this host's slurmctld runs the hooks: {e}"
+            ));
+            return;
+        }
+    };
+    let Some(ctld) = ctld else { return };
+    let list = leader::controllers(sc);
+    let me = leader::this_hostname();
+    let in_control;
+    let here = if list.len() < 2 {
+        Here::InControl
+    } else {
+        match leader::leader(sc, u64::try_from(crate::timefmt::now_epoch()).unwrap_or(0)) {
+            Leader::InControl { index, name, .. } => {
+                if list
+                    .get(index)
+                    .is_some_and(|c| leader::is_this_host(c, &me))
+                {
+                    Here::InControl
+                } else {
+                    in_control = name;
+                    Here::Standby(&in_control)
+                }
+            }
+            Leader::Unknown(_) => Here::Unknown,
+        }
+    };
+    let slurm = ctx.cfg.as_ref().map(crate::runner::Slurm::from_config);
+    let restarts_in_place = slurm
+        .as_ref()
+        .and_then(|s| crate::slurm::version(s).ok())
+        .is_some_and(|v| (v.major, v.minor) >= (23, 11));
+    let mut facts = HookFacts {
+        named_in: &named_in,
+        named_at,
+        pid: ctld.pid,
+        started: ctld.started,
+        here,
+        restarts_in_place,
+        boot_time: None,
+    };
+    if hooks_loaded_verdict(&facts).is_err() && here == Here::InControl && restarts_in_place {
+        facts.boot_time = slurm.as_ref().and_then(|s| {
+            let out = s
+                .run(
+                    "scontrol",
+                    &["show", "config"],
+                    crate::slurm::COMMAND_TIMEOUT,
+                )
+                .ok()?;
+            out.lines().find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                (k.trim() == "BOOT_TIME")
+                    .then(|| crate::timefmt::parse_slurm_epoch(v))
+                    .flatten()
+            })
+        });
+    }
+    match hooks_loaded_verdict(&facts) {
+        Ok(line) => r.ok(&line),
+        Err(line) => r.fail(&line),
     }
 }
 
@@ -923,6 +1119,101 @@ fn check_log_file(r: &mut Report, file: &Path, u: &SlurmUser) {
 mod tests {
     use super::*;
     use crate::slurm_conf::Setting;
+
+    /// The decision of `hooks_loaded`: started after the change, or (in control, 23.11+)
+    /// reconfigured after it: runs them; else the command that makes it, by role and release.
+    #[test]
+    fn a_slurmctld_started_before_the_hooks_is_named_with_its_restart() {
+        let conf = Path::new("/etc/slurm/slurm.conf");
+        let base = HookFacts {
+            named_in: conf,
+            named_at: 1_800_000_100.4,
+            pid: 42,
+            started: 1_800_000_000.0,
+            here: Here::Standby("ctl1"),
+            restarts_in_place: true,
+            boot_time: None,
+        };
+        // the standby, on every release: restart it, the controller in control undisturbed
+        for restarts_in_place in [true, false] {
+            let f = HookFacts {
+                restarts_in_place,
+                ..base
+            };
+            let e = hooks_loaded_verdict(&f).unwrap_err();
+            assert!(e.contains("pid 42, the standby: ctl1 is in control"), "{e}");
+            assert!(e.contains("before slurm.conf named the hooks (/etc/slurm/slurm.conf changed at 2027-01-15T08:01:40Z)"), "{e}");
+            assert!(e.contains("not even after a takeover"), "{e}");
+            assert!(e.ends_with("restart it here: systemctl restart slurmctld (restarting the standby does not disturb ctl1)"), "{e}");
+            // a BOOT_TIME is never the standby's own (scontrol asks the one in control)
+            let f = HookFacts {
+                boot_time: Some(1_800_000_200),
+                ..f
+            };
+            assert!(hooks_loaded_verdict(&f).is_err());
+        }
+        // started after the change (or within the slack of /proc's whole-second boot time)
+        for started in [1_800_000_101.0, 1_800_000_099.0] {
+            let ok = hooks_loaded_verdict(&HookFacts { started, ..base }).unwrap();
+            assert!(
+                ok.contains("after slurm.conf named the hooks") && ok.ends_with("it runs them"),
+                "{ok}"
+            );
+        }
+        assert!(hooks_loaded_verdict(&HookFacts {
+            started: 1_800_000_098.8,
+            ..base
+        })
+        .is_err());
+        // in control, 23.11+: a reconfigure restarted it in place (BOOT_TIME, whole seconds,
+        // the same second as the change counts), else run one
+        let ctl = HookFacts {
+            here: Here::InControl,
+            ..base
+        };
+        let e = hooks_loaded_verdict(&ctl).unwrap_err();
+        assert!(
+            e.contains("(pid 42, in control)") && e.contains("run scontrol reconfigure"),
+            "{e}"
+        );
+        for b in [1_800_000_100, 1_800_000_300] {
+            let ok = hooks_loaded_verdict(&HookFacts {
+                boot_time: Some(b),
+                ..ctl
+            })
+            .unwrap();
+            assert!(
+                ok.contains("restarted in place by scontrol reconfigure"),
+                "{ok}"
+            );
+        }
+        assert!(hooks_loaded_verdict(&HookFacts {
+            boot_time: Some(1_800_000_099),
+            ..ctl
+        })
+        .is_err());
+        // in control before 23.11: a reconfigure does not load them; restart
+        let old = HookFacts {
+            restarts_in_place: false,
+            boot_time: Some(1_800_000_300),
+            ..ctl
+        };
+        let e = hooks_loaded_verdict(&old).unwrap_err();
+        assert!(
+            e.contains("before Slurm 23.11") && e.contains("systemctl restart slurmctld"),
+            "{e}"
+        );
+        // who is in control unknown
+        let e = hooks_loaded_verdict(&HookFacts {
+            here: Here::Unknown,
+            ..base
+        })
+        .unwrap_err();
+        assert!(
+            e.ends_with("restart it: systemctl restart slurmctld"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn hook_lists_and_names() {

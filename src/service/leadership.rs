@@ -4,12 +4,17 @@
 //! holds) always runs; inventory, node deletions, reconciliation and resends run only while
 //! this host [`Role::Leads`]. Slurm decides, never cvslurm:
 //! - slurm.conf names one `SlurmctldHost` (or none), or there is no slurm.conf at its path
-//!   (a site whose slurm.conf is elsewhere, its service not given `SLURM_CONF`): this host
-//!   leads (one controller, as before two were known);
+//!   and `scontrol show config` names none that exists: this host leads (one controller, as
+//!   before two were known). A slurm.conf elsewhere is found by asking Slurm (its
+//!   `SLURM_CONF` line), so a pair whose service was not given `SLURM_CONF` still has one
+//!   leader;
 //! - two or more: this host leads when `StateSaveLocation/heartbeat` names it, the heartbeat
-//!   is fresh ([`crate::slurm::leader`]: at most SlurmctldTimeout old) **and** a process named
-//!   `slurmctld` runs on this host ([`own_slurmctld_runs`]: after a kill -9 the heartbeat keeps
-//!   naming the dead controller for up to SlurmctldTimeout);
+//!   is fresh ([`crate::slurm::leader`]: at most SlurmctldTimeout old) **and** this host's
+//!   slurmctld runs, as SlurmUser from an installed binary
+//!   ([`crate::slurm::ctld_process::find_trusted`]: after a kill -9 the heartbeat keeps
+//!   naming the dead controller for up to SlurmctldTimeout; any user can name a process
+//!   `slurmctld`); on 25.11+ its `/readyz` answer counts only from a listening socket that is
+//!   SlurmUser's ([`crate::slurm::ctld_process::owns_listening`]);
 //! - anything else that cannot be read (slurm.conf there but unreadable; the heartbeat
 //!   missing, stale, hostile):
 //!   [`Role::CannotTell`], and this host does not lead: no discovery, no deletion.
@@ -121,7 +126,7 @@ pub fn decide_with(
         Ok(c) => c,
         Err(NoConf::Missing(path)) => {
             return Role::Leads(format!(
-                "there is no {}: this host is taken for the only controller (on a pair, set SLURM_CONF in the service's environment)",
+                "there is no {} and scontrol show config names none: this host is taken for the only controller (on a pair, set SLURM_CONF in the service's environment)",
                 path.display()
             ))
         }
@@ -168,7 +173,7 @@ pub fn decide_with(
             }
             if !own_slurmctld_runs() {
                 return Role::CannotTell(format!(
-                    "the heartbeat ({age_s} s old) names this host ({name}), but no slurmctld runs here: killed? a takeover follows within SlurmctldTimeout"
+                    "the heartbeat ({age_s} s old) names this host ({name}), but no slurmctld runs here (as SlurmUser, from an installed binary): killed? a takeover follows within SlurmctldTimeout"
                 ));
             }
             if ready == Some(false) {
@@ -188,51 +193,15 @@ pub fn decide_with(
     }
 }
 
-/// Whether a process named `slurmctld` runs on this host: one in `/proc` whose name
-/// (`/proc/PID/stat`) is `slurmctld`, not a zombie, in this process's network namespace (the
-/// host's network, where its slurmctld listens: a slurmctld in a container or another
-/// namespace with a network of its own is another host's; a process whose namespace cannot
-/// be read counts). `/proc` not readable:
-/// true (the heartbeat alone decides, as without this check).
-pub fn own_slurmctld_runs() -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return true;
-    };
-    let net = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
-    let mine = net("self");
-    entries.flatten().any(|e| {
-        let pid = e.file_name().to_string_lossy().into_owned();
-        if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-            return false;
-        }
-        // At most 4 KiB: `pid (comm) state …`; comm may hold ')' and spaces.
-        let Ok(stat) = read_capped(&format!("/proc/{pid}/stat"), 4096) else {
-            return false;
-        };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            return false;
-        };
-        if open >= close || &stat[open + 1..close] != "slurmctld" {
-            return false;
-        }
-        let state = stat[close + 1..].trim_start().chars().next();
-        if matches!(state, Some('Z') | Some('X') | None) {
-            return false;
-        }
-        match (&mine, net(&pid)) {
-            (Some(a), Some(b)) => *a == b,
-            _ => true,
-        }
-    })
-}
-
-fn read_capped(path: &str, cap: u64) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut s = String::new();
-    std::fs::File::open(path)?
-        .take(cap)
-        .read_to_string(&mut s)?;
-    Ok(s)
+/// SlurmUser's uid (slurm.conf's `SlurmUser`, else root); `None` when it is no known user.
+pub fn slurm_user_uid(conf: &SlurmConf) -> Option<u32> {
+    let name = conf
+        .last("SlurmUser")
+        .map_or("root".to_string(), |s| s.value.trim().to_string());
+    nix::unistd::User::from_name(&name)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
 }
 
 /// How old the [`Gate`]'s verdict may be before it decides again (a decision reads
@@ -250,10 +219,12 @@ pub const GATE_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 /// its RUNNINGs unsent. With one controller this host always leads, in one term since the
 /// epoch: nothing changes.
 pub struct Gate {
-    pair: bool,
+    pair: std::sync::atomic::AtomicBool,
     readyz: std::sync::atomic::AtomicBool,
     decide: Box<dyn Fn(bool) -> Role + Send + Sync>,
     state: std::sync::Mutex<GateState>,
+    /// The slurm.conf the monitor decides from, once it named one ([`Gate::set_conf_path`]).
+    conf: std::sync::Arc<std::sync::Mutex<Option<std::path::PathBuf>>>,
 }
 
 #[derive(Default)]
@@ -277,7 +248,7 @@ impl GateState {
 
 impl std::fmt::Debug for Gate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gate").field("pair", &self.pair).finish()
+        f.debug_struct("Gate").field("pair", &self.pair()).finish()
     }
 }
 
@@ -285,22 +256,52 @@ impl Gate {
     /// A gate for this host: `pair` when slurm.conf names two or more `SlurmctldHost`
     /// (otherwise it always leads), deciding as [`Leadership::update`] does.
     pub fn new(pair: bool) -> Gate {
-        Gate::with(pair, Box::new(decide_here))
+        let conf: std::sync::Arc<std::sync::Mutex<Option<std::path::PathBuf>>> = Default::default();
+        let seen = conf.clone();
+        let mut gate = Gate::with(
+            pair,
+            Box::new(move |readyz| {
+                let path = seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .unwrap_or_else(crate::slurm_conf::slurm_conf_path);
+                decide_at(&path, readyz)
+            }),
+        );
+        gate.conf = conf;
+        gate
+    }
+
+    /// The slurm.conf the monitor found (`$SLURM_CONF`, the default, or the one `scontrol
+    /// show config` named): decisions read it from now on, and whether this host is one of a
+    /// pair follows it.
+    pub fn set_conf_path(&self, path: &std::path::Path) {
+        let mut conf = self.conf.lock().unwrap_or_else(|e| e.into_inner());
+        if conf.as_deref() == Some(path) {
+            return;
+        }
+        *conf = Some(path.to_path_buf());
+        if let Ok(c) = crate::slurm_conf::load_slurm_conf(path) {
+            let pair = crate::slurm::leader::controllers(&c).len() >= 2;
+            self.pair.store(pair, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// A gate whose decisions come from `decide` (given whether `/readyz` is asked).
     pub fn with(pair: bool, decide: Box<dyn Fn(bool) -> Role + Send + Sync>) -> Gate {
         Gate {
-            pair,
+            pair: std::sync::atomic::AtomicBool::new(pair),
             readyz: std::sync::atomic::AtomicBool::new(false),
             decide,
             state: Default::default(),
+            conf: Default::default(),
         }
     }
 
     /// Whether this host is one of a controller pair.
     pub fn pair(&self) -> bool {
-        self.pair
+        self.pair.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// From now on `GET /readyz` is asked too (this Slurm release answers it).
@@ -312,7 +313,7 @@ impl Gate {
     /// this host does not lead or cannot tell. Decided again when the last verdict is older
     /// than [`GATE_FRESH`].
     pub fn term(&self) -> Option<u128> {
-        if !self.pair {
+        if !self.pair() {
             return Some(0);
         }
         // Decided under the lock: one decision at a time, and nobody uses a verdict older
@@ -346,25 +347,51 @@ impl Gate {
     }
 }
 
-/// The role of this host decided now, as [`Leadership::update`] decides it.
-fn decide_here(readyz_answers: bool) -> Role {
-    let path = crate::slurm_conf::slurm_conf_path();
-    let conf = crate::slurm_conf::load_slurm_conf(&path);
+/// The role of this host decided now from the slurm.conf at `path`, as [`Leadership::update`]
+/// decides it: this host's slurmctld trusted only as SlurmUser from an installed binary, and
+/// `/readyz` (with `readyz_answers`) only from that slurmctld's own listening socket.
+fn decide_at(path: &std::path::Path, readyz_answers: bool) -> Role {
+    let conf = crate::slurm_conf::load_slurm_conf(path);
     let now = crate::timefmt::now_epoch();
     let missing = conf.is_err() && !path.exists();
+    // Looked for at most once per decision, when the decision needs it.
+    let slurm_uid = conf.as_ref().ok().and_then(slurm_user_uid);
+    let found = std::cell::OnceCell::new();
+    let trusted = || {
+        found.get_or_init(|| match slurm_uid {
+            Some(uid) => crate::slurm::ctld_process::find_trusted(uid),
+            None => Ok(Vec::new()),
+        })
+    };
+    let runs = || trusted().as_ref().map_or(true, |v| !v.is_empty());
+    let ask = |addr: &str, port: u16| {
+        let started = std::time::Instant::now();
+        let target = leader::resolve(addr, port, leader::READYZ_TIMEOUT)?;
+        // only an answer from the trusted slurmctld's own listening socket
+        let owner = trusted().as_ref().ok()?.iter().any(|c| {
+            slurm_uid.is_some_and(|uid| crate::slurm::ctld_process::owns_listening(c.pid, uid, target))
+        });
+        if !owner {
+            return None;
+        }
+        leader::readyz_at(
+            target,
+            addr,
+            leader::READYZ_TIMEOUT.checked_sub(started.elapsed())?,
+        )
+    };
     decide_with(
         conf.as_ref().map_err(|e| {
             if missing {
-                NoConf::Missing(&path)
+                NoConf::Missing(path)
             } else {
                 NoConf::Unreadable(e)
             }
         }),
         &leader::this_hostname(),
         u64::try_from(now).unwrap_or(0),
-        &own_slurmctld_runs,
-        readyz_answers
-            .then_some(&|addr: &str, port: u16| leader::readyz(addr, port, leader::READYZ_TIMEOUT)),
+        &runs,
+        readyz_answers.then_some(&ask),
     )
 }
 
@@ -410,13 +437,27 @@ pub struct Leadership {
     /// This host's current leadership follows another controller's (see
     /// [`Leadership::took_over`]).
     took_over: bool,
+    /// Slurm's commands: where slurm.conf is not at its path, `scontrol show config` names it.
+    slurm: Option<crate::runner::Slurm>,
+    /// The slurm.conf `scontrol show config` named, once it did.
+    asked: Option<std::path::PathBuf>,
+    /// When to ask it again after it named none.
+    ask_again: Option<std::time::Instant>,
 }
 
+/// How long `scontrol show config` may take when asked where slurm.conf is.
+const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often it is asked again while it names no slurm.conf.
+const ASK_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Leadership {
-    /// A leadership that feeds `gate` each role it decides.
-    pub fn with_gate(gate: std::sync::Arc<Gate>) -> Leadership {
+    /// Leadership that asks Slurm (`scontrol show config`, its `SLURM_CONF` line) where
+    /// slurm.conf is when it is not at its path (`$SLURM_CONF`, else /etc/slurm/slurm.conf),
+    /// and feeds `gate` each role it decides (and the slurm.conf it decides from).
+    pub fn new(slurm: crate::runner::Slurm, gate: Option<std::sync::Arc<Gate>>) -> Leadership {
         Leadership {
-            gate: Some(gate),
+            slurm: Some(slurm),
+            gate,
             ..Leadership::default()
         }
     }
@@ -427,6 +468,47 @@ impl Leadership {
     /// service restarted meanwhile or not: a restart of the leader's service is no takeover.
     pub fn took_over(&self) -> bool {
         self.took_over
+    }
+
+    /// slurm.conf's path: `$SLURM_CONF`, else the default; where no file is there, the one
+    /// `scontrol show config` names (asked at most every [`ASK_EVERY`] until it names one
+    /// that exists, then kept).
+    fn conf_path(&mut self) -> std::path::PathBuf {
+        let path = crate::slurm_conf::slurm_conf_path();
+        if path.exists() {
+            return path;
+        }
+        if let Some(p) = &self.asked {
+            return p.clone();
+        }
+        let Some(slurm) = &self.slurm else {
+            return path;
+        };
+        if self
+            .ask_again
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            return path;
+        }
+        self.ask_again = Some(std::time::Instant::now() + ASK_EVERY);
+        match slurm.run("scontrol", &["show", "config"], ASK_TIMEOUT) {
+            Ok(out) => match crate::slurm_conf::path_from_show_config(&out) {
+                Some(p) if p.exists() => {
+                    log::info!(
+                        "there is no {}: slurm.conf is {} (scontrol show config, SLURM_CONF)",
+                        path.display(),
+                        p.display()
+                    );
+                    self.asked = Some(p.clone());
+                    p
+                }
+                _ => path,
+            },
+            Err(e) => {
+                log::debug!("where is slurm.conf? {e}");
+                path
+            }
+        }
     }
 
     /// Decides the role again (slurm.conf read now; with `readyz_answers`, this Slurm release
@@ -443,10 +525,12 @@ impl Leadership {
     }
 
     fn decide_now(&mut self, outbox: &StateDir, readyz_answers: bool, poll: bool) -> &Role {
-        let role = decide_here(readyz_answers);
+        let path = self.conf_path();
         if let Some(g) = &self.gate {
             g.set_readyz(readyz_answers);
+            g.set_conf_path(&path);
         }
+        let role = decide_at(&path, readyz_answers);
         self.apply(role, crate::timefmt::now_epoch(), outbox, poll);
         self.role.as_ref().expect("set by apply")
     }

@@ -48,7 +48,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     let follow_records = inv.cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
     let mut records = resend::RecordWatch::default();
     let mut resend_on: BTreeSet<String> = BTreeSet::new();
-    let mut leadership = Leadership::with_gate(sender.gate());
+    let mut leadership = Leadership::new(inv.slurm.clone(), Some(sender.gate()));
     let mut leads = false;
     // On a pair, a host that becomes leader catches up the ends the other may not have sent.
     let mut catch_up: Option<CatchUp> = None;

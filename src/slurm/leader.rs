@@ -15,7 +15,7 @@
 
 use crate::slurm_conf::SlurmConf;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// The heartbeat's file name inside StateSaveLocation.
@@ -231,7 +231,7 @@ pub fn leader(conf: &SlurmConf, now: u64) -> Leader {
 /// hung NFS StateSaveLocation). While a read given up is still stuck, no other is started:
 /// the answer is "cannot read" at once, and at most one thread waits on the filesystem.
 pub fn read_heartbeat(path: &Path, timeout: Duration) -> Result<Vec<u8>, String> {
-    static STUCK: AtomicBool = AtomicBool::new(false);
+    static STUCK: AtomicUsize = AtomicUsize::new(0);
     let p = path.to_path_buf();
     let read = move || -> Result<Vec<u8>, String> {
         use std::io::Read;
@@ -272,33 +272,51 @@ enum Late {
     StillStuck,
 }
 
-/// Runs `f` in a thread of its own and waits at most `timeout` for it. `stuck` is set while a
-/// thread given up on still runs: no second one is started then (a hung filesystem holds one
-/// thread, not one per poll).
+/// Runs `f` in a thread of its own and waits at most `timeout` for it. `stuck` counts the
+/// threads given up on that still run: while one does, no other is started (a hung filesystem
+/// or resolver holds one thread, not one per poll). Calls that overlap without timing out do
+/// not hold each other up.
 fn within<T: Send + 'static>(
-    stuck: &'static AtomicBool,
+    stuck: &'static AtomicUsize,
     timeout: Duration,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Late> {
-    if stuck
-        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
+    use std::sync::{Arc, Mutex};
+    if stuck.load(Ordering::Acquire) > 0 {
         return Err(Late::StillStuck);
     }
+    // (given up on, done): changed under the lock by either side, so a thread that ends just
+    // as it is given up on is counted exactly once or not at all.
+    let state = Arc::new(Mutex::new((false, false)));
+    let theirs = state.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
-        .name("cvslurm-shared-fs-read".into())
+        .name("cvslurm-bounded".into())
         .spawn(move || {
             let out = f();
-            stuck.store(false, Ordering::Release);
+            let mut s = theirs.lock().unwrap_or_else(|e| e.into_inner());
+            s.1 = true;
+            if s.0 {
+                stuck.fetch_sub(1, Ordering::AcqRel);
+            }
             let _ = tx.send(out);
         });
     if spawned.is_err() {
-        stuck.store(false, Ordering::Release);
         return Err(Late::TimedOut);
     }
-    rx.recv_timeout(timeout).map_err(|_| Late::TimedOut)
+    match rx.recv_timeout(timeout) {
+        Ok(v) => Ok(v),
+        Err(_) => {
+            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+            if s.1 {
+                // it ended just now: its answer is in the channel
+                return rx.try_recv().map_err(|_| Late::TimedOut);
+            }
+            s.0 = true;
+            stuck.fetch_add(1, Ordering::AcqRel);
+            Err(Late::TimedOut)
+        }
+    }
 }
 
 /// The first Slurm release whose slurmctld answers `GET /readyz` on its own port (25.11).
@@ -315,23 +333,51 @@ pub fn slurmctld_port(conf: &SlurmConf) -> Option<u16> {
     }
 }
 
+/// `addr:port` as a socket address, within `timeout`: an IP address as it is (no lookup), a
+/// name resolved in a thread of its own and given up after `timeout` (a hung resolver holds
+/// that one thread, and no second lookup starts while it is stuck); `None` when it does not
+/// resolve in time.
+pub fn resolve(addr: &str, port: u16, timeout: Duration) -> Option<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    static STUCK: AtomicUsize = AtomicUsize::new(0);
+    if let Ok(ip) = addr.parse::<std::net::IpAddr>() {
+        return Some(std::net::SocketAddr::new(ip, port));
+    }
+    let name = addr.to_string();
+    within(&STUCK, timeout, move || {
+        (name.as_str(), port).to_socket_addrs().ok()?.next()
+    })
+    .ok()
+    .flatten()
+}
+
 /// What the slurmctld at `addr:port` answers to `GET /readyz` (25.11 and later, measured on
 /// 26.05: 204 from the controller in control, 500 from a standby): `Some(true)` for a 2xx,
 /// `Some(false)` for any other status, `None` when it does not answer an HTTP status line
-/// within `timeout` (down, older release, not HTTP). Plain HTTP/1.0 on slurmctld's own port;
-/// at most 256 bytes of the answer are read.
-pub fn readyz(addr: &str, port: u16, timeout: std::time::Duration) -> Option<bool> {
-    use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
+/// within `timeout`, its name lookup included ([`resolve`]; down, older release, not HTTP).
+#[cfg(test)]
+pub fn readyz(addr: &str, port: u16, timeout: Duration) -> Option<bool> {
     let started = std::time::Instant::now();
-    let target = (addr, port).to_socket_addrs().ok()?.next()?;
+    let target = resolve(addr, port, timeout)?;
+    readyz_at(target, addr, timeout.checked_sub(started.elapsed())?)
+}
+
+/// [`readyz`] at a resolved address (`host` for the Host header): plain HTTP/1.0 on
+/// slurmctld's own port; at most 256 bytes of the answer are read, all within `timeout`.
+pub fn readyz_at(target: std::net::SocketAddr, host: &str, timeout: Duration) -> Option<bool> {
+    use std::io::{Read, Write};
+    let started = std::time::Instant::now();
     let mut conn = std::net::TcpStream::connect_timeout(&target, timeout).ok()?;
     let left = timeout.checked_sub(started.elapsed())?;
-    conn.set_read_timeout(Some(left.max(std::time::Duration::from_millis(10))))
+    conn.set_read_timeout(Some(left.max(Duration::from_millis(10))))
         .ok()?;
-    conn.set_write_timeout(Some(left.max(std::time::Duration::from_millis(10))))
+    conn.set_write_timeout(Some(left.max(Duration::from_millis(10))))
         .ok()?;
-    conn.write_all(format!("GET /readyz HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+    let host: String = host
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || ".-_:[]".contains(*c))
+        .collect();
+    conn.write_all(format!("GET /readyz HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
         .ok()?;
     let mut head = [0u8; 256];
     let mut n = 0;
@@ -435,6 +481,21 @@ mod tests {
         assert_eq!(readyz("127.0.0.1", closed, t), None);
         assert_eq!(http_status(b"HTTP/1.0 204\r\n"), Some(204));
         assert_eq!(http_status(b"HTTP/1.1 99999 x"), None);
+    }
+
+    /// An address is taken as it is, no lookup; a name is looked up within the deadline.
+    #[test]
+    fn resolve_within_the_deadline() {
+        let t = Duration::from_secs(1);
+        assert_eq!(
+            resolve("10.99.0.2", 6817, t),
+            Some("10.99.0.2:6817".parse().unwrap())
+        );
+        assert_eq!(resolve("::1", 7000, t), Some("[::1]:7000".parse().unwrap()));
+        assert!(
+            resolve("localhost", 6817, Duration::from_secs(5)).is_some_and(|a| a.port() == 6817)
+        );
+        assert_eq!(resolve("bad name!", 6817, t), None);
     }
 
     #[test]
@@ -588,7 +649,7 @@ mod tests {
     /// starts; once it returns, reads run again.
     #[test]
     fn a_stuck_read_is_given_up_and_not_repeated() {
-        static STUCK: AtomicBool = AtomicBool::new(false);
+        static STUCK: AtomicUsize = AtomicUsize::new(0);
         let t = std::time::Instant::now();
         let slow = within(&STUCK, Duration::from_millis(100), || {
             std::thread::sleep(Duration::from_millis(800));
@@ -600,7 +661,7 @@ mod tests {
             "{:?}",
             t.elapsed()
         );
-        let ran = std::sync::Arc::new(AtomicBool::new(false));
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let r = ran.clone();
         let again = within(&STUCK, Duration::from_secs(5), move || {
             r.store(true, Ordering::SeqCst);
@@ -609,7 +670,7 @@ mod tests {
         assert_eq!(again, Err(Late::StillStuck));
         assert!(!ran.load(Ordering::SeqCst), "a second read started");
         let until = std::time::Instant::now() + Duration::from_secs(10);
-        while STUCK.load(Ordering::Acquire) {
+        while STUCK.load(Ordering::Acquire) > 0 {
             assert!(
                 std::time::Instant::now() < until,
                 "the stuck read never ended"
@@ -617,6 +678,28 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(within(&STUCK, Duration::from_secs(5), || 3), Ok(3));
+    }
+
+    /// Two reads at once (a poll and a recheck, two tests): neither is taken for stuck.
+    #[test]
+    fn overlapping_reads_do_not_hold_each_other() {
+        static STUCK: AtomicUsize = AtomicUsize::new(0);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        let first = std::thread::spawn(move || {
+            within(&STUCK, Duration::from_secs(30), move || {
+                let _ = started_tx.send(());
+                let _ = rx.recv();
+                1
+            })
+        });
+        // the first read is under way (its thread waits for `tx`) while the second runs
+        started.recv().unwrap();
+        let second = within(&STUCK, Duration::from_secs(30), || 2);
+        tx.send(()).unwrap();
+        assert_eq!(second, Ok(2));
+        assert_eq!(first.join().unwrap(), Ok(1));
+        assert_eq!(STUCK.load(Ordering::Acquire), 0);
     }
 
     #[test]

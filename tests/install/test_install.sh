@@ -338,8 +338,17 @@ check "--no-hooks: slurm.conf untouched, the binary and hook in place" \
 mkdir -p "$S/hosts/ctl-other$INSTALL_DIR"
 cp "$BIN" "$S/hosts/ctl-other$INSTALL_DIR/cvslurm"
 ln -sf cvslurm "$S/hosts/ctl-other$INSTALL_DIR/cvslurm-hook"
+# slurmctld reads the hooks when it starts: one line names every slurmctld to restart (from
+# 23.11 the reconfigure restarts the one in control; before, every one), with the command
+for v in 24.11 22.05; do SLURM_VERSION="$v" run_install "$H/out.v$v" --epilog --dry-run || true; done
+check "two controllers, 24.11: restart the controllers not in control, with the command" \
+    grep -q "WARNING: two controllers: restart slurmctld on ctl-other (a slurmctld started before slurm.conf named the hooks never runs them, not even after a takeover.*: on each: systemctl restart slurmctld" "$H/out.v24.11"
+check "two controllers, 22.05: restart every controller, with the command" \
+    grep -q "WARNING: two controllers, Slurm 22.05: restart slurmctld on every controller, $me ctl-other, the standby first .*: on each: systemctl restart slurmctld" "$H/out.v22.05"
+check "two controllers, 22.05: no second, one-controller restart line" sh -c "! grep -q 'restart it now' '$H/out.v22.05'"
 if run_install "$H/out.3" --epilog; then ok "two controllers: installs once ctl-other has the hook"; else notok "two controllers: installs once ctl-other has the hook" "$(tail -3 "$H/out.3")"; fi
 check "two controllers: says what it checked" grep -q "controller ctl-other has $INSTALL_DIR/cvslurm-hook" "$H/out.3"
+check "two controllers: names the slurmctlds to restart" grep -q "WARNING: two controllers.*restart slurmctld on .*ctl-other.*systemctl restart slurmctld" "$H/out.3"
 check "two controllers: both hooks in slurm.conf" \
     test "$(grep -c -- "^[PE][a-z]*logSlurmctld=$INSTALL_DIR/cvslurm-hook  $MARK\$" "$SLURM_CONF")" = 2
 printf 'SlurmctldHost=ctl-down\n' >>"$SLURM_CONF"

@@ -532,6 +532,7 @@ class Standin:
         self.delay_ms = delay_ms          # latency added to every API answer
         self.fault = {"mode": "ok"}       # ok | status | hang | close | delay
         self.remaining = None             # requests left for the fault, None = forever
+        self.after = 0                    # API requests answered normally before the fault
         self.generation = 0               # bumped on every mode change (releases hangs)
         self.log = []
         self.seq = 0
@@ -570,7 +571,11 @@ class Standin:
         delay = req.get("delay_ms")
         if delay is not None and (not isinstance(delay, (int, float)) or delay < 0):
             raise Invalid("delay_ms must be a non-negative number")
+        after = req.get("after", 0)
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise Invalid("after must be a non-negative integer")
         with self.cond:
+            self.after = after
             if mode == "ok":
                 self.fault = {"mode": "ok"}
                 self.remaining = None
@@ -644,6 +649,9 @@ class Standin:
         f = self.fault
         if "from" in f and client != f["from"]:
             return None
+        if self.after > 0:
+            self.after -= 1
+            return None
         if self.remaining is not None:
             self.remaining -= 1
             if self.remaining <= 0:
@@ -690,6 +698,7 @@ class Standin:
             if everything:
                 self.fault = {"mode": "ok"}
                 self.remaining = None
+                self.after = 0
                 self.delay_ms = 0
                 self.token = self.initial_token
                 self.behaviour = default_behaviour()
