@@ -369,7 +369,8 @@ fn decide_at(path: &std::path::Path, readyz_answers: bool) -> Role {
         let target = leader::resolve(addr, port, leader::READYZ_TIMEOUT)?;
         // only an answer from the trusted slurmctld's own listening socket
         let owner = trusted().as_ref().ok()?.iter().any(|c| {
-            slurm_uid.is_some_and(|uid| crate::slurm::ctld_process::owns_listening(c.pid, uid, target))
+            slurm_uid
+                .is_some_and(|uid| crate::slurm::ctld_process::owns_listening(c.pid, uid, target))
         });
         if !owner {
             return None;
