@@ -34,6 +34,8 @@ pub const SPOOL_DIR: &str = "jobcomp-forward";
 /// The most bytes the spool holds (documents carry the job's script: up to
 /// [`super::jobcomp::MAX_BODY`] each).
 pub const MAX_SPOOL_BYTES: u64 = 1 << 30;
+/// The largest document taken from the spool (what the receiver reads at most).
+const MAX_DOC: u64 = super::jobcomp::MAX_BODY as u64;
 /// The longest wait between two tries of the same document (Slurm's plugin retries every 30 s).
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
@@ -102,9 +104,13 @@ fn file_name(seq: u64) -> String {
     format!("{seq:020}.json")
 }
 
-/// The number of documents in the spool of StateDir `state_dir` (`None`: no spool).
+/// The number of documents in the spool of StateDir `state_dir` (`None`: no spool, or a
+/// spool that is not a directory: a link is never followed).
 pub fn depth(state_dir: &Path) -> Option<u64> {
     let dir = state_dir.join(SPOOL_DIR);
+    if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+        return None;
+    }
     let rd = std::fs::read_dir(&dir).ok()?;
     Some(
         rd.flatten()
@@ -165,10 +171,11 @@ impl Spool {
             }
             let Some(seq) = seq_of(&name) else { continue };
             match std::fs::symlink_metadata(e.path()) {
-                Ok(m) if m.is_file() => found.push((seq, m.len())),
+                Ok(m) if m.is_file() && m.len() <= MAX_DOC => found.push((seq, m.len())),
                 _ => log::warn!(
-                    "JobCompForward: {} is not a regular file: left alone, not forwarded",
-                    e.path().display()
+                    "JobCompForward: {} is not a regular file of at most {} MiB: left alone, not forwarded",
+                    e.path().display(),
+                    MAX_DOC >> 20
                 ),
             }
         }
@@ -351,5 +358,54 @@ fn run(spool: &Spool, target: &Target, agent: &ureq::Agent, stop: &AtomicBool) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cvslurm-forward-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn status(d: &Path) -> ServiceStatus {
+        crate::state::StateDir::new(d).status
+    }
+
+    /// The spool keeps arrival order across a reopen, stops at its bound, and never goes
+    /// through a link in its place.
+    #[test]
+    fn spool_order_bound_and_links() {
+        let d = tmpdir("spool");
+        let sp = Spool::open(&d, None, 2, status(&d), "t").unwrap();
+        assert_eq!(sp.push(b"a"), Pushed::Spooled);
+        assert_eq!(sp.push(b"b"), Pushed::Spooled);
+        assert_eq!(sp.push(b"c"), Pushed::Dropped);
+        assert_eq!(depth(&d), Some(2));
+        drop(sp);
+        let sp = Spool::open(&d, None, 3, status(&d), "t").unwrap();
+        let (first, _) = sp.front(Duration::ZERO).unwrap();
+        assert_eq!(
+            std::fs::read(d.join(SPOOL_DIR).join(file_name(first))).unwrap(),
+            b"a"
+        );
+        sp.pop(first);
+        assert_eq!(sp.push(b"d"), Pushed::Spooled);
+        let mut left = Vec::new();
+        while let Some((seq, _)) = sp.front(Duration::ZERO) {
+            left.push(std::fs::read(d.join(SPOOL_DIR).join(file_name(seq))).unwrap());
+            sp.pop(seq);
+        }
+        assert_eq!(left, [b"b".to_vec(), b"d".to_vec()]);
+        let e = tmpdir("link");
+        std::os::unix::fs::symlink(d.join(SPOOL_DIR), e.join(SPOOL_DIR)).unwrap();
+        assert!(Spool::open(&e, None, 2, status(&e), "t").is_err());
+        assert_eq!(depth(&e), None);
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::remove_dir_all(&e).unwrap();
     }
 }
