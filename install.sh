@@ -74,6 +74,9 @@ set -euo pipefail
 
 readonly MARK="# added by cvslurm install.sh"
 readonly MARK_RE=' # added by cvslurm install\.sh$'
+# a site's JobCompLoc line that --jobcomp took over (JobCompForward): kept, byte for byte, after
+# this prefix; --uninstall and the other set-ups take the prefix off
+readonly OFF_PREFIX='#cvslurm-jobcompforward# '
 SRC_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly SRC_DIR
 
@@ -249,7 +252,7 @@ do_uninstall() {
                 ;;
             slurmconf)
                 [[ -f "$path" ]] || { warn "$path is gone; nothing to remove from it"; continue; }
-                grep -v -e "$MARK_RE" "$path" >"$WORK/slurm.conf.new" || true
+                { grep -v -e "$MARK_RE" "$path" || true; } | sed "s/^$OFF_PREFIX//" >"$WORK/slurm.conf.new"
                 if [[ "$extra" == 1 && -s "$WORK/slurm.conf.new" && "$(tail -c 1 "$WORK/slurm.conf.new" | od -An -c | tr -d ' ')" == '\n' ]]; then
                     truncate -s -1 "$WORK/slurm.conf.new"
                 fi
@@ -525,10 +528,14 @@ VERSION="${VERSION%.*}"
 MULTI=0
 if [[ "$(fact several_hooks)" == yes ]]; then MULTI=1; fi
 declare -a ADD_LINES=()
+TAKEOVER=0
 JOBCOMP_LOC="http://127.0.0.1:$JOBCOMP_PORT/slurm/jobcomp"
-# the site's own JobCompType (not a line of ours): one per cluster, so never replaced
-site_jobcomp="$(grep -v -e "$MARK" "$SLURM_CONF_FILE" | sed -n 's/^[[:space:]]*[Jj][Oo][Bb][Cc][Oo][Mm][Pp][Tt][Yy][Pp][Ee][[:space:]]*=[[:space:]]*\([^[:space:]#]*\).*/\1/p' | tail -n 1)"
-site_jobcomp_loc="$(grep -v -e "$MARK" "$SLURM_CONF_FILE" | sed -n 's/^[[:space:]]*[Jj][Oo][Bb][Cc][Oo][Mm][Pp][Ll][Oo][Cc][[:space:]]*=[[:space:]]*\([^[:space:]#]*\).*/\1/p' | tail -n 1)"
+# the site's own JobCompType (not a line of ours): one per cluster, so never replaced; its
+# JobCompLoc as the site wrote it (a line an earlier --jobcomp took over included)
+site_conf() { sed "s/^$OFF_PREFIX//" "$SLURM_CONF_FILE" | grep -v -e "$MARK" || true; }
+JOBCOMP_LOC_RE='^[[:space:]]*[Jj][Oo][Bb][Cc][Oo][Mm][Pp][Ll][Oo][Cc][[:space:]]*='
+site_jobcomp="$(site_conf | sed -n 's/^[[:space:]]*[Jj][Oo][Bb][Cc][Oo][Mm][Pp][Tt][Yy][Pp][Ee][[:space:]]*=[[:space:]]*\([^[:space:]#]*\).*/\1/p' | tail -n 1)"
+site_jobcomp_loc="$(site_conf | sed -n 's/^[[:space:]]*[Jj][Oo][Bb][Cc][Oo][Mm][Pp][Ll][Oo][Cc][[:space:]]*=[[:space:]]*\([^[:space:]#]*\).*/\1/p' | tail -n 1)"
 jobcomp_plugin() {
     compgen -G "/usr/lib*/slurm*/jobcomp_elasticsearch.so" >/dev/null \
         || compgen -G "/usr/lib*/*/slurm*/jobcomp_elasticsearch.so" >/dev/null \
@@ -544,9 +551,14 @@ if ((JOBCOMP + NO_EPILOG + EPILOG == 0)); then
     elif [[ "$site_jobcomp" == jobcomp/elasticsearch && "${site_jobcomp_loc%/}" == "$JOBCOMP_LOC" ]]; then
         JOBCOMP=1
         say "set-up: PrologSlurmctld for starts, job ends from Slurm's job-completion plugin (--jobcomp; slurm.conf already posts to $JOBCOMP_LOC)"
+    elif [[ "$site_jobcomp" == jobcomp/elasticsearch ]] && grep -q "^$OFF_PREFIX" "$SLURM_CONF_FILE"; then
+        JOBCOMP=1
+        say "set-up: PrologSlurmctld for starts, job ends from Slurm's job-completion plugin (--jobcomp; slurm.conf's JobCompLoc was taken over by an earlier --jobcomp, its documents forwarded)"
     elif [[ -n "$site_jobcomp" && "$site_jobcomp" != jobcomp/none ]]; then
         NO_EPILOG=1
         say "set-up: PrologSlurmctld only; slurm.conf keeps its JobCompType=$site_jobcomp (a cluster has one), so the service sends each end from slurmctld (--no-epilog)"
+        [[ "$site_jobcomp" != jobcomp/elasticsearch ]] \
+            || say "  (--jobcomp would take its JobCompLoc and forward every document there, unchanged: JobCompForward)"
     elif jobcomp_plugin; then
         JOBCOMP=1
         say "set-up: PrologSlurmctld for starts, job ends from Slurm's job-completion plugin (--jobcomp)"
@@ -558,7 +570,21 @@ fi
 if ((JOBCOMP)); then
     case "$site_jobcomp" in
         "" | jobcomp/none) ;;
-        jobcomp/elasticsearch) [[ "${site_jobcomp_loc%/}" == "$JOBCOMP_LOC" ]] || die "$(printf 'slurm.conf sets JobCompType=jobcomp/elasticsearch with JobCompLoc=%s, and a cluster has one: --jobcomp would take it.\n  Nothing was changed. Keep yours and install with --no-epilog, or point it at cvslurm: JobCompLoc=%s' "$site_jobcomp_loc" "$JOBCOMP_LOC")" ;;
+        jobcomp/elasticsearch)
+            if [[ "${site_jobcomp_loc%/}" != "$JOBCOMP_LOC" ]]; then
+                # the takeover: cvslurm's receiver gets JobCompLoc and forwards every document
+                # to the site's URL (JobCompForward); only a line that says JobCompLoc and
+                # nothing else is taken
+                shown_loc="$(printf '%s' "$site_jobcomp_loc" | sed -E 's|(://[^/@:]*):[^/@]*@|\1:***@|')"
+                loc_lines="$(site_conf | grep -c -e "$JOBCOMP_LOC_RE" || true)"
+                simple_lines="$(site_conf | grep -E -c -e "${JOBCOMP_LOC_RE}[[:space:]]*[^[:space:]#]+[[:space:]]*(#.*)?\$" || true)"
+                if ! [[ "$site_jobcomp_loc" =~ ^[Hh][Tt][Tt][Pp][Ss]?://[^[:space:]/]+ ]] || [[ "$loc_lines" != "$simple_lines" ]]; then
+                    die "$(printf 'slurm.conf sets JobCompType=jobcomp/elasticsearch with JobCompLoc=%s, which --jobcomp cannot take over (it needs one http(s):// URL alone on its JobCompLoc line).\n  Nothing was changed. Put it that way and run this again, or keep yours and install with --no-epilog' "$shown_loc")"
+                fi
+                TAKEOVER=1
+                say "--jobcomp takes over slurm.conf's JobCompLoc=$shown_loc: slurmctld posts to the service's receiver ($JOBCOMP_LOC), which forwards every document there, unchanged (cloudvision.conf JobCompForward); --uninstall gives the line back as it was"
+            fi
+            ;;
         *) die "$(printf 'slurm.conf sets JobCompType=%s, and a cluster has one: --jobcomp would take it.\n  Nothing was changed. Keep yours and install without --jobcomp (--no-epilog: the service sends each end from slurmctld), or give up %s and add these lines to slurm.conf yourself:\n    JobCompType=jobcomp/elasticsearch\n    JobCompLoc=%s' "$site_jobcomp" "$site_jobcomp" "$JOBCOMP_LOC")" ;;
     esac
     if ! jobcomp_plugin; then
@@ -567,7 +593,9 @@ if ((JOBCOMP)); then
     case "$(fact slurm_version)" in
         2[0-2].* | 23.0[0-9]*) warn "Slurm $(fact slurm_version): restart slurmctld for JobCompType to take effect (systemctl restart slurmctld; scontrol reconfigure restarts it only from 23.11)" ;;
     esac
-    if [[ "$site_jobcomp" == jobcomp/elasticsearch ]]; then
+    if ((TAKEOVER)); then
+        ADD_LINES+=("JobCompLoc=$JOBCOMP_LOC  $MARK")
+    elif [[ "$site_jobcomp" == jobcomp/elasticsearch ]]; then
         say "slurm.conf already posts job ends to $JOBCOMP_LOC"
     else
         ADD_LINES+=("JobCompType=jobcomp/elasticsearch  $MARK" "JobCompLoc=$JOBCOMP_LOC  $MARK")
@@ -714,6 +742,7 @@ set_keys=("ApiServer=$SERVER" "ApiTokenFile=$TOKEN_DEST" "LogFile=$LOG_FILE" "St
 ((INSECURE)) && set_keys+=("Insecure=yes")
 ((NO_EPILOG)) && set_keys+=("ReconcileInterval=5")
 ((JOBCOMP)) && set_keys+=("JobCompPort=$JOBCOMP_PORT")
+((TAKEOVER)) && set_keys+=("JobCompForward=$site_jobcomp_loc")
 printf '%s\n' "${set_keys[@]}" | awk -F= '
     NR == FNR { want[tolower($1)] = $0; order[++n] = tolower($1); next }
     {
@@ -757,7 +786,10 @@ fi
 if ((NO_HOOKS)); then
     cp "$SLURM_CONF_FILE" "$WORK/slurm.base"
 else
-    grep -v -e "$MARK_RE" "$SLURM_CONF_FILE" >"$WORK/slurm.base" || true
+    { grep -v -e "$MARK_RE" "$SLURM_CONF_FILE" || true; } | sed "s/^$OFF_PREFIX//" >"$WORK/slurm.base"
+    if ((TAKEOVER)); then
+        sed -i "s/\($JOBCOMP_LOC_RE\)/$OFF_PREFIX\1/" "$WORK/slurm.base"
+    fi
 fi
 noeol=0
 if [[ -s "$SLURM_CONF_FILE" && "$(tail -c 1 "$SLURM_CONF_FILE" | od -An -c | tr -d ' ')" != '\n' ]] \

@@ -277,6 +277,22 @@ fn build_agent(opts: &ClientOptions, trust: &TrustSpec) -> ureq::Agent {
     ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default())
 }
 
+/// An agent for another HTTP(S) server (`JobCompForward`): trusts the system CA bundle and
+/// `ca_file` (its certificates as CAs and as exact server certificates, as for CloudVision);
+/// no pin, verification always on; `timeout` per request.
+pub fn plain_agent(ca_file: Option<&Path>, timeout: Duration) -> Result<ureq::Agent, String> {
+    let opts = ClientOptions {
+        server: String::new(),
+        token: None,
+        ca_file: ca_file.map(Path::to_path_buf),
+        pins: Vec::new(),
+        insecure: false,
+        timeout,
+    };
+    let trust = trust_spec(&opts, system_bundle().as_deref(), ca_file)?;
+    Ok(build_agent(&opts, &trust))
+}
+
 /// The first system CA bundle that exists (`SSL_CERT_FILE` first).
 fn system_bundle() -> Option<PathBuf> {
     std::env::var_os("SSL_CERT_FILE")

@@ -209,6 +209,11 @@ pub struct Config {
     /// `JobCompPort`: the port of the service's job-completion receiver on 127.0.0.1 (the
     /// `JobCompLoc` of slurm.conf's `JobCompType=jobcomp/elasticsearch`); 0: none.
     pub jobcomp_port: u16,
+    /// `JobCompForward`: the site's own Elasticsearch, to which the receiver passes every
+    /// job-completion document on, unchanged (`None`: none).
+    pub jobcomp_forward: Option<ForwardTarget>,
+    /// `JobCompForwardMaxDocs`: the most documents the forward spool holds.
+    pub jobcomp_forward_max_docs: usize,
     /// `JobInterfaces`: node names (`nodes`, the default) or, for jobs sharing a node's GPUs,
     /// the MACs of the NICs nearest their GPUs (`gpu`, `auto`).
     pub job_interfaces: JobInterfaces,
@@ -261,6 +266,8 @@ impl Default for Config {
             node_reassert_interval: Duration::from_secs(86_400),
             outbox_max_events: 1_000_000,
             jobcomp_port: 0,
+            jobcomp_forward: None,
+            jobcomp_forward_max_docs: 100_000,
             job_interfaces: JobInterfaces::Nodes,
             node_hostname: NodeHostname::NodeName,
             qualify_node_names: false,
@@ -542,6 +549,26 @@ pub const KEYS: &[Key] = &[
             c.jobcomp_port = v
                 .parse::<u16>()
                 .map_err(|_| format!("{v:?} is not a port (0 for none, else 1 to 65535)"))?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "JobCompForward",
+        default: "",
+        set: |c, v| {
+            c.jobcomp_forward = Some(ForwardTarget::parse(v)?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "JobCompForwardMaxDocs",
+        default: "100000",
+        set: |c, v| {
+            c.jobcomp_forward_max_docs = v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=10_000_000).contains(n))
+                .ok_or_else(|| format!("{v:?} is not a whole number from 1 to 10000000"))?;
             Ok(())
         },
     },
@@ -1488,5 +1515,194 @@ mod tests {
         assert_eq!(parse_duration("5m", 1.0).unwrap(), Duration::from_secs(300));
         assert!(parse_duration("-1", 0.0).is_err());
         assert!(parse_duration("NaN", 0.0).is_err());
+    }
+}
+
+/// The longest `JobCompForward` URL.
+const MAX_FORWARD_URL: usize = 2048;
+
+/// A `JobCompForward` target: the URL posted to (as Slurm's `JobCompLoc` would name it: the
+/// index's path included), with any `user:password@` taken out into an `Authorization` header.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ForwardTarget {
+    url: String,
+    auth: Option<String>,
+    shown: String,
+}
+
+impl std::fmt::Debug for ForwardTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl ForwardTarget {
+    /// Reads a `JobCompForward` value: `http://` or `https://`, a host, and the path Slurm's
+    /// plugin posts to. Refuses anything else with a one-line reason.
+    pub fn parse(v: &str) -> Result<ForwardTarget, String> {
+        let bad = |why: &str| {
+            Err(format!(
+                "{:?} {why}: give the URL slurm.conf's JobCompLoc had, such as http://es.example.com:9200/slurm/jobcomp",
+                v.chars().take(120).collect::<String>()
+            ))
+        };
+        if v.len() > MAX_FORWARD_URL {
+            return bad(&format!("is longer than {MAX_FORWARD_URL} bytes"));
+        }
+        if v.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return bad("holds a space or a control character");
+        }
+        let lower = v.to_ascii_lowercase();
+        let (scheme, rest) = if lower.starts_with("http://") {
+            ("http", &v[7..])
+        } else if lower.starts_with("https://") {
+            ("https", &v[8..])
+        } else {
+            return bad("is not an http:// or https:// URL");
+        };
+        if v.contains('#') {
+            return bad("has a #fragment");
+        }
+        let split = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(split);
+        let (userinfo, host) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        if host.is_empty() || host.starts_with(':') {
+            return bad("names no host");
+        }
+        let url = format!("{scheme}://{host}{path}");
+        let uri = match url.parse::<ureq::http::Uri>() {
+            Ok(u) => u,
+            Err(e) => return bad(&format!("is not a URL ({e})")),
+        };
+        if uri.host().is_none_or(str::is_empty) {
+            return bad("names no host");
+        }
+        let auth = match userinfo {
+            None => None,
+            Some(u) => {
+                let (user, pass) = u.split_once(':').unwrap_or((u, ""));
+                let (Some(user), Some(pass)) = (percent_decode(user), percent_decode(pass)) else {
+                    return bad("has a user or password that is not percent-encoded UTF-8");
+                };
+                Some(format!(
+                    "Basic {}",
+                    base64(format!("{user}:{pass}").as_bytes())
+                ))
+            }
+        };
+        let shown = match userinfo {
+            Some(u) => format!(
+                "{scheme}://{}:***@{host}{path}",
+                u.split_once(':').map_or(u, |(user, _)| user)
+            ),
+            None => url.clone(),
+        };
+        Ok(ForwardTarget { url, auth, shown })
+    }
+
+    /// The URL posted to, without credentials.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL as logs and `cvslurm check` show it (a password as `***`).
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// The `Authorization` header of the URL's `user:password@`, if any.
+    pub fn auth(&self) -> Option<&str> {
+        self.auth.as_deref()
+    }
+
+    /// `scheme://host[:port]/`: what `cvslurm check` asks.
+    pub fn base(&self) -> String {
+        let after = self.url.find("://").map_or(0, |i| i + 3);
+        let end = self.url[after..]
+            .find(['/', '?'])
+            .map_or(self.url.len(), |i| after + i);
+        format!("{}/", &self.url[..end])
+    }
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for (k, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if k <= c.len() {
+                out.push(T[(n >> shift & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod forward_target_tests {
+    use super::*;
+
+    #[test]
+    fn forward_targets() {
+        let t = ForwardTarget::parse("https://elastic:p%40ss@es.example.com:9200/slurm/jobcomp")
+            .unwrap();
+        assert_eq!(t.url(), "https://es.example.com:9200/slurm/jobcomp");
+        assert_eq!(
+            t.shown(),
+            "https://elastic:***@es.example.com:9200/slurm/jobcomp"
+        );
+        assert_eq!(t.base(), "https://es.example.com:9200/");
+        assert_eq!(t.auth.as_deref(), Some("Basic ZWxhc3RpYzpwQHNz"));
+        assert!(!format!("{t:?}").contains("p@ss"));
+        let t = ForwardTarget::parse("HTTP://10.0.0.1:9200/slurm/_doc").unwrap();
+        assert_eq!(t.base(), "http://10.0.0.1:9200/");
+        for bad in [
+            "",
+            "es:9200/slurm",
+            "ftp://es/slurm",
+            "file:///etc/passwd",
+            "http://",
+            "http:///slurm",
+            "http://:9200/x",
+            "http://es/x#frag",
+            "http://es /x",
+            "http://es/\u{1b}[31m",
+            "http://u:%zz@es/x",
+        ] {
+            let e = ForwardTarget::parse(bad).unwrap_err();
+            assert!(e.contains("JobCompLoc"), "{bad}: {e}");
+            assert!(!e.contains('\n'), "{bad}: {e}");
+        }
+        assert!(
+            ForwardTarget::parse(&format!("http://es/{}", "a".repeat(MAX_FORWARD_URL))).is_err()
+        );
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
     }
 }

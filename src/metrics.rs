@@ -50,6 +50,8 @@ pub struct Figures {
     pub outbox_oldest_event_timestamp_seconds: Option<i64>,
     /// Events in `rejected/`.
     pub rejected_events: Option<u64>,
+    /// `JobCompForward` documents waiting in the spool (0: none, or no spool).
+    pub jobcomp_forward_spool_documents: u64,
     /// The counters of [`counter::ALL`], since StateDir was created.
     pub counters: BTreeMap<String, u64>,
     /// CloudVision's answers to deliveries, by class ([`ANSWER_CLASSES`]).
@@ -184,6 +186,8 @@ impl Figures {
             outbox_oldest_event_timestamp_seconds: depth
                 .map(|_| oldest_age.map_or(0, |age| now - age)),
             rejected_events: depth.map(|_| outbox.queue.rejected_count() as u64),
+            jobcomp_forward_spool_documents: crate::service::forward::depth(outbox.root())
+                .unwrap_or(0),
             counters: counter::ALL
                 .iter()
                 .map(|c| (c.to_string(), n(&v["counters"][*c])))
@@ -248,6 +252,15 @@ impl Figures {
                 opt(self.rejected_events.map(|d| d as i64)),
             ),
         );
+        family(
+            "jobcomp_forward_spool_documents",
+            "gauge",
+            "JobCompForward documents waiting in the spool for the site's Elasticsearch.",
+            &plain(
+                "jobcomp_forward_spool_documents",
+                self.jobcomp_forward_spool_documents.to_string(),
+            ),
+        );
         for (name, help) in [
             (counter::QUEUED, "Events written to the outbox."),
             (counter::DELIVERED, "Events CloudVision took."),
@@ -270,6 +283,10 @@ impl Figures {
             (
                 counter::HOOK_DIRECT_SENDS,
                 "Hooks that sent their event themselves (the service was not running).",
+            ),
+            (
+                counter::JOBCOMP_FORWARD_DROPPED,
+                "JobCompForward documents not forwarded (spool full, not writable, or refused for good).",
             ),
         ] {
             let total = format!("{name}_total");
@@ -537,6 +554,8 @@ mod tests {
             "cvslurm_events_dropped_total 0",
             "cvslurm_events_lost_total 0",
             "cvslurm_hook_direct_sends_total 0",
+            "cvslurm_jobcomp_forward_dropped_total 0",
+            "cvslurm_jobcomp_forward_spool_documents 0",
             "cvslurm_http_responses_total{class=\"2xx\"} 0",
             "cvslurm_http_responses_total{class=\"none\"} 0",
             "cvslurm_delivery_latency_seconds_bucket{le=\"+Inf\"} 0",

@@ -1440,3 +1440,403 @@ fn the_job_completion_receiver_queues_slurms_ends() {
             .is_some_and(|j| j["state"] == "JOB_STATE_FAILED")
     });
 }
+
+/// One request the stand-in Elasticsearch took.
+#[derive(Debug, Clone)]
+struct EsRequest {
+    head: String,
+    body: Vec<u8>,
+    /// Answered 201 (indexed).
+    taken: bool,
+}
+
+/// How the stand-in Elasticsearch answers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EsMode {
+    /// 201 Created, as Elasticsearch indexes a document.
+    Up,
+    /// Reads the request and never answers.
+    Hang,
+    /// 503 Service Unavailable, as an Elasticsearch that cannot index.
+    Down,
+    /// Reads the request and closes the connection without an answer.
+    Close,
+}
+
+/// A stand-in for the site's Elasticsearch (the target of `JobCompForward`): an HTTP/1.1
+/// listener on 127.0.0.1 that records every request it reads.
+struct Es {
+    port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<EsRequest>>>,
+    mode: std::sync::Arc<std::sync::Mutex<EsMode>>,
+}
+
+impl Es {
+    /// Listens on `port` (0: any).
+    fn start(port: u16, mode: EsMode) -> Es {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mode = std::sync::Arc::new(std::sync::Mutex::new(mode));
+        let (s, m) = (seen.clone(), mode.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (s, m) = (s.clone(), m.clone());
+                std::thread::spawn(move || {
+                    let mut out = conn.try_clone().unwrap();
+                    let mut r = BufReader::new(conn);
+                    loop {
+                        let mut head = String::new();
+                        loop {
+                            let mut line = String::new();
+                            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            head.push_str(&line);
+                        }
+                        let len = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        let mut body = vec![0; len];
+                        r.read_exact(&mut body).unwrap();
+                        let mode = *m.lock().unwrap();
+                        s.lock().unwrap().push(EsRequest {
+                            head,
+                            body,
+                            taken: mode == EsMode::Up,
+                        });
+                        let (status, answer) = match mode {
+                            EsMode::Hang => {
+                                // Holds the connection open, never answering.
+                                std::thread::sleep(Duration::from_secs(3600));
+                                return;
+                            }
+                            EsMode::Close => return,
+                            EsMode::Down => ("503 Service Unavailable", "{\"status\":503}"),
+                            EsMode::Up => ("201 Created", "{\"result\":\"created\"}"),
+                        };
+                        let _ = write!(
+                            out,
+                            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
+                            answer.len()
+                        );
+                    }
+                });
+            }
+        });
+        Es { port, seen, mode }
+    }
+
+    /// Answers as `mode` from now on.
+    fn set(&self, mode: EsMode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    /// The POSTs indexed (answered 201) so far.
+    fn taken(&self) -> Vec<EsRequest> {
+        self.posts().into_iter().filter(|r| r.taken).collect()
+    }
+
+    /// The POSTs read so far.
+    fn posts(&self) -> Vec<EsRequest> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.head.starts_with("POST "))
+            .cloned()
+            .collect()
+    }
+}
+
+/// A site whose service receives job-completion documents on a free port and forwards them
+/// to `forward`, with `extra` config lines; the port.
+fn forwarding_site(cv: &Standin, forward: &str, extra: &str) -> (Site, u16, Service) {
+    let port = free_port();
+    let site = Site::new(
+        &cv.server(),
+        &cv.ca(),
+        &format!("JobCompPort={port}\nJobCompForward={forward}\n{extra}"),
+    );
+    let conf = site.dir.path().join("slurm.conf");
+    std::fs::write(&conf, "ClusterName=hpc-cluster-west\n").unwrap();
+    let svc = Service::start_with_env(&site, &[("SLURM_CONF", &conf)]);
+    wait_for("the receiver", Duration::from_secs(20), || {
+        site.log().contains(&format!(
+            "job-completion receiver listening on http://127.0.0.1:{port}/"
+        ))
+    });
+    (site, port, svc)
+}
+
+/// `cvslurm status --json --offline` of `site`.
+fn status_json(site: &Site) -> Value {
+    serde_json::from_slice(&site.run(&["status", "--json", "--offline"]).stdout).unwrap()
+}
+
+/// `JobCompForward`: every document slurmctld posts (ends, a resize, one that is no JSON)
+/// reaches the site's Elasticsearch byte for byte, in order, as Slurm's plugin posts it (the
+/// configured path, `Content-Type: application/json`, the URL's credentials as Basic auth);
+/// while the target is down they wait in the spool (`status` counts them) and the receiver
+/// still answers 200 and queues the ends, and a kill -9 of the service loses none of them;
+/// once the target is up they all arrive, in order, once.
+#[test]
+fn job_completion_documents_are_forwarded_unchanged_and_in_order_across_an_outage() {
+    let cv = Standin::start();
+    let es = Es::start(0, EsMode::Down);
+    let es_port = es.port;
+    let (site, port, mut svc) = forwarding_site(
+        &cv,
+        &format!("http://elastic:s%3Acret@127.0.0.1:{es_port}/slurm/_doc"),
+        "",
+    );
+    assert!(
+        site.log().contains(&format!(
+            "every document goes on, unchanged, to http://elastic:***@127.0.0.1:{es_port}/slurm/_doc"
+        )),
+        "{}",
+        site.log()
+    );
+    // The target is down (it answers 503): every document is answered and spooled.
+    let docs = [
+        captured_doc("ok", "COMPLETED", 11),
+        captured_doc("resize", "RESIZING", 12),
+        "{\"jobid\": \"\\u001b[2J\"".to_string(),
+        captured_doc("fail", "FAILED", 13),
+        captured_doc("two", "COMPLETED", 14),
+    ];
+    for d in &docs {
+        assert_eq!(post_jobcomp(port, d), 200, "{d}");
+    }
+    wait_for(
+        "job 13's end in CloudVision",
+        Duration::from_secs(20),
+        || {
+            cv.stored_job("13@hpc-cluster-west")
+                .is_some_and(|j| j["state"] == "JOB_STATE_FAILED")
+        },
+    );
+    wait_for("the forwarder's failure", Duration::from_secs(20), || {
+        site.log().contains("JobCompForward: http://elastic:***@")
+            && site.log().contains("did not take a document")
+    });
+    assert!(!site.log().contains("s:cret"), "{}", site.log());
+    let st = status_json(&site);
+    assert_eq!(st["metrics"]["jobcomp_forward_spool_documents"], 5, "{st}");
+    let text = stdout(&site.run(&["status", "--offline"]));
+    assert!(
+        text.contains("JobCompForward:   5 document(s) spooled for http://elastic:***@"),
+        "{text}"
+    );
+    // The service killed -9 and started again: the spool is taken up where it was.
+    svc.kill();
+    let conf = site.dir.path().join("slurm.conf");
+    let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &conf)]);
+    wait_for("the spool taken up", Duration::from_secs(20), || {
+        site.log()
+            .contains("JobCompForward: 5 document(s) spooled by an earlier run go first")
+    });
+    // Up: all of them, in order, unchanged, once; until then only the first was tried.
+    assert!(!es.posts().is_empty());
+    es.set(EsMode::Up);
+    wait_for("the forwarded documents", Duration::from_secs(60), || {
+        es.taken().len() >= docs.len()
+    });
+    assert!(es
+        .posts()
+        .iter()
+        .filter(|r| !r.taken)
+        .all(|r| r.body == docs[0].as_bytes()));
+    let posts = es.taken();
+    let bodies: Vec<&[u8]> = posts.iter().map(|r| r.body.as_slice()).collect();
+    let want: Vec<&[u8]> = docs.iter().map(|d| d.as_bytes()).collect();
+    assert_eq!(bodies, want);
+    for r in &posts {
+        let head = r.head.to_ascii_lowercase();
+        assert!(
+            r.head.starts_with("POST /slurm/_doc HTTP/1.1\r\n"),
+            "{}",
+            r.head
+        );
+        assert!(
+            head.contains("\r\ncontent-type: application/json\r\n"),
+            "{}",
+            r.head
+        );
+        // elastic:s:cret
+        assert!(
+            r.head
+                .contains("\r\nauthorization: Basic ZWxhc3RpYzpzOmNyZXQ=\r\n")
+                || r.head
+                    .contains("\r\nAuthorization: Basic ZWxhc3RpYzpzOmNyZXQ=\r\n"),
+            "{}",
+            r.head
+        );
+    }
+    wait_for("an empty spool", Duration::from_secs(20), || {
+        status_json(&site)["metrics"]["jobcomp_forward_spool_documents"] == 0
+    });
+    // Later documents go straight on.
+    let more = captured_doc("ok", "COMPLETED", 15);
+    assert_eq!(post_jobcomp(port, &more), 200);
+    wait_for("the next document", Duration::from_secs(20), || {
+        es.taken().len() == docs.len() + 1
+    });
+    assert_eq!(es.taken().last().unwrap().body, more.as_bytes());
+    let st = status_json(&site);
+    assert_eq!(
+        st["metrics"]["counters"]["jobcomp_forward_dropped"], 0,
+        "{st}"
+    );
+}
+
+/// A forward target that takes the connection and never answers delays neither the
+/// receiver's answers to slurmctld nor cvslurm's own ends.
+#[test]
+fn a_hanging_forward_target_delays_neither_the_receiver_nor_the_ends() {
+    let cv = Standin::start();
+    let es = Es::start(0, EsMode::Hang);
+    // The hanging post is never cut short while the test runs.
+    let (_site, port, _svc) = forwarding_site(
+        &cv,
+        &format!("http://127.0.0.1:{}/slurm/jobcomp", es.port),
+        "RequestTimeout=3600",
+    );
+    assert_eq!(
+        post_jobcomp(port, &captured_doc("ok", "COMPLETED", 21)),
+        200
+    );
+    // The forwarder is inside its post, waiting for an answer that does not come.
+    wait_for("the hanging post", Duration::from_secs(20), || {
+        es.posts().len() == 1
+    });
+    // Each answered while the forwarder still waits (post_jobcomp gives up after 20 s).
+    for id in 22..=24 {
+        assert_eq!(post_jobcomp(port, &captured_doc("fail", "FAILED", id)), 200);
+    }
+    for id in [21, 22, 23, 24] {
+        wait_for(&format!("job {id}'s end"), Duration::from_secs(20), || {
+            cv.stored_job(&format!("{id}@hpc-cluster-west")).is_some()
+        });
+    }
+    assert_eq!(es.posts().len(), 1, "one document at a time, in order");
+    es.set(EsMode::Up);
+}
+
+/// The spool's bound: past `JobCompForwardMaxDocs` a document is answered 200 all the same
+/// (cvslurm's end is queued), not spooled, counted (`status`, the metrics) and warned about
+/// with what to do; the spooled ones still go once the target answers.
+#[test]
+fn the_forward_spools_bound_drops_with_a_warning_and_a_count() {
+    let cv = Standin::start();
+    let es = Es::start(0, EsMode::Close);
+    let (site, port, _svc) = forwarding_site(
+        &cv,
+        &format!("http://127.0.0.1:{}/slurm/jobcomp", es.port),
+        "JobCompForwardMaxDocs=2",
+    );
+    let docs: Vec<String> = (31..=34)
+        .map(|id| captured_doc("ok", "COMPLETED", id))
+        .collect();
+    for d in &docs {
+        assert_eq!(post_jobcomp(port, d), 200);
+    }
+    wait_for("job 34's end", Duration::from_secs(20), || {
+        cv.stored_job("34@hpc-cluster-west").is_some()
+    });
+    let log = site.log();
+    assert!(
+        log.contains("JobCompForward: the spool is full (2 documents")
+            && log.contains("raise JobCompForwardMaxDocs, or remove JobCompForward"),
+        "{log}"
+    );
+    assert_eq!(log.matches("the spool is full").count(), 1, "{log}");
+    let st = status_json(&site);
+    assert_eq!(
+        st["metrics"]["counters"]["jobcomp_forward_dropped"], 2,
+        "{st}"
+    );
+    assert_eq!(st["metrics"]["jobcomp_forward_spool_documents"], 2, "{st}");
+    let text = stdout(&site.run(&["status", "--offline"]));
+    assert!(
+        text.contains("2 document(s) spooled for http://127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.contains(", 2 dropped"), "{text}");
+    es.set(EsMode::Up);
+    wait_for("the spooled documents", Duration::from_secs(60), || {
+        es.taken().len() == 2
+    });
+    let bodies: Vec<Vec<u8>> = es.taken().into_iter().map(|r| r.body).collect();
+    assert_eq!(bodies, [docs[0].as_bytes(), docs[1].as_bytes()]);
+}
+
+/// A `JobCompForward` that is no http(s) URL is refused at load, on one line naming the key
+/// and what to give; `check` shows a good one and whether it answers.
+#[test]
+fn a_hostile_forward_target_is_refused_and_check_shows_a_good_one() {
+    let cv = Standin::start();
+    for bad in [
+        "file:///etc/passwd",
+        "gopher://127.0.0.1:70/x",
+        "http://",
+        "http://es.example.com/\u{1b}[2Jx",
+    ] {
+        let site = Site::new(
+            &cv.server(),
+            &cv.ca(),
+            &format!("JobCompPort=9250\nJobCompForward={bad}"),
+        );
+        let out = site.run(&["check"]);
+        let text = format!("{}{}", stdout(&out), stderr(&out));
+        let line = text
+            .lines()
+            .find(|l| l.contains("JobCompForward"))
+            .unwrap_or_else(|| panic!("{bad}: {text}"));
+        assert!(line.contains("JobCompLoc"), "{bad}: {line}");
+        assert_ne!(out.status.code(), Some(0), "{bad}: {text}");
+        assert!(!text.contains('\u{1b}'), "{bad}: {text}");
+    }
+    let es = Es::start(0, EsMode::Up);
+    let site = Site::new(
+        &cv.server(),
+        &cv.ca(),
+        &format!(
+            "JobCompPort=9250\nJobCompForward=http://127.0.0.1:{}/slurm/jobcomp",
+            es.port
+        ),
+    );
+    let check = stdout(&site.run(&["check"]));
+    assert!(
+        check.contains(&format!(
+            "ok   JobCompForward: http://127.0.0.1:{}/slurm/jobcomp answers (HTTP 201 to GET http://127.0.0.1:{}/); 0 document(s) spooled, 0 dropped",
+            es.port, es.port
+        )),
+        "{check}"
+    );
+    es.set(EsMode::Close);
+    let site = Site::new(
+        &cv.server(),
+        &cv.ca(),
+        &format!(
+            "JobCompPort=9250\nJobCompForward=http://127.0.0.1:{}/x",
+            es.port
+        ),
+    );
+    let check = stdout(&site.run(&["check"]));
+    assert!(
+        check.contains("WARN JobCompForward: http://127.0.0.1:")
+            && check.contains("does not answer"),
+        "{check}"
+    );
+}

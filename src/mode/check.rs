@@ -257,6 +257,7 @@ const CHECKS: &[Check] = &[
     token_file_readable,
     config_readable,
     cloudvision,
+    jobcomp_forward,
     state_dir,
     log_file,
     delivery_path,
@@ -482,6 +483,50 @@ fn slurm_user(ctx: &mut Context, r: &mut Report) {
         }
         _ => r.fail(&format!(
             "SlurmUser {name} is not a known user (getent passwd {name}): create it or fix SlurmUser in slurm.conf"
+        )),
+    }
+}
+
+/// How long `check` waits for the `JobCompForward` target.
+const FORWARD_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `JobCompForward`: the target, whether it answers a `GET` of its base (within
+/// [`FORWARD_PROBE_TIMEOUT`]), and the spool. Not answering is a warning: the documents wait
+/// in the spool, and cvslurm's own ends do not depend on it.
+fn jobcomp_forward(ctx: &mut Context, r: &mut Report) {
+    let Some(cfg) = &ctx.cfg else { return };
+    let Some(target) = &cfg.jobcomp_forward else {
+        return;
+    };
+    if cfg.jobcomp_port == 0 {
+        r.warn(&format!(
+            "JobCompForward={} but JobCompPort=0: no receiver, so nothing is forwarded; set JobCompPort (install.sh --jobcomp) or remove JobCompForward",
+            target.shown()
+        ));
+        return;
+    }
+    let spool = crate::service::forward::depth(&cfg.state_dir).unwrap_or(0);
+    let dropped = crate::state::StateDir::new(&cfg.state_dir)
+        .status
+        .read()
+        .and_then(|v| {
+            v["counters"][crate::state::status::counter::JOBCOMP_FORWARD_DROPPED].as_u64()
+        })
+        .unwrap_or(0);
+    let answer = crate::service::forward::agent(cfg.ca_file.as_deref(), FORWARD_PROBE_TIMEOUT)
+        .and_then(|a| crate::service::forward::probe(target, &a));
+    match answer {
+        Ok(status) => r.ok(&format!(
+            "JobCompForward: {} answers (HTTP {status} to GET {}); {spool} document(s) spooled, {dropped} dropped",
+            target.shown(),
+            target.base()
+        )),
+        Err(e) => r.warn(&format!(
+            "JobCompForward: {} does not answer ({}): job-completion documents wait in {}/{} ({spool} now, {dropped} dropped); make it answer or remove JobCompForward",
+            target.shown(),
+            crate::text::one_line(&e, 300),
+            cfg.state_dir.display(),
+            crate::service::forward::SPOOL_DIR
         )),
     }
 }

@@ -146,6 +146,7 @@ pub fn run(a: Args) -> i32 {
     };
     let cfg = &started.cfg;
     let outbox = StateDir::new(&cfg.state_dir);
+    let forward = cfg.jobcomp_forward.as_ref().map(|t| t.shown().to_string());
     // An outbox that cannot be read is not an empty one: say so, and exit 3.
     let unreadable = unreadable(&cfg.state_dir);
     let service_running = crate::service::sender::connect(&cfg.state_dir).is_some();
@@ -264,6 +265,18 @@ pub fn run(a: Args) -> i32 {
             "rejected events:  {}",
             st.rejected.map_or("unknown".into(), |n| n.to_string())
         );
+        if let Some(target) = &forward {
+            println!(
+                "JobCompForward:   {} document(s) spooled for {}, {} dropped",
+                st.metrics.jobcomp_forward_spool_documents,
+                escape_control(target),
+                st.metrics
+                    .counters
+                    .get(crate::state::status::counter::JOBCOMP_FORWARD_DROPPED)
+                    .copied()
+                    .unwrap_or(0)
+            );
+        }
         let ago = |t: Option<i64>| {
             t.map_or("never".to_string(), |t| {
                 format!(

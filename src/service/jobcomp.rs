@@ -25,6 +25,7 @@
 //! [`crate::state::starts::Starts::load_run`]): the end of a run older than the recorded one
 //! is dropped (the next run's RUNNING replaces its record whole).
 
+use super::forward::{self, Spool, Target};
 use crate::config::Config;
 use crate::payload::{job_name, JobConfig, JobState, Key};
 use crate::state::queue::{Enqueued, Event, Item};
@@ -170,7 +171,12 @@ pub fn start(
     let addr = listener
         .local_addr()
         .map_err(|e| format!("job-completion receiver: {e}"))?;
+    let forward = match &cfg.jobcomp_forward {
+        None => None,
+        Some(target) => Some(start_forward(cfg, target, addr, &outbox, stop)?),
+    };
     let shared = Arc::new(Shared {
+        forward,
         cfg: cfg.clone(),
         cluster: cluster.to_string(),
         outbox,
@@ -186,11 +192,50 @@ pub fn start(
 }
 
 struct Shared {
+    /// The `JobCompForward` spool, when one is configured.
+    forward: Option<Arc<Spool>>,
     cfg: Config,
     cluster: String,
     outbox: StateDir,
     busy: AtomicUsize,
     allowed: Vec<u32>,
+}
+
+/// Opens the `JobCompForward` spool and starts its forwarder. Refuses a target that is this
+/// receiver (every document would come back forever).
+fn start_forward(
+    cfg: &Config,
+    target: &Target,
+    local: SocketAddr,
+    outbox: &StateDir,
+    stop: &'static AtomicBool,
+) -> Result<Arc<Spool>, String> {
+    let base = target.base();
+    if base == format!("http://{local}/") || base == format!("http://localhost:{}/", local.port()) {
+        return Err(format!(
+            "JobCompForward={} is this receiver (JobCompPort={}): give the site's own Elasticsearch, the URL slurm.conf's JobCompLoc had before install.sh --jobcomp",
+            target.shown(),
+            local.port()
+        ));
+    }
+    let agent = forward::agent(cfg.ca_file.as_deref(), cfg.request_timeout)
+        .map_err(|e| format!("JobCompForward: {e}"))?;
+    let spool = Spool::open(
+        outbox.root(),
+        outbox.owner(),
+        cfg.jobcomp_forward_max_docs,
+        outbox.status.clone(),
+        target.shown(),
+    )
+    .map_err(|e| format!("JobCompForward: {e}"))?;
+    forward::start(Arc::clone(&spool), target.clone(), agent, stop)?;
+    log::info!(
+        "job-completion receiver: every document goes on, unchanged, to {} (JobCompForward; spool {}, {} waiting)",
+        target.shown(),
+        outbox.root().join(forward::SPOOL_DIR).display(),
+        spool.len()
+    );
+    Ok(spool)
 }
 
 /// Root and the user the service runs as (SlurmUser, as slurmctld).
@@ -403,9 +448,37 @@ fn answer(out: &mut TcpStream, status: u16, reason: &str, keep_alive: bool) -> s
     out.flush()
 }
 
+/// Takes one document ([`take_end`]), then, where `JobCompForward` is set and the answer is
+/// 200, spools its bytes for the site's Elasticsearch: durable before the answer. A 503 is
+/// not spooled (the plugin posts the document again); a spool at its bound or not writable
+/// never changes the answer ([`Spool::push`] counts the document as dropped).
+fn take(shared: &Shared, req: &Request) -> (u16, &'static str) {
+    let answer = take_end(shared, req);
+    if let (Some(spool), (200, _)) = (&shared.forward, answer) {
+        match &req.body {
+            Some(body) => {
+                spool.push(body);
+            }
+            None => {
+                log::error!("JobCompForward: a document of more than {} MiB is not forwarded; counted as dropped", MAX_BODY >> 20);
+                shared.drop_forward();
+            }
+        }
+    }
+    answer
+}
+
+impl Shared {
+    fn drop_forward(&self) {
+        self.outbox
+            .status
+            .count(crate::state::status::counter::JOBCOMP_FORWARD_DROPPED, 1);
+    }
+}
+
 /// Takes one document: 200 once its end is durable (or when there is nothing to take), 503
 /// when the outbox cannot take it (the plugin posts it again).
-fn take(shared: &Shared, req: &Request) -> (u16, &'static str) {
+fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
     let Some(body) = &req.body else {
         log::error!("job-completion receiver: a document of more than {} MiB dropped; reconciliation sends that job's end", MAX_BODY >> 20);
         return (200, "OK");

@@ -8,6 +8,7 @@
 
 pub mod catch_up;
 pub mod engine;
+pub mod forward;
 pub mod jobcomp;
 pub mod leadership;
 pub mod monitor;

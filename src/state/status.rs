@@ -38,8 +38,11 @@ pub mod counter {
     pub const LOST: &str = "events_lost";
     /// Hooks that sent their event themselves (the service was not running or did not take it).
     pub const HOOK_DIRECT_SENDS: &str = "hook_direct_sends";
+    /// `JobCompForward` documents not forwarded: past the spool's bound, not writable, or
+    /// refused for good by the target.
+    pub const JOBCOMP_FORWARD_DROPPED: &str = "jobcomp_forward_dropped";
     /// Every counter, in the order the metrics list them.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
         QUEUED,
         DELIVERED,
         RETRIED,
@@ -47,6 +50,7 @@ pub mod counter {
         DROPPED,
         LOST,
         HOOK_DIRECT_SENDS,
+        JOBCOMP_FORWARD_DROPPED,
     ];
 }
 

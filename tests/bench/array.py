@@ -27,6 +27,12 @@ event to CloudVision's 200 (p50/p99, from the service's log).
 running, median wall and CPU per call (through the rusage.c launcher), and without the
 service for comparison.
 
+`--disrupt stop-120|kill-9` (the jobcomp set-up): once a quarter of the array's RUNNING
+events reached CloudVision, the service is stopped (SIGTERM) for 120 s and started again, or
+killed with SIGKILL and started again at once; the table then says how many jobs still reached
+CloudVision as RUNNING then COMPLETED (0 lost: all of them; the plugin posts again what the
+receiver did not answer, every 30 s), waiting up to 5 minutes after the array for the last.
+
 `--rounds N` runs the whole list N times, interleaved (none, noop, service-0, ... then again),
 and reports each set-up's median: a single array run swings with whatever else the machine
 does (a missed scheduler pass costs a 30 s backfill wave), so one run settles nothing.
@@ -49,6 +55,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -259,12 +266,49 @@ def sdiag():
     return res
 
 
-def setup(kind, delay, tasks, timeout, standins, held=None):
+def service_pid(proc):
+    """The cvslurm process under `runuser` (nice execs it)."""
+    with open("/proc/%d/task/%d/children" % (proc.pid, proc.pid)) as f:
+        return int(f.read().split()[0])
+
+
+def disrupt(how, holder, standin, tasks, log_file):
+    """Once a quarter of the array's RUNNING events reached CloudVision: stops the service
+    (SIGTERM) for 120 s, or kills it with SIGKILL, then starts it again."""
+    until = time.time() + 120
+    while sum(1 for v in events(standin).values() if "JOB_STATE_RUNNING" in v) < tasks // 4:
+        if time.time() > until:
+            log("disrupt: a quarter of the array never ran; not disrupted")
+            return
+        time.sleep(0.2)
+    proc = holder["service"]
+    if how == "kill-9":
+        os.kill(service_pid(proc), signal.SIGKILL)
+        proc.wait()
+        log("disrupt: service killed -9")
+    else:
+        proc.terminate()
+        proc.wait(30)
+        log("disrupt: service stopped for 120 s")
+        time.sleep(120)
+    holder["service"] = subprocess.Popen(
+        ["runuser", "-u", "slurm", "--", "nice", "-n", "10", os.path.join(WORK, "cvslurm"),
+         "inventory", "--monitor"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    log("disrupt: service started again")
+
+
+def setup(kind, delay, tasks, timeout, standins, held=None, how=None):
     """One set-up: returns a result dict. `held`: that many held jobs wait in slurmctld
-    while the array runs, and slurmctld's RPC statistics (`sdiag`) are taken around it."""
+    while the array runs, and slurmctld's RPC statistics (`sdiag`) are taken around it.
+    `how`: the disruption of the service during the array (jobcomp only; see `disrupt`)."""
     tag = kind if kind in ("none", "noop") else "%s-%d" % (kind, delay)
     if held is not None:
         tag += " Q=%d" % held
+    how = how if kind == "jobcomp" and how != "none" else None
+    if how:
+        tag += " " + how
     hook = {"none": "", "noop": os.path.join(WORK, "noop-hook.sh")}.get(
         kind, os.path.join(WORK, "cvslurm-hook"))
     res = {"setup": tag}
@@ -289,13 +333,13 @@ def setup(kind, delay, tasks, timeout, standins, held=None):
     r = sh([CLUSTER_SH, "up", "4"], env=env, check=False, timeout=240)
     if r.returncode != 0:
         raise SystemExit("cluster up failed:\n" + r.stderr[-3000:])
-    service = None
+    holder = {"service": None}
     try:
         if held:
             log("%s: %d held jobs" % (tag, held))
             hold_jobs(held)
         if kind in ("service", "prolog", "jobcomp"):
-            service = start_service(log_file, standin, 4)
+            holder["service"] = start_service(log_file, standin, 4)
         if kind == "jobcomp":
             warm = sh(["sbatch", "--parsable", "-o", "/dev/null", "-J", "warm", "--wrap", "true"])
             key = "%s@bench" % warm.stdout.strip().split(";")[0]
@@ -312,16 +356,27 @@ def setup(kind, delay, tasks, timeout, standins, held=None):
             time.sleep(5)
             sh(["sdiag", "-r"])
         log("%s: %d-task array" % (tag, tasks))
+        th = None
+        if how:
+            th = threading.Thread(target=disrupt, args=(how, holder, standin, tasks, log_file))
+            th.start()
         secs, _ = run_array(tasks, timeout)
+        if th:
+            th.join()
         res["seconds"] = secs
         if standin:
             # Wait for the last events (the service sends after the hooks returned).
             # Ends from reconciliation may wait for a full listing held back a minute (a big
             # queue before Slurm 24.11): wait longer there.
-            until = time.time() + (90 if kind == "prolog" else 30)
+            until = time.time() + (300 if how else 90 if kind == "prolog" else 30)
             while time.time() < until:
                 per = events(standin)
-                if sum(len(v) for v in per.values()) >= 2 * tasks:
+                if how:
+                    # Every job's last state COMPLETED (a RUNNING may come twice).
+                    if sum(1 for v in per.values()
+                           if v[-1:] == ["JOB_STATE_COMPLETED"]) >= tasks:
+                        break
+                elif sum(len(v) for v in per.values()) >= 2 * tasks:
                     break
                 time.sleep(0.5)
             per = events(standin)
@@ -334,6 +389,12 @@ def setup(kind, delay, tasks, timeout, standins, held=None):
             res["events"] = sum(len(v) for v in per.values())
             res["right"] = sum(1 for v in per.values()
                                if v == ["JOB_STATE_RUNNING", "JOB_STATE_COMPLETED"])
+            # Jobs whose last state CloudVision took is COMPLETED, after a RUNNING.
+            res["ended"] = sum(1 for v in per.values()
+                               if v[-1:] == ["JOB_STATE_COMPLETED"] and "JOB_STATE_RUNNING" in v)
+            if how:
+                res["not_right"] = {k: v for k, v in list(per.items())
+                                    if v != ["JOB_STATE_RUNNING", "JOB_STATE_COMPLETED"]}
             if held is not None:
                 res["sdiag"] = sdiag()
             res["left_in_outbox"] = len([n for n in os.listdir(os.path.join(state_dir, "outbox"))
@@ -348,6 +409,7 @@ def setup(kind, delay, tasks, timeout, standins, held=None):
             res["hook_sends"] = [int(m) for m in re.findall(
                 r": sent \S+ on .*\(HTTP 200, (\d+) ms\)", text)]
     finally:
+        service = holder["service"]
         if service:
             service.terminate()
             try:
@@ -616,6 +678,9 @@ def main():
     ap.add_argument("--held", default=None,
                     help="comma list of queue sizes Q: each set-up runs with Q held jobs in "
                          "slurmctld, and slurmctld's RPC time for SlurmUser is taken (sdiag)")
+    ap.add_argument("--disrupt", default="none", choices=("none", "stop-120", "kill-9"),
+                    help="jobcomp set-up: stop the service for 120 s, or kill -9 it, during "
+                         "the array")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("array.py: run as root (it brings the test cluster up)")
@@ -646,7 +711,7 @@ def main():
                 if kind in CVSLURM_KINDS and delay not in standins:
                     standins[delay] = Standin(delay)
                 for held in ([int(q) for q in a.held.split(",")] if a.held else [None]):
-                    r = setup(kind, delay, a.tasks, a.timeout, standins, held)
+                    r = setup(kind, delay, a.tasks, a.timeout, standins, held, a.disrupt)
                     log("round %d, %s: %s" % (rnd + 1, r["setup"], {
                         k: v for k, v in r.items()
                         if k not in ("delays", "hook_sends", "after_end")}))

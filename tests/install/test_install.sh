@@ -304,6 +304,45 @@ if run_install "$J/out.4" --jobcomp; then notok "--jobcomp refused beside the si
 check "the refusal names it and the lines to add" sh -c "grep -q 'slurm.conf sets JobCompType=jobcomp/filetxt' '$J/out.4' && grep -q 'JobCompLoc=http://127.0.0.1:9250/slurm/jobcomp' '$J/out.4'"
 check "the refusal changes nothing" test "$(sha256sum <"$SLURM_CONF")" = "$sha_j2"
 "$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+# a site's own jobcomp/elasticsearch is taken over: its JobCompLoc goes to cvslurm's receiver,
+# which forwards every document to the old URL (JobCompForward); uninstall gives it back
+base_conf >"$SLURM_CONF"
+SITE_ES='http://elastic:pw-$ecret@es.example.invalid:9200/slurm/jobcomp'
+printf 'JobCompType=jobcomp/elasticsearch\nJobCompLoc=%s   # the site ES\nMinJobAge=300\n' "$SITE_ES" >>"$SLURM_CONF"
+sha_t="$(sha256sum <"$SLURM_CONF")"
+if run_install "$J/out.5" --jobcomp; then ok "--jobcomp takes over the site's jobcomp/elasticsearch"; else notok "--jobcomp takes over the site's jobcomp/elasticsearch" "$(tail -3 "$J/out.5")"; fi
+check "takeover: the site's JobCompLoc line kept, byte for byte, after the prefix" \
+    grep -qxF "#cvslurm-jobcompforward# JobCompLoc=$SITE_ES   # the site ES" "$SLURM_CONF"
+check "takeover: our JobCompLoc line" grep -qxF "JobCompLoc=http://127.0.0.1:9250/slurm/jobcomp  $MARK" "$SLURM_CONF"
+check "takeover: the site's JobCompType kept, none added" \
+    sh -c "test \"\$(grep -cx 'JobCompType=jobcomp/elasticsearch' '$SLURM_CONF')\" = 1 && ! grep -qF 'JobCompType=jobcomp/elasticsearch  $MARK' '$SLURM_CONF'"
+check "takeover: the old URL is JobCompForward" grep -qxF "JobCompForward=$SITE_ES" "$SLURM_CONF_DIR/cloudvision.conf"
+check "takeover: says so, the password hidden" \
+    sh -c "grep -qF \"takes over slurm.conf's JobCompLoc=http://elastic:***@es.example.invalid:9200/slurm/jobcomp\" '$J/out.5' && ! grep -qF 'pw-\$ecret' '$J/out.5'"
+check "takeover: the final check passes and shows the forward target" \
+    sh -c "grep -q 'all checks passed' '$J/out.5' && grep -qF 'JobCompForward: http://elastic:***@es.example.invalid:9200/slurm/jobcomp does not answer' '$J/out.5'"
+run_install "$J/out.6" --jobcomp || true
+check "takeover: second run no change" grep -qx "install.sh: no change" "$J/out.6"
+run_install "$J/out.7" || true
+check "takeover: a run without a set-up flag keeps it" sh -c "grep -qx 'install.sh: no change' '$J/out.7' && grep -q 'taken over by an earlier --jobcomp' '$J/out.7'"
+"$INSTALL" --uninstall --no-reconfigure >"$J/out.u2" 2>&1 || true
+check "takeover: uninstall restores slurm.conf byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_t"
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+# --no-epilog gives the site its JobCompLoc back
+run_install "$J/out.8" --jobcomp || true
+run_install "$J/out.9" --no-epilog || true
+check "takeover: --no-epilog gives the site's JobCompLoc back" \
+    sh -c "grep -qxF 'JobCompLoc=$SITE_ES   # the site ES' '$SLURM_CONF' && ! grep -q '^#cvslurm-jobcompforward# ' '$SLURM_CONF' && ! grep -qi '^jobcomploc=http://127.0.0.1' '$SLURM_CONF'"
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
+check "takeover, --no-epilog: uninstall restores slurm.conf byte for byte" test "$(sha256sum <"$SLURM_CONF")" = "$sha_t"
+# a JobCompLoc that is not alone on its line is not taken
+base_conf >"$SLURM_CONF"
+printf 'JobCompType=jobcomp/elasticsearch JobCompLoc=http://es.example.invalid:9200/slurm/jobcomp\n' >>"$SLURM_CONF"
+sha_t2="$(sha256sum <"$SLURM_CONF")"
+if run_install "$J/out.10" --jobcomp; then notok "--jobcomp refuses a JobCompLoc it cannot take over"; else ok "--jobcomp refuses a JobCompLoc it cannot take over"; fi
+check "that refusal says what to do and changes nothing" \
+    sh -c "grep -q 'cannot take over' '$J/out.10' && test \"\$(sha256sum <'$SLURM_CONF')\" = '$sha_t2'"
+"$INSTALL" --uninstall --purge --no-reconfigure >/dev/null 2>&1 || true
 
 # ========== 6c. two controllers: the hook on every SlurmctldHost before slurm.conf names it ==========
 # The other controllers are reached through CVSLURM_REMOTE (ssh by default). Here it runs the
