@@ -127,7 +127,7 @@ version_suites() { # VERSION
   rm -f /etc/slurm/cloudvision.conf
   step "Slurm $v: a pair installed in README's order (install.sh on each controller)"
   SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
-    cargo test --release --test e2e_pair_install -- --ignored 2>&1 \
+    cargo test --test e2e_pair_install -- --ignored 2>&1 \
     | tee "$LOG_DIR/e2e-pair-install-$v.log" | grep -E '^(test |test result|failures:|---- |\[e2e\])'
   if [ "${PIPESTATUS[0]}" != 0 ]; then
     failure_details "$LOG_DIR/e2e-pair-install-$v.log"; failures+=("$v: pair install end-to-end test")
@@ -154,7 +154,7 @@ done
 declare -A vtime=()
 if [ -n "$BIN" ]; then
   for v in $VERSIONS; do
-    rm -f "$LOG_DIR/e2e-$v.log" "$LOG_DIR/install-$v.log" "$LOG_DIR/e2e-gpu-$v.log" "$LOG_DIR/e2e-pair-$v.log"
+    rm -f "$LOG_DIR/e2e-$v.log" "$LOG_DIR/install-$v.log" "$LOG_DIR/e2e-gpu-$v.log" "$LOG_DIR/e2e-pair-$v.log" "$LOG_DIR/e2e-pair-install-$v.log"
     t0=$SECONDS
     version_suites "$v"
     vtime[$v]=$((SECONDS - t0))
@@ -169,10 +169,11 @@ for v in $VERSIONS; do
   read -r p2 q2 < <(count "$LOG_DIR/install-$v.log")
   read -r p3 q3 < <(count "$LOG_DIR/e2e-gpu-$v.log")
   read -r p4 q4 < <(count "$LOG_DIR/e2e-pair-$v.log")
-  p1=$((p1 + p3 + p4)); q1=$((q1 + q3 + q4))
+  read -r p5 q5 < <(count "$LOG_DIR/e2e-pair-install-$v.log")
+  p1=$((p1 + p3 + p4 + p5)); q1=$((q1 + q3 + q4 + q5))
   vf=0
   for f in "${failures[@]}"; do
-    case "$f" in "$v: end-to-end tests"|"$v: install tests"|"$v: GPU end-to-end test"|"$v: pair end-to-end tests") ;; "$v: "*) vf=$((vf + 1)) ;; esac
+    case "$f" in "$v: end-to-end tests"|"$v: install tests"|"$v: GPU end-to-end test"|"$v: pair end-to-end tests"|"$v: pair install end-to-end test") ;; "$v: "*) vf=$((vf + 1)) ;; esac
   done
   echo "$v: $((p1 + p2)) passed, $((q1 + q2 + vf)) failed (e2e $p1/$((p1 + q1)), install $p2/$((p2 + q2)), ${vtime[$v]:-0} s)"
   passed=$((passed + p1 + p2)); failed=$((failed + q1 + q2))
@@ -182,7 +183,7 @@ for f in "${failures[@]}"; do echo "FAILED: $f"; done
 # A failing step that is not a test (build, lint) counts as one failure.
 nontest=0
 for f in "${failures[@]}"; do
-  case "$f" in "cargo test"|*": end-to-end tests"|*": install tests"|*": GPU end-to-end test"|*": pair end-to-end tests") ;; *) nontest=$((nontest + 1)) ;; esac
+  case "$f" in "cargo test"|*": end-to-end tests"|*": install tests"|*": GPU end-to-end test"|*": pair end-to-end tests"|*": pair install end-to-end test") ;; *) nontest=$((nontest + 1)) ;; esac
 done
 total_failed=$((failed + nontest))
 # A suite that failed without a test result line (did not compile, crashed) still fails.
