@@ -240,9 +240,9 @@ pub enum Forget {
 pub enum Why {
     /// A record of the job as it was queued: the representation it was first sent with.
     Plain,
-    /// The RUNNING of a requeued job's later run: decided anew, the earlier run's record
-    /// deleted first.
-    Rerun,
+    /// The RUNNING of a requeued job's later run (its restart count): decided anew, the
+    /// earlier run's record deleted first, once ([`crate::state::job_reps::JobReps::rerun_deleted`]).
+    Rerun(u32),
     /// A RUNNING queued again because the inventory of one of its nodes changed: decided
     /// anew from the new records; where the kind changes (node names ↔ MACs) the stored
     /// record is deleted first.
@@ -254,7 +254,7 @@ impl Why {
     /// inventory ([`crate::state::event::Event::anew`]), or as queued.
     pub fn of(ev: &crate::state::event::Event) -> Why {
         if ev.starts_a_rerun() {
-            Why::Rerun
+            Why::Rerun(ev.rank.0)
         } else if ev.anew {
             Why::Anew
         } else {
@@ -273,6 +273,10 @@ pub struct Outgoing {
     /// The rule that decided the representation now (`None`: a recorded one, or a tenant
     /// job's own), for a dry run and the debug log.
     pub rule: Option<String>,
+    /// A re-run's restart count, where the earlier run's record is deleted first: once that
+    /// delete is done it is noted ([`crate::service::engine::post_outgoing`]), and a resend of
+    /// the same run's RUNNING deletes nothing.
+    pub rerun: Option<u32>,
 }
 
 /// The one rule for how a job's record goes out, for the service's engine, the hook's own
@@ -291,7 +295,8 @@ pub struct Outgoing {
 ///   went (sent by the other controller, or the record lost): CloudVision's stored record is
 ///   deleted first ([`Forget::Representation`]) and the whole new one posted.
 /// - A re-run's RUNNING ([`Why::Rerun`]) decides anew and deletes the earlier run's record
-///   first; a RUNNING resent for its nodes' new inventory ([`Why::Anew`]) decides anew and,
+///   first, until that delete is done for this run: a resend of the same run's RUNNING (a
+///   retry, a reconciliation's, a new inventory's) goes as recorded; a RUNNING resent for its nodes' new inventory ([`Why::Anew`]) decides anew and,
 ///   where the kind changes, deletes the stored record first.
 pub fn outgoing(
     mode: JobInterfaces,
@@ -304,6 +309,15 @@ pub fn outgoing(
     use crate::state::job_reps::Representation;
     let key = job.key.id.clone();
     let running = !job.state.is_terminal();
+    // The earlier run's record deleted already for this run: this RUNNING is a resend.
+    let why = match why {
+        Why::Rerun(n) if reps.rerun_deleted(&key) == Some(n) => Why::Plain,
+        w => w,
+    };
+    let rerun = match why {
+        Why::Rerun(n) => Some(n),
+        _ => None,
+    };
     let save = |rep: &Representation| {
         if write && running {
             if let Err(e) = reps.save(&key, rep) {
@@ -318,7 +332,7 @@ pub fn outgoing(
         // The caller chose the list; one that switches lists replaces the stored record.
         let now = representation_of(job);
         let forget = match (why, reps.load(&key)) {
-            (Why::Rerun, _) => Some(Forget::Rerun),
+            (Why::Rerun(_), _) => Some(Forget::Rerun),
             (_, Some(r)) if !same_kind(&r, &now) => Some(Forget::Representation),
             _ => None,
         };
@@ -327,13 +341,14 @@ pub fn outgoing(
             job: job.clone(),
             forget,
             rule: None,
+            rerun,
         };
     }
-    if why == Why::Rerun && write {
+    if rerun.is_some() && write {
         reps.forget(&key);
     }
     let recorded = match why {
-        Why::Rerun => None,
+        Why::Rerun(_) => None,
         _ => reps.load(&key),
     };
     let reassess = why == Why::Anew && ask.is_some() && running;
@@ -362,12 +377,13 @@ pub fn outgoing(
                 job: out,
                 forget: None,
                 rule: None,
+                rerun: None,
             };
         }
     }
     let (out, rep, rule) = decide(mode, job, ask);
     let forget = match (why, &recorded) {
-        (Why::Rerun, _) => Some(Forget::Rerun),
+        (Why::Rerun(_), _) => Some(Forget::Rerun),
         (Why::Anew, Some(was)) if reassess && !same_kind(was, &rep) => Some(Forget::Representation),
         (Why::Anew, Some(_)) if reassess => None,
         // An end with no record here, where it may go either way.
@@ -381,6 +397,7 @@ pub fn outgoing(
         job: out,
         forget,
         rule,
+        rerun,
     }
 }
 
@@ -493,9 +510,26 @@ mod tests {
             assert_eq!(o.job.validate(), Ok(()));
         }
         // A re-run decides anew and deletes the earlier run's record first.
-        let o = run(Gpu, &job("4@c", Running), Why::Rerun, true);
+        let o = run(Gpu, &job("4@c", Running), Why::Rerun(1), true);
         assert_eq!((o.job.interfaces, o.forget), (None, Some(Forget::Rerun)));
+        assert_eq!(o.rerun, Some(1));
         assert_eq!(reps.load("4@c"), Some(Representation::Nodes));
+        // Until that delete is done (a failed DELETE), every resend deletes again; once done,
+        // a resend of the same run's RUNNING deletes nothing and goes as recorded; the next
+        // run deletes again.
+        let o = run(Gpu, &job("4@c", Running), Why::Rerun(1), true);
+        assert_eq!((o.forget, o.rerun), (Some(Forget::Rerun), Some(1)));
+        reps.note_rerun_deleted("4@c", 1).unwrap();
+        assert_eq!(reps.rerun_deleted("4@c"), Some(1));
+        let o = run(Gpu, &job("4@c", Running), Why::Rerun(1), true);
+        assert_eq!((o.forget, o.rerun), (None, None));
+        assert_eq!(o.job.validate(), Ok(()));
+        let o = run(Gpu, &job("4@c", Running), Why::Rerun(2), true);
+        assert_eq!((o.forget, o.rerun), (Some(Forget::Rerun), Some(2)));
+        // The job's end forgets the note with the record.
+        reps.note_rerun_deleted("4@c", 2).unwrap();
+        reps.forget("4@c");
+        assert_eq!(reps.rerun_deleted("4@c"), None);
         // A dry run records nothing.
         let o = run(Gpu, &job("5@c", Running), Why::Plain, false);
         assert_eq!(o.forget, None);

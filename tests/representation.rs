@@ -405,6 +405,51 @@ fn a_failed_delete_keeps_the_reruns_running_queued() {
     }
 }
 
+/// A re-run's RUNNING deletes the earlier run's record once: when its POST then fails, the
+/// resend posts the RUNNING alone (a second DELETE would take the live record away again, and
+/// a failed POST after it would leave the job absent).
+#[test]
+fn a_reruns_running_resent_after_a_failed_post_deletes_nothing_again() {
+    for profile in PROFILES {
+        let cv = Standin::start_profile(profile);
+        let site = Site::new(&cv.server(), &cv.ca(), "");
+        let key = "44@hpc-cluster-west";
+        for vars in [
+            job_env("prolog_slurmctld", "44", &[]),
+            job_env("epilog_slurmctld", "44", &[("SLURM_JOB_EXIT_CODE2", "0:0")]),
+        ] {
+            let (out, _) = site.hook(&vars);
+            assert_eq!(out.status.code(), Some(0));
+        }
+        // The DELETE is answered as the profile answers it, the POST after it with a 503.
+        cv.set_mode(json!({"mode": "status", "status": 503, "count": 1, "after": 1}));
+        let (out, _) = site.hook(&job_env(
+            "prolog_slurmctld",
+            "44",
+            &[("SLURM_JOB_RESTART_COUNT", "1")],
+        ));
+        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(site.outbox().len(), 1, "{}", site.log());
+        let out = site.run(&["flush", "--no-reconcile"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let rerun = cv.stored_job(key).unwrap();
+        assert_eq!(rerun["state"], "JOB_STATE_RUNNING", "{}", site.log());
+        assert!(rerun.get("end_time").is_none(), "{rerun}");
+        assert_eq!(
+            methods(&cv),
+            [
+                "POST 200",
+                "POST 200",
+                delete_answer(profile),
+                "POST 503",
+                "POST 200"
+            ],
+            "{profile}: {}",
+            site.log()
+        );
+    }
+}
+
 fn failed_delete(profile: &str) {
     let cv = Standin::start_profile(profile);
     let site = Site::new(&cv.server(), &cv.ca(), "");

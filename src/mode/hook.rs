@@ -350,8 +350,9 @@ fn handle(
         None,
         true,
     );
-    let result = client_for(cfg, token, cfg.hook_timeout)
-        .and_then(|c| crate::service::engine::post_outgoing(&c, &out, Some(send_deadline)));
+    let result = client_for(cfg, token, cfg.hook_timeout).and_then(|c| {
+        crate::service::engine::post_outgoing(&c, &out, &outbox.job_reps, Some(send_deadline))
+    });
     match result {
         Ok(a) => {
             if env.phase == Phase::Epilog && !queued {

@@ -171,7 +171,7 @@ pub fn run(a: Args) -> i32 {
         Err(e) => return e.report(),
     };
     for out in &jobs {
-        if !deliver(client.as_ref(), cfg, out) {
+        if !deliver(client.as_ref(), cfg, out, &outbox.job_reps) {
             failed += 1;
         } else if client.is_some() && out.job.state.is_terminal() {
             // The job's end is out: its record of how it goes ends with it.
@@ -241,7 +241,12 @@ pub fn print_dry_run(job: &JobConfig, cfg: &Config) {
 
 /// Sends (or, without a client, prints) one JobConfig, deleting CloudVision's stored record
 /// of the job first where [`Outgoing::forget`] says so; returns whether it went out.
-pub fn deliver(client: Option<&Client>, cfg: &Config, out: &Outgoing) -> bool {
+pub fn deliver(
+    client: Option<&Client>,
+    cfg: &Config,
+    out: &Outgoing,
+    reps: &crate::state::job_reps::JobReps,
+) -> bool {
     let job = &out.job;
     match client {
         None => {
@@ -255,7 +260,7 @@ pub fn deliver(client: Option<&Client>, cfg: &Config, out: &Outgoing) -> bool {
             true
         }
         Some(c) => {
-            match crate::service::engine::post_outgoing(c, out, None) {
+            match crate::service::engine::post_outgoing(c, out, reps, None) {
                 Ok(a) => {
                     let place = match (&job.nodes, &job.interfaces) {
                         (_, Some(i)) if job.by_interfaces() => {

@@ -399,10 +399,18 @@ fn forget_stored_job(
 pub fn post_outgoing(
     client: &Client,
     out: &crate::attribution::Outgoing,
+    reps: &crate::state::job_reps::JobReps,
     deadline: Option<Instant>,
 ) -> Result<Answer, SendError> {
     if let Some(why) = out.forget {
         forget_stored_job(client, &out.job, why, deadline)?;
+        // Deleted (or the server cannot delete): a resend of this run's RUNNING keeps the
+        // live record.
+        if let Some(run) = out.rerun {
+            if let Err(e) = reps.note_rerun_deleted(&out.job.key.id, run) {
+                log::warn!("job {}: {e}", out.job.key.id);
+            }
+        }
     }
     client.post_job(&out.job, deadline)
 }
@@ -735,7 +743,7 @@ impl Engine {
             return Outcome::Held;
         }
         let result = match &outgoing {
-            Some(o) => post_outgoing(&self.client, o, None),
+            Some(o) => post_outgoing(&self.client, o, &self.outbox.job_reps, None),
             None => send_item(&self.client, &taken.item, None),
         };
         let class = answer_class(&result);

@@ -97,9 +97,40 @@ impl JobReps {
             .then_some(Representation::Interfaces(macs))
     }
 
-    /// Forgets a job's record.
+    /// Forgets a job's record, and its note of a re-run's deleted record.
     pub fn forget(&self, key: &str) {
         let _ = fs::remove_file(self.path(key));
+        let _ = fs::remove_file(self.rerun_path(key));
+    }
+
+    /// The note of a re-run: `reps/<key>%run` (`%` followed by no two hex digits never
+    /// appears in a key's file name, so it names no job).
+    fn rerun_path(&self, key: &str) -> PathBuf {
+        self.root
+            .join(JOB_REPS)
+            .join(format!("{}%run", safe_name(key)))
+    }
+
+    /// The restart count of the job's run whose RUNNING already deleted the earlier run's
+    /// record in CloudVision ([`JobReps::note_rerun_deleted`]), if any. Hostile bytes (a
+    /// link, a large file, not a number) are no note.
+    pub fn rerun_deleted(&self, key: &str) -> Option<u32> {
+        let bytes = durable::read_file(&self.rerun_path(key)).ok()?;
+        if bytes.len() > 12 {
+            return None;
+        }
+        std::str::from_utf8(&bytes).ok()?.trim_end().parse().ok()
+    }
+
+    /// Notes that run `run` of the job deleted the earlier run's record: a resend of its
+    /// RUNNING (a retry after a failed POST, reconciliation's, a new inventory's) must not
+    /// delete the live record again. Removed with the job's record ([`JobReps::forget`]).
+    pub fn note_rerun_deleted(&self, key: &str, run: u32) -> Result<(), String> {
+        durable::replace(
+            &self.rerun_path(key),
+            format!("{run}\n").as_bytes(),
+            self.owner,
+        )
     }
 
     /// Removes the records older than `max_age`; returns how many.
