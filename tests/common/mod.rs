@@ -252,6 +252,9 @@ pub struct Site {
     pub state_dir: PathBuf,
     pub log_file: PathBuf,
     pub bin_dir: PathBuf,
+    /// `extra` names a `SlurmBinDir` of its own: a real Slurm cluster's commands, which read
+    /// the machine's slurm.conf (so `SLURM_CONF` is left alone).
+    real_slurm: bool,
 }
 
 impl Site {
@@ -286,6 +289,7 @@ impl Site {
             state_dir,
             log_file,
             bin_dir,
+            real_slurm: extra.contains("SlurmBinDir="),
         }
     }
 
@@ -355,14 +359,21 @@ impl Site {
     /// Runs `cvslurm <args>` with this site's config (and no slurm.conf: see
     /// [`Site::no_slurm_conf`]).
     pub fn run(&self, args: &[&str]) -> Output {
-        Command::new(bin())
-            .args(args)
+        let mut cmd = Command::new(bin());
+        cmd.args(args)
             .env_remove("CV_API_TOKEN")
             .env_remove("CV_API_SERVER")
-            .env("CVSLURM_CONF", &self.conf)
-            .env("SLURM_CONF", self.no_slurm_conf())
-            .output()
-            .unwrap()
+            .env("CVSLURM_CONF", &self.conf);
+        self.slurm_conf_env(&mut cmd);
+        cmd.output().unwrap()
+    }
+
+    /// `SLURM_CONF` naming no file ([`Site::no_slurm_conf`]), unless the site runs a real
+    /// Slurm cluster's commands, which need the machine's slurm.conf.
+    pub fn slurm_conf_env(&self, cmd: &mut Command) {
+        if !self.real_slurm {
+            cmd.env("SLURM_CONF", self.no_slurm_conf());
+        }
     }
 
     /// A `SLURM_CONF` that names no file: the site is one controller whatever this machine's
@@ -423,14 +434,14 @@ impl Service {
     /// The service run by `cmd`: the binary itself, or a command that ends by running it
     /// (e.g. [`with_hostname`]); `inventory --monitor` and the site's environment are added.
     pub fn start_command(site: &Site, mut cmd: Command, env: &[(&str, &Path)]) -> Service {
-        let child = cmd
-            .args(["inventory", "--monitor"])
+        cmd.args(["inventory", "--monitor"])
             .env_remove("CV_API_TOKEN")
             .env_remove("CV_API_SERVER")
             .env_remove("NOTIFY_SOCKET")
             .env_remove("JOURNAL_STREAM")
-            .env("CVSLURM_CONF", &site.conf)
-            .env("SLURM_CONF", site.no_slurm_conf())
+            .env("CVSLURM_CONF", &site.conf);
+        site.slurm_conf_env(&mut cmd);
+        let child = cmd
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
