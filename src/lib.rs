@@ -27,6 +27,7 @@ pub(crate) mod delivery;
 pub(crate) mod hook_facts;
 pub(crate) mod hostlist;
 pub(crate) mod inventory;
+pub(crate) mod link_names;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod node_record;
