@@ -1,11 +1,11 @@
 //! Command line: `cvslurm <mode> [options]`, or the mode from argv\[0\] (busybox-style symlinks).
 //!
-//! Dispatch only: the argv\[0\] name table, the subcommand enum and the call to the chosen mode's
-//! `run` (each mode lives in `crate::mode` with its own `Args`).
+//! Dispatch only: the subcommand enum and the call to the chosen mode's `run` (each mode lives
+//! in `crate::mode` with its own `Args`; the argv\[0\] name table is `crate::link_names`).
 
+use crate::link_names::{mode_from_argv0, MODES};
 use crate::mode::{check, discover, flush, hook, inventory, send, status};
 use argh::FromArgs;
-use std::path::Path;
 
 /// Tell Arista CloudVision which Slurm job runs on which nodes.
 #[derive(FromArgs, Debug)]
@@ -37,43 +37,6 @@ enum Mode {
     Flush(flush::Args),
     Status(status::Args),
     Check(check::Args),
-}
-
-/// Every mode, with the busybox-style names (argv[0]) that select it: the one list of modes
-/// and link names. install.sh, the packages and the tests read it from `cvslurm --list-modes`.
-/// The names of the earlier Python tools also come with `.py`.
-pub(crate) const MODES: &[(&str, &[&str])] = &[
-    ("hook", &["cvslurm-hook", "cv-job-hook", "cv-job-hook.py"]),
-    ("send", &["cvslurm-send", "cv-job-send", "cv-job-send.py"]),
-    (
-        "inventory",
-        &[
-            "cvslurm-inventory",
-            "cv-node-inventory",
-            "cv-node-inventory.py",
-        ],
-    ),
-    (
-        "discover",
-        &[
-            "cvslurm-discover",
-            "interface_discovery",
-            "interface_discovery.py",
-        ],
-    ),
-    ("flush", &["cvslurm-flush"]),
-    ("status", &["cvslurm-status"]),
-    ("check", &["cvslurm-check"]),
-];
-
-/// The mode a busybox-style argv[0] names, if any (a trailing `.py` is ignored).
-pub(crate) fn mode_from_argv0(argv0: &str) -> Option<&'static str> {
-    let base = Path::new(argv0).file_name()?.to_str()?;
-    let base = base.strip_suffix(".py").unwrap_or(base);
-    MODES
-        .iter()
-        .find(|(_, names)| names.contains(&base))
-        .map(|(mode, _)| *mode)
 }
 
 /// The long flags a mode accepts (`--help` aside), from the table beside its `Args`.

@@ -27,6 +27,7 @@ pub(crate) mod delivery;
 pub(crate) mod hook_facts;
 pub(crate) mod hostlist;
 pub(crate) mod inventory;
+pub(crate) mod link_names;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod node_record;
@@ -108,8 +109,9 @@ pub mod internals {
     }
 }
 
-/// The layers hold: the ground floor names nothing above it, and no two modules name each
-/// other. Read from the sources (code lines only, not comments).
+/// The layers hold: the ground floor names nothing above it, and no module names another that
+/// names it back, directly or round a cycle. Read from the sources at test time (every `.rs`
+/// file under `src/`, code lines only: not comments, not `#[cfg(test)]` modules).
 #[cfg(test)]
 mod layers {
     /// A module's source and the crate modules its code may name.
@@ -118,6 +120,8 @@ mod layers {
         ("config", include_str!("config.rs"), &["tls"]),
         // Payloads are built from Slurm's facts; records are built into payloads, not back.
         ("payload", include_str!("payload.rs"), &["slurm", "timefmt"]),
+        // The modes' names: what the dispatcher, the check and install's facts all read.
+        ("link_names", include_str!("link_names.rs"), &[]),
     ];
 
     fn named(src: &str) -> Vec<String> {
@@ -144,6 +148,281 @@ mod layers {
                 );
             }
         }
+    }
+
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    /// Each module and the other modules its code names.
+    type Graph = BTreeMap<String, BTreeSet<String>>;
+
+    /// The module a file under `src/` is (`a/b.rs` and `a/b/mod.rs` are `a::b`); `None` for the
+    /// crate root (`lib.rs`, `main.rs`), which declares everything.
+    fn module_of(rel: &Path) -> Option<String> {
+        let mut parts: Vec<String> = rel
+            .with_extension("")
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        if parts.last().map(String::as_str) == Some("mod") {
+            parts.pop();
+        }
+        match parts.as_slice() {
+            [one] if one == "lib" || one == "main" => None,
+            [] => None,
+            _ => Some(parts.join("::")),
+        }
+    }
+
+    /// The code of a source: comment lines, trailing comments and `#[cfg(test)]` modules
+    /// (rustfmt's layout: from `#[cfg(test)]` and `mod x {` to the `}` in column 0) left out.
+    fn code(src: &str) -> String {
+        let mut out = String::new();
+        let mut lines = src.lines().peekable();
+        while let Some(line) = lines.next() {
+            let next = lines.peek().copied().unwrap_or("");
+            let opens_mod = next.ends_with('{')
+                && ["mod ", "pub mod ", "pub(crate) mod "]
+                    .iter()
+                    .any(|p| next.starts_with(p));
+            if line == "#[cfg(test)]" && opens_mod {
+                for l in lines.by_ref() {
+                    if l == "}" {
+                        break;
+                    }
+                }
+                continue;
+            }
+            let t = line.trim_start();
+            if t.starts_with("//") {
+                continue;
+            }
+            let line = match line.find("//") {
+                Some(i) if !line[..i].contains('"') => &line[..i],
+                _ => line,
+            };
+            out.push_str(line);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The paths a use tree or path starting at `s` names (`a::{b, c::d as e}::*` gives `a::b`,
+    /// `a::c::d`), and the rest of `s`.
+    fn use_tree(s: &str) -> (Vec<Vec<String>>, &str) {
+        let mut prefix = Vec::new();
+        let mut s = s.trim_start();
+        loop {
+            let n = s
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(s.len());
+            if n > 0 {
+                prefix.push(s[..n].to_string());
+                s = s[n..].trim_start();
+                match s.strip_prefix("::") {
+                    Some(rest) => {
+                        s = rest.trim_start();
+                        continue;
+                    }
+                    None => return (vec![prefix], s),
+                }
+            }
+            let Some(mut rest) = s.strip_prefix('{') else {
+                return (vec![prefix], s);
+            };
+            let mut out = Vec::new();
+            loop {
+                rest = rest.trim_start();
+                if let Some(r) = rest.strip_prefix('}') {
+                    if out.is_empty() {
+                        out.push(prefix.clone());
+                    }
+                    return (out, r);
+                }
+                if rest.is_empty() {
+                    return (out, rest);
+                }
+                let (paths, r) = use_tree(rest);
+                let r = match r.trim_start().strip_prefix("as ") {
+                    Some(r) => r
+                        .trim_start()
+                        .trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_'),
+                    None => r,
+                };
+                let r = r.trim_start();
+                let r = r.strip_prefix('*').unwrap_or(r).trim_start();
+                out.extend(paths.into_iter().map(|p| [prefix.clone(), p].concat()));
+                rest = r.strip_prefix(',').unwrap_or(r);
+                if rest.len() == r.len() && !rest.trim_start().starts_with('}') {
+                    // Neither a comma nor the group's end: not a use tree; stop here.
+                    return (out, rest);
+                }
+            }
+        }
+    }
+
+    /// The module graph of `files` (path under `src/`, source): an edge where a module's code
+    /// names another through `crate::` or `super::` (to the longest module the path starts
+    /// with). A module and its own parent or child are no edge: declaring is not depending.
+    /// `super::` is the file's parent: inside an inline module other than a test module it
+    /// would read one level off (no such module in src/ uses `super::`).
+    fn graph(files: &[(String, String)]) -> Graph {
+        let mods: BTreeMap<String, &str> = files
+            .iter()
+            .filter_map(|(rel, src)| Some((module_of(Path::new(rel))?, src.as_str())))
+            .collect();
+        let mut g = Graph::new();
+        for (m, src) in &mods {
+            let here: Vec<&str> = m.split("::").collect();
+            let code = code(src);
+            let mut edges = BTreeSet::new();
+            let mut rest = code.as_str();
+            while let Some(i) = rest
+                .find("crate::")
+                .into_iter()
+                .chain(rest.find("super::"))
+                .min()
+            {
+                let word_start = rest[..i]
+                    .chars()
+                    .next_back()
+                    .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+                let (paths, after) = use_tree(&rest[i..]);
+                rest = if after.len() < rest.len() - i {
+                    after
+                } else {
+                    &rest[i + 1..]
+                };
+                if !word_start {
+                    continue;
+                }
+                for p in paths {
+                    let mut full: Vec<&str> = Vec::new();
+                    for (k, seg) in p.iter().enumerate() {
+                        match seg.as_str() {
+                            "crate" if k == 0 => full.clear(),
+                            "super" if k == 0 => {
+                                full = here[..here.len() - 1].to_vec();
+                            }
+                            "super" => {
+                                full.pop();
+                            }
+                            "self" if k > 0 => {}
+                            s => full.push(s),
+                        }
+                    }
+                    let target = (1..=full.len())
+                        .rev()
+                        .map(|n| full[..n].join("::"))
+                        .find(|t| mods.contains_key(t));
+                    if let Some(t) = target {
+                        let related = t == *m
+                            || m.starts_with(&format!("{t}::"))
+                            || t.starts_with(&format!("{m}::"));
+                        if !related {
+                            edges.insert(t);
+                        }
+                    }
+                }
+            }
+            g.insert(m.clone(), edges);
+        }
+        g
+    }
+
+    /// A cycle in `g` (`a -> b -> a`), if any.
+    fn cycle(g: &Graph) -> Option<Vec<String>> {
+        fn visit(
+            g: &Graph,
+            m: &str,
+            path: &mut Vec<String>,
+            done: &mut BTreeSet<String>,
+        ) -> Option<Vec<String>> {
+            if let Some(i) = path.iter().position(|p| p == m) {
+                let mut c = path[i..].to_vec();
+                c.push(m.to_string());
+                return Some(c);
+            }
+            if done.contains(m) {
+                return None;
+            }
+            path.push(m.to_string());
+            for next in g.get(m).into_iter().flatten() {
+                if let Some(c) = visit(g, next, path, done) {
+                    return Some(c);
+                }
+            }
+            path.pop();
+            done.insert(m.to_string());
+            None
+        }
+        let mut done = BTreeSet::new();
+        g.keys()
+            .find_map(|m| visit(g, m, &mut Vec::new(), &mut done))
+    }
+
+    /// Every `.rs` file under `src/`: its path there and its text.
+    fn sources() -> Vec<(String, String)> {
+        let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+        let mut out = Vec::new();
+        let mut dirs = vec![root.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for e in std::fs::read_dir(&dir).expect("src/ is readable") {
+                let path = e.expect("src/ is readable").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|x| x == "rs") {
+                    let rel = path
+                        .strip_prefix(root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned();
+                    let text = std::fs::read_to_string(&path).expect("a source is UTF-8");
+                    out.push((rel, text));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn no_module_names_one_that_names_it_back() {
+        let files = sources();
+        assert!(files.len() > 50, "read {} files under src/", files.len());
+        let g = graph(&files);
+        if let Some(c) = cycle(&g) {
+            panic!(
+                "module cycle: {}: move what the lower module needs down to it (or to a \
+                 ground-floor module both name)",
+                c.join(" -> ")
+            );
+        }
+    }
+
+    #[test]
+    fn the_cycle_check_sees_a_planted_cycle() {
+        let fake = |a: &str, b: &str| {
+            vec![
+                ("lib.rs".to_string(), "pub mod x;\npub mod y;\n".to_string()),
+                ("x.rs".to_string(), a.to_string()),
+                ("y/mod.rs".to_string(), "pub mod z;\n".to_string()),
+                ("y/z.rs".to_string(), b.to_string()),
+            ]
+        };
+        // x -> y::z -> x, through a use group and a `super::super::` path.
+        let g = graph(&fake(
+            "use crate::{text, y::{z::Z as W, self}};\n",
+            "fn f() { super::super::x::g() }\n",
+        ));
+        assert_eq!(cycle(&g).unwrap(), ["x", "y::z", "x"], "{g:?}");
+        // Comments, test modules and a child naming its parent are no edge.
+        let g = graph(&fake(
+            "use crate::y::z::Z;\n",
+            "// crate::x\nuse super::Y; // crate::x::a\n#[cfg(test)]\nmod tests {\n    use crate::x;\n}\n",
+        ));
+        assert_eq!(cycle(&g), None, "{g:?}");
+        assert!(g["y::z"].is_empty(), "{g:?}");
+        assert_eq!(g["x"], BTreeSet::from(["y::z".to_string()]));
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl Slurm {
     }
 
     /// The most output read from one command; more is an error
-    /// ("printed more than N MiB", see [`crate::slurm::listing_too_big`]).
+    /// ("printed more than N MiB", see [`listing_too_big`]).
     pub fn max_output(&self) -> u64 {
         self.max_output
     }
@@ -330,6 +330,11 @@ pub fn wait_with_output(
     })
 }
 
+/// Did a listing fail because it passed the runner's output bound?
+pub fn listing_too_big(error: &str) -> bool {
+    error.contains("printed more than")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,7 +461,7 @@ mod tests {
             e,
             "sh -c head -c 1048577 /dev/zero: printed more than 1 MiB"
         );
-        assert!(crate::slurm::listing_too_big(&e));
+        assert!(listing_too_big(&e));
         assert_eq!(Slurm::new(None).max_output(), MAX_OUTPUT);
         assert_eq!(Slurm::default().max_output(), MAX_OUTPUT);
         assert_eq!(size_text(64 << 20), "64 MiB");

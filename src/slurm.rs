@@ -13,6 +13,7 @@ pub mod leader;
 pub mod version;
 
 use crate::hostlist;
+pub use crate::runner::listing_too_big;
 use crate::runner::Slurm;
 pub use bounds::{
     Answer, JOB_QUERIES_PER_PASS, SACCT_CALLS_PER_PASS, SACCT_IDS_PER_CALL, STATE_CALLS_PER_PASS,
@@ -414,11 +415,6 @@ fn listing_now(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<J
             e
         }
     })
-}
-
-/// Did a listing fail because it passed the runner's output bound?
-pub fn listing_too_big(error: &str) -> bool {
-    error.contains("printed more than")
 }
 
 /// Only ids that can be jobs reach a command line (record names in StateDir are not trusted),

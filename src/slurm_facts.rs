@@ -113,7 +113,7 @@ fn is_ours(program: &str, hook: Option<&Path>) -> bool {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if !crate::mode::check::is_hook_name(&name) {
+    if !crate::link_names::is_hook_name(&name) {
         return false;
     }
     match (std::fs::canonicalize(program), std::fs::canonicalize(hook)) {
@@ -135,7 +135,7 @@ fn calls_a_hook(path: &Path) -> bool {
         return false;
     };
     let text = String::from_utf8_lossy(&bytes);
-    let hook_names: Vec<&str> = crate::cli::MODES
+    let hook_names: Vec<&str> = crate::link_names::MODES
         .iter()
         .filter(|(m, _)| *m == "hook")
         .flat_map(|(_, names)| names.iter().copied())

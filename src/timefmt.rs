@@ -17,6 +17,14 @@ pub fn now_epoch() -> i64 {
     OffsetDateTime::now_utc().unix_timestamp()
 }
 
+/// Nanoseconds since the epoch (the clock of an event's `seq` in the outbox).
+pub(crate) fn now_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
+}
+
 /// Parses a Slurm time field printed under `SLURM_TIME_FORMAT=%s`: epoch seconds, or `None`
 /// for Slurm's placeholders (`Unknown`, `None`, `N/A`, empty, `0`).
 pub fn parse_slurm_epoch(s: &str) -> Option<i64> {

@@ -8,17 +8,13 @@
 
 use super::startup::client_for;
 use crate::config::{Config, Token};
+use crate::link_names::is_hook_name;
 use crate::slurm_conf::{hook_programs, SlurmConf};
 use crate::text::escape_control;
 use argh::FromArgs;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-
-/// True when a file name is one the cvslurm binary runs as its hook mode.
-pub fn is_hook_name(name: &str) -> bool {
-    !name.contains('/') && crate::cli::mode_from_argv0(name) == Some("hook")
-}
 
 /// How a configured hook program reaches cvslurm, or why it does not.
 #[derive(Debug, Clone, PartialEq, Eq)]

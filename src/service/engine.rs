@@ -21,10 +21,11 @@ use crate::service::leadership::Gate;
 use crate::slurm::{self, JobInfo};
 use crate::state::queue::{Event, Finish, Item};
 use crate::state::StateDir;
+use crate::timefmt::now_nanos;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// The longest slurmctld may take to answer the batch end-state question.
 pub const END_STATE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -413,14 +414,6 @@ pub fn post_outgoing(
         }
     }
     client.post_job(&out.job, deadline)
-}
-
-/// Nanoseconds since the epoch (the clock of [`Event::seq`]).
-pub(crate) fn now_nanos() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos()
 }
 
 /// The one delivery policy (see the module documentation). Shared by reference between

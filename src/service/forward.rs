@@ -29,13 +29,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+/// The largest job-completion document the receiver reads (a job's script is in it): larger
+/// ones are read to the end and dropped, with an error naming the job's end as
+/// reconciliation's. The spool takes no larger one.
+pub const MAX_BODY: usize = 16 * 1024 * 1024;
 /// The spool's directory under StateDir.
 pub const SPOOL_DIR: &str = "jobcomp-forward";
 /// The most bytes the spool holds (documents carry the job's script: up to
-/// [`super::jobcomp::MAX_BODY`] each).
+/// [`MAX_BODY`] each).
 pub const MAX_SPOOL_BYTES: u64 = 1 << 30;
 /// The largest document taken from the spool (what the receiver reads at most).
-const MAX_DOC: u64 = super::jobcomp::MAX_BODY as u64;
+const MAX_DOC: u64 = MAX_BODY as u64;
 /// The longest wait between two tries of the same document (Slurm's plugin retries every 30 s).
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 

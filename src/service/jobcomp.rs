@@ -25,7 +25,7 @@
 //! [`crate::state::starts::Starts::load_run`]): the end of a run older than the recorded one
 //! is dropped (the next run's RUNNING replaces its record whole).
 
-use super::forward::{self, Spool, Target};
+use super::forward::{self, Spool, Target, MAX_BODY};
 use crate::config::Config;
 use crate::payload::{job_name, JobConfig, JobState, Key};
 use crate::state::queue::{Enqueued, Event, Item};
@@ -41,9 +41,6 @@ pub fn location(port: u16) -> String {
     format!("http://127.0.0.1:{port}/slurm/jobcomp")
 }
 
-/// The largest document read (a job's script is in it): larger ones are read to the end and
-/// dropped, with an error naming the job's end as reconciliation's.
-pub const MAX_BODY: usize = 16 * 1024 * 1024;
 /// The most header bytes of one request.
 const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Connections served at once (slurmctld uses one at a time).

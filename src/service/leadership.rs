@@ -240,7 +240,7 @@ impl GateState {
         self.at = Some(std::time::Instant::now());
         self.term = match (role.leads(), self.term) {
             (true, Some(t)) => Some(t),
-            (true, None) => Some(crate::service::engine::now_nanos()),
+            (true, None) => Some(crate::timefmt::now_nanos()),
             (false, _) => None,
         };
     }

@@ -36,7 +36,7 @@ pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static At
     // the other controller has sent since: checked against Slurm first.
     let check_before = if controller_pair() {
         log::info!("slurm.conf names several SlurmctldHost: the job events queued before this start are checked against Slurm before they are sent");
-        u64::try_from(engine::now_nanos()).unwrap_or(u64::MAX)
+        u64::try_from(crate::timefmt::now_nanos()).unwrap_or(u64::MAX)
     } else {
         0
     };

@@ -154,7 +154,7 @@ fn stand_down(
     ours.clear();
     resend_on.clear();
     *catch_up = None;
-    sender.check_queued_before(u64::try_from(super::engine::now_nanos()).unwrap_or(u64::MAX));
+    sender.check_queued_before(u64::try_from(crate::timefmt::now_nanos()).unwrap_or(u64::MAX));
 }
 
 /// One reconciliation pass, then the new leader's catch-up while it is due.

@@ -37,6 +37,51 @@ pub const OLD_KEEP_SECS: i64 = 600;
 /// The largest count one line may add (a larger one is skipped as garbage).
 pub const LINE_MAX_COUNT: u64 = 1_000_000;
 
+/// The counters kept in `counters` (the metric `cvslurm_<name>_total`).
+pub mod counter {
+    /// Events written to the outbox (by the hooks, the service, reconciliation, `flush`).
+    pub const QUEUED: &str = "events_queued";
+    /// Events CloudVision took.
+    pub const DELIVERED: &str = "events_delivered";
+    /// Deliveries that failed in a way that may pass (unreachable, timeout, 5xx, 429, token
+    /// refused): the event was kept for a later try.
+    pub const RETRIED: &str = "events_retried";
+    /// Events CloudVision refused for good (4xx but 401/403/429): moved to `rejected/`.
+    pub const REJECTED: &str = "events_rejected";
+    /// Events dropped because the outbox was over `OutboxMaxEvents`.
+    pub const DROPPED: &str = "events_dropped";
+    /// Events a hook could neither queue in StateDir nor send.
+    pub const LOST: &str = "events_lost";
+    /// Hooks that sent their event themselves (the service was not running or did not take it).
+    pub const HOOK_DIRECT_SENDS: &str = "hook_direct_sends";
+    /// `JobCompForward` documents not forwarded: past the spool's bound, not writable, or
+    /// refused for good by the target.
+    pub const JOBCOMP_FORWARD_DROPPED: &str = "jobcomp_forward_dropped";
+    /// Every counter, in the order the metrics list them.
+    pub const ALL: [&str; 8] = [
+        QUEUED,
+        DELIVERED,
+        RETRIED,
+        REJECTED,
+        DROPPED,
+        LOST,
+        HOOK_DIRECT_SENDS,
+        JOBCOMP_FORWARD_DROPPED,
+    ];
+}
+
+/// Adds `n` to `counters.<name>` in `v`.
+pub(super) fn add(v: &mut Value, name: &str, n: u64) {
+    if n == 0 {
+        return;
+    }
+    let c = &mut v["counters"];
+    if !c.is_object() {
+        *c = json!({});
+    }
+    c[name] = (c[name].as_u64().unwrap_or(0).saturating_add(n)).into();
+}
+
 /// The counter journal of one state directory.
 #[derive(Debug, Clone)]
 pub struct CounterJournal {
@@ -133,7 +178,7 @@ impl CounterJournal {
             }
         }
         for (name, n) in counts {
-            super::status::add(v, name, n);
+            add(v, name, n);
         }
         if !commit {
             return;
@@ -177,7 +222,7 @@ fn parse_lines(bytes: &[u8], counts: &mut Vec<(&'static str, u64)>) {
         let Some((name, n)) = line.split_once(' ') else {
             continue;
         };
-        let Some(name) = super::status::counter::ALL.iter().find(|c| **c == name) else {
+        let Some(name) = counter::ALL.iter().find(|c| **c == name) else {
             continue;
         };
         match n.parse::<u64>() {
@@ -190,7 +235,6 @@ fn parse_lines(bytes: &[u8], counts: &mut Vec<(&'static str, u64)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::status::counter;
 
     fn tmpdir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("cvslurm-journal-{tag}-{}", std::process::id()));

@@ -11,7 +11,7 @@
 //! ([`super::counter_journal`]), which each read-change-write folds in: a hook (on
 //! slurmctld's critical path) never waits for a figure, nor makes another hook wait.
 
-use super::counter_journal::CounterJournal;
+use super::counter_journal::{add, CounterJournal};
 use super::durable;
 use super::layout::{SERVICE_STATUS, SERVICE_STATUS_LOCK};
 use serde_json::{json, Value};
@@ -21,38 +21,7 @@ use std::time::{Duration, Instant};
 /// The longest a writer waits for `service-status.lock`.
 pub const LOCK_WAIT: Duration = Duration::from_millis(100);
 
-/// The counters kept in `counters` (the metric `cvslurm_<name>_total`).
-pub mod counter {
-    /// Events written to the outbox (by the hooks, the service, reconciliation, `flush`).
-    pub const QUEUED: &str = "events_queued";
-    /// Events CloudVision took.
-    pub const DELIVERED: &str = "events_delivered";
-    /// Deliveries that failed in a way that may pass (unreachable, timeout, 5xx, 429, token
-    /// refused): the event was kept for a later try.
-    pub const RETRIED: &str = "events_retried";
-    /// Events CloudVision refused for good (4xx but 401/403/429): moved to `rejected/`.
-    pub const REJECTED: &str = "events_rejected";
-    /// Events dropped because the outbox was over `OutboxMaxEvents`.
-    pub const DROPPED: &str = "events_dropped";
-    /// Events a hook could neither queue in StateDir nor send.
-    pub const LOST: &str = "events_lost";
-    /// Hooks that sent their event themselves (the service was not running or did not take it).
-    pub const HOOK_DIRECT_SENDS: &str = "hook_direct_sends";
-    /// `JobCompForward` documents not forwarded: past the spool's bound, not writable, or
-    /// refused for good by the target.
-    pub const JOBCOMP_FORWARD_DROPPED: &str = "jobcomp_forward_dropped";
-    /// Every counter, in the order the metrics list them.
-    pub const ALL: [&str; 8] = [
-        QUEUED,
-        DELIVERED,
-        RETRIED,
-        REJECTED,
-        DROPPED,
-        LOST,
-        HOOK_DIRECT_SENDS,
-        JOBCOMP_FORWARD_DROPPED,
-    ];
-}
+pub use super::counter_journal::counter;
 
 /// The classes of CloudVision's answers to deliveries: `none` is no answer (unreachable,
 /// timeout, caught before sending, no server configured).
@@ -279,18 +248,6 @@ impl ServiceStatus {
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
     }
-}
-
-/// Adds `n` to `counters.<name>` in `v`.
-pub(super) fn add(v: &mut Value, name: &str, n: u64) {
-    if n == 0 {
-        return;
-    }
-    let c = &mut v["counters"];
-    if !c.is_object() {
-        *c = json!({});
-    }
-    c[name] = (c[name].as_u64().unwrap_or(0).saturating_add(n)).into();
 }
 
 /// The delivery latency histogram: a count per bucket of [`LATENCY_BOUNDS`] (not cumulative,
