@@ -176,7 +176,7 @@ pub fn attribute(
 /// Returns the rule used (also logged at debug).
 pub fn enrich(
     mode: JobInterfaces,
-    slurm: &crate::runner::Slurm,
+    slurm: &crate::slurm::runner::Slurm,
     outbox: &crate::state::StateDir,
     job: &mut crate::payload::JobConfig,
 ) -> Attribution {
@@ -303,7 +303,7 @@ pub fn outgoing(
     reps: &crate::state::job_reps::JobReps,
     job: &crate::payload::JobConfig,
     why: Why,
-    ask: Option<(&crate::runner::Slurm, &crate::state::StateDir)>,
+    ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir)>,
     write: bool,
 ) -> Outgoing {
     use crate::state::job_reps::Representation;
@@ -416,7 +416,7 @@ fn representation_of(job: &crate::payload::JobConfig) -> crate::state::job_reps:
 fn decide(
     mode: JobInterfaces,
     job: &crate::payload::JobConfig,
-    ask: Option<(&crate::runner::Slurm, &crate::state::StateDir)>,
+    ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir)>,
 ) -> (
     crate::payload::JobConfig,
     crate::state::job_reps::Representation,

@@ -3,8 +3,8 @@
 //! end state and Slurm's own start and end times. Used by the hook, and by the service when
 //! it settles the ends hooks handed to it.
 
-use crate::hostlist;
 use crate::payload::{JobConfig, JobState};
+use crate::slurm::hostlist;
 use crate::slurm::JobInfo;
 use crate::state::queue::EndFacts;
 use crate::timefmt::{format_epoch, now_epoch};

@@ -25,17 +25,14 @@ pub(crate) mod attribution;
 pub(crate) mod contract;
 pub(crate) mod delivery;
 pub(crate) mod hook_facts;
-pub(crate) mod hostlist;
 pub(crate) mod inventory;
 pub(crate) mod link_names;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod node_record;
 pub(crate) mod privilege;
-pub(crate) mod runner;
 pub(crate) mod service;
 pub(crate) mod slurm;
-pub(crate) mod slurm_conf;
 pub(crate) mod slurm_facts;
 pub(crate) mod state;
 pub(crate) mod systemd;
@@ -52,10 +49,6 @@ pub mod internals {
     /// From `crate::hook_facts`.
     pub mod hook_facts {
         pub use crate::hook_facts::{parse_exit_code, HookEnv};
-    }
-    /// From `crate::hostlist`.
-    pub mod hostlist {
-        pub use crate::hostlist::{expand, MAX_BYTES, MAX_HOSTS};
     }
     /// From `crate::inventory`.
     pub mod inventory {
@@ -75,6 +68,10 @@ pub mod internals {
             node_state_available, parse_cluster_name, parse_job_gpus, parse_sinfo, pick,
             valid_job_id,
         };
+        /// From `crate::slurm::hostlist`.
+        pub mod hostlist {
+            pub use crate::slurm::hostlist::{expand, MAX_BYTES, MAX_HOSTS};
+        }
         /// From `crate::slurm::json`.
         pub mod json {
             pub use crate::slurm::json::parse_jobs;

@@ -3,7 +3,7 @@
 #![no_main]
 
 use cvslurm::internals::hook_facts::{parse_exit_code, HookEnv};
-use cvslurm::internals::hostlist;
+use cvslurm::internals::slurm::hostlist;
 use libfuzzer_sys::fuzz_target;
 use std::collections::HashMap;
 

@@ -122,14 +122,14 @@ impl Inventory<'_> {
             let through: Vec<String> = in_jobs
                 .iter()
                 .map(|(t, ns)| match t {
-                    Target::Job(j) => format!("job {j} ({})", crate::hostlist::compress(ns)),
+                    Target::Job(j) => format!("job {j} ({})", crate::slurm::hostlist::compress(ns)),
                     Target::Partition(p) => format!("partition {p}"),
                 })
                 .collect();
             log::debug!(
                 "discovery: {} node(s) fully allocated ({}); reached through {}",
                 busy.len(),
-                crate::hostlist::compress(&busy),
+                crate::slurm::hostlist::compress(&busy),
                 if through.is_empty() {
                     "no job of this user".to_string()
                 } else {
@@ -265,7 +265,8 @@ impl Inventory<'_> {
         // Read to its end, the first 64 KiB kept: a pipe closed under srun kills it with
         // SIGPIPE, and with it every task of the step (one noisy worker, the whole partition).
         let err_reader = std::thread::spawn(move || {
-            crate::runner::drain_capped(stderr, crate::runner::STDERR_KEPT).unwrap_or_default()
+            crate::slurm::runner::drain_capped(stderr, crate::slurm::runner::STDERR_KEPT)
+                .unwrap_or_default()
         });
         let deadline = Instant::now() + cfg.discovery_timeout;
         let mut got = Discovered::new();

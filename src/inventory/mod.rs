@@ -11,7 +11,7 @@ use crate::cloudvision::Client;
 use crate::config::Config;
 use crate::delivery;
 use crate::node_record::DiscoverRecord;
-use crate::runner::Slurm;
+use crate::slurm::runner::Slurm;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use crate::state::StateDir;
 use std::collections::BTreeMap;

@@ -9,7 +9,7 @@
 use super::startup::client_for;
 use crate::config::{Config, Token};
 use crate::link_names::is_hook_name;
-use crate::slurm_conf::{hook_programs, SlurmConf};
+use crate::slurm::conf::{hook_programs, SlurmConf};
 use crate::text::escape_control;
 use argh::FromArgs;
 use std::fs;
@@ -304,7 +304,7 @@ pub fn run(a: Args) -> i32 {
     }
     let mut ctx = Context {
         config_arg: a.config,
-        slurm_conf_path: crate::slurm_conf::slurm_conf_path(),
+        slurm_conf_path: crate::slurm::conf::slurm_conf_path(),
         ..Context::default()
     };
     let mut r = Report { failed: 0 };
@@ -347,7 +347,7 @@ fn contract(a: &Args) -> i32 {
             return crate::contract::EXIT_COULD_NOT_RUN;
         }
     };
-    let cluster = crate::slurm_conf::load_slurm_conf(&crate::slurm_conf::slurm_conf_path())
+    let cluster = crate::slurm::conf::load_slurm_conf(&crate::slurm::conf::slurm_conf_path())
         .ok()
         .and_then(|sc| sc.last("ClusterName").map(|s| s.value.clone()))
         .filter(|c| {
@@ -379,8 +379,8 @@ fn contract(a: &Args) -> i32 {
 
 /// `--slurm-facts`: exit 0 with the facts, 1 when slurm.conf cannot be read.
 fn slurm_facts(a: &Args) -> i32 {
-    let path = crate::slurm_conf::slurm_conf_path();
-    let sc = match crate::slurm_conf::load_slurm_conf(&path) {
+    let path = crate::slurm::conf::slurm_conf_path();
+    let sc = match crate::slurm::conf::load_slurm_conf(&path) {
         Ok(sc) => sc,
         Err(e) => {
             eprintln!("cvslurm: slurm.conf: {e}: set SLURM_CONF to the slurm.conf slurmctld uses");
@@ -399,7 +399,7 @@ fn slurm_facts(a: &Args) -> i32 {
             let bin_dir = Config::load(a.config.as_deref())
                 .ok()
                 .and_then(|c| c.slurm_bin_dir);
-            crate::slurm::version(&crate::runner::Slurm::new(bin_dir.as_deref())).ok()
+            crate::slurm::version(&crate::slurm::runner::Slurm::new(bin_dir.as_deref())).ok()
         }
     };
     print!(
@@ -436,7 +436,7 @@ fn config_loads(ctx: &mut Context, r: &mut Report) {
 }
 
 fn slurm_conf_parses(ctx: &mut Context, r: &mut Report) {
-    match crate::slurm_conf::load_slurm_conf(&ctx.slurm_conf_path) {
+    match crate::slurm::conf::load_slurm_conf(&ctx.slurm_conf_path) {
         Ok(sc) => {
             for p in &sc.problems {
                 r.fail(&format!("slurm.conf: {p}: fix or remove that Include line"));
@@ -746,7 +746,7 @@ fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
         let canon = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
         canon(p) == canon(&ctx.slurm_conf_path)
     };
-    let default = Path::new(crate::slurm_conf::DEFAULT_SLURM_CONF);
+    let default = Path::new(crate::slurm::conf::DEFAULT_SLURM_CONF);
     let ctld = match crate::slurm::ctld_process::find_here() {
         Ok(v) => v
             .into_iter()
@@ -783,7 +783,10 @@ fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
             Leader::Unknown(_) => Here::Unknown,
         }
     };
-    let slurm = ctx.cfg.as_ref().map(crate::runner::Slurm::from_config);
+    let slurm = ctx
+        .cfg
+        .as_ref()
+        .map(crate::slurm::runner::Slurm::from_config);
     let restarts_in_place = slurm
         .as_ref()
         .and_then(|s| crate::slurm::version(s).ok())
@@ -822,7 +825,7 @@ fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
 
 fn slurm_release(ctx: &mut Context, r: &mut Report) {
     let Some(cfg) = &ctx.cfg else { return };
-    let slurm = crate::runner::Slurm::from_config(cfg);
+    let slurm = crate::slurm::runner::Slurm::from_config(cfg);
     match crate::slurm::version(&slurm) {
         Ok(v) => r.ok(&format!("Slurm {v}: {}", v.reader().describe())),
         Err(e) => r.fail(&format!(
@@ -1159,7 +1162,7 @@ fn check_log_file(r: &mut Report, file: &Path, u: &SlurmUser) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slurm_conf::Setting;
+    use crate::slurm::conf::Setting;
 
     /// The decision of `hooks_loaded`: started after the change, or (in control, 23.11+)
     /// reconfigured after it: runs them; else the command that makes it, by role and release.

@@ -354,7 +354,8 @@ fn role(st: &mut Status, v: &serde_json::Value) {
 /// `SlurmctldHost`s (an unreadable slurm.conf or a single controller: nothing).
 fn controllers(st: &mut Status) {
     use crate::slurm::leader::{self, Leader};
-    let Ok(conf) = crate::slurm_conf::load_slurm_conf(&crate::slurm_conf::slurm_conf_path()) else {
+    let Ok(conf) = crate::slurm::conf::load_slurm_conf(&crate::slurm::conf::slurm_conf_path())
+    else {
         return;
     };
     let list = leader::controllers(&conf);

@@ -117,7 +117,8 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
             _ => return Err(format!("job {id}: state {word:?} is no end")),
         },
     };
-    let nodes = crate::hostlist::expand(nodes).map_err(|e| format!("job {id}: nodes: {e}"))?;
+    let nodes =
+        crate::slurm::hostlist::expand(nodes).map_err(|e| format!("job {id}: nodes: {e}"))?;
     let start = crate::timefmt::parse_jobcomp_time(text("@start")?)
         .ok_or_else(|| format!("job {id}: no usable \"@start\""))?;
     let end = crate::timefmt::parse_jobcomp_time(text("@end")?)

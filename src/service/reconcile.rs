@@ -20,7 +20,7 @@
 
 use crate::config::Config;
 use crate::payload::JobState;
-use crate::runner::Slurm;
+use crate::slurm::runner::Slurm;
 use crate::state::queue::{Event, Item};
 use crate::state::StateDir;
 

@@ -16,7 +16,7 @@
 //! [`Queue::enqueue_resend`](crate::state::queue::Queue::enqueue_resend).
 
 use crate::node_record::DiscoverRecord;
-use crate::runner::Slurm;
+use crate::slurm::runner::Slurm;
 use crate::slurm::COMMAND_TIMEOUT;
 use crate::state::nodes::RecordStamp;
 use crate::state::queue::{Event, Item};
