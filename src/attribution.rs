@@ -178,7 +178,7 @@ pub fn enrich(
     mode: JobInterfaces,
     slurm: &crate::slurm::runner::Slurm,
     outbox: &crate::state::StateDir,
-    job: &mut crate::payload::JobConfig,
+    job: &mut crate::cloudvision::payload::JobConfig,
 ) -> Attribution {
     let nodes: Vec<String> = job
         .nodes
@@ -267,7 +267,7 @@ impl Why {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
     /// The record: exactly one of `nodes` and `interfaces`.
-    pub job: crate::payload::JobConfig,
+    pub job: crate::cloudvision::payload::JobConfig,
     /// Delete CloudVision's stored record of the job first, and why.
     pub forget: Option<Forget>,
     /// The rule that decided the representation now (`None`: a recorded one, or a tenant
@@ -301,7 +301,7 @@ pub struct Outgoing {
 pub fn outgoing(
     mode: JobInterfaces,
     reps: &crate::state::job_reps::JobReps,
-    job: &crate::payload::JobConfig,
+    job: &crate::cloudvision::payload::JobConfig,
     why: Why,
     ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir)>,
     write: bool,
@@ -328,7 +328,7 @@ pub fn outgoing(
     let same_kind = |a: &Representation, b: &Representation| {
         std::mem::discriminant(a) == std::mem::discriminant(b)
     };
-    if job.job_type == Some(crate::payload::JobType::Tenant) {
+    if job.job_type == Some(crate::cloudvision::payload::JobType::Tenant) {
         // The caller chose the list; one that switches lists replaces the stored record.
         let now = representation_of(job);
         let forget = match (why, reps.load(&key)) {
@@ -402,7 +402,9 @@ pub fn outgoing(
 }
 
 /// The representation a record names.
-fn representation_of(job: &crate::payload::JobConfig) -> crate::state::job_reps::Representation {
+fn representation_of(
+    job: &crate::cloudvision::payload::JobConfig,
+) -> crate::state::job_reps::Representation {
     use crate::state::job_reps::Representation;
     match &job.interfaces {
         Some(i) if job.nodes.is_none() => Representation::Interfaces(i.values.clone()),
@@ -415,10 +417,10 @@ fn representation_of(job: &crate::payload::JobConfig) -> crate::state::job_reps:
 /// names). Returns the record, its representation and the rule (`None`: nothing was asked).
 fn decide(
     mode: JobInterfaces,
-    job: &crate::payload::JobConfig,
+    job: &crate::cloudvision::payload::JobConfig,
     ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir)>,
 ) -> (
-    crate::payload::JobConfig,
+    crate::cloudvision::payload::JobConfig,
     crate::state::job_reps::Representation,
     Option<String>,
 ) {
@@ -462,7 +464,7 @@ mod tests {
     /// be known or kept, nothing recorded with `JobInterfaces=nodes` or by a dry run.
     #[test]
     fn one_representation_per_job() {
-        use crate::payload::{JobConfig, JobState, JobType, Key};
+        use crate::cloudvision::payload::{JobConfig, JobState, JobType, Key};
         use crate::state::job_reps::Representation;
         let d = std::env::temp_dir().join(format!("cvslurm-outgoing-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);

@@ -327,7 +327,7 @@ pub const KEYS: &[Key] = &[
                 .split(',')
                 .map(str::trim)
                 .filter(|p| !p.is_empty())
-                .map(crate::tls::parse_pin)
+                .map(crate::cloudvision::tls::parse_pin)
                 .collect::<Result<_, _>>()?;
             Ok(())
         },

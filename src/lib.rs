@@ -2,7 +2,7 @@
 //!
 //! The library carries all the logic; the `cvslurm` binary only dispatches to [`cli::main`].
 //! Other Rust tools can reuse the CloudVision client ([`cloudvision::Client`]) and the payload
-//! types ([`payload::JobConfig`], [`payload::NodeConfig`]).
+//! types ([`cloudvision::payload::JobConfig`], [`cloudvision::payload::NodeConfig`]).
 //!
 //! Layout (internal, `pub(crate)`): `mode` holds one module per mode, each starting through
 //! `mode::startup`; `service` the service (its loop, its sender threads, the delivery engine
@@ -17,13 +17,11 @@
 pub mod cli;
 pub mod cloudvision;
 pub mod config;
-pub mod payload;
 
 pub(crate) mod mode;
 
 pub(crate) mod attribution;
 pub(crate) mod contract;
-pub(crate) mod delivery;
 pub(crate) mod hook_facts;
 pub(crate) mod inventory;
 pub(crate) mod link_names;
@@ -38,7 +36,6 @@ pub(crate) mod state;
 pub(crate) mod systemd;
 pub(crate) mod text;
 pub(crate) mod timefmt;
-pub(crate) mod tls;
 pub(crate) mod topology;
 
 /// Not an API: the internal pieces the integration tests (`tests/`) and the fuzz targets
@@ -114,9 +111,13 @@ mod layers {
     /// A module's source and the crate modules its code may name.
     const RULES: &[(&str, &str, &[&str])] = &[
         // Configuration is the ground floor (the pins' parser is the TLS module's).
-        ("config", include_str!("config.rs"), &["tls"]),
+        ("config", include_str!("config.rs"), &["cloudvision"]),
         // Payloads are built from Slurm's facts; records are built into payloads, not back.
-        ("payload", include_str!("payload.rs"), &["slurm", "timefmt"]),
+        (
+            "payload",
+            include_str!("cloudvision/payload.rs"),
+            &["slurm", "timefmt"],
+        ),
         // The modes' names: what the dispatcher, the check and install's facts all read.
         ("link_names", include_str!("link_names.rs"), &[]),
     ];

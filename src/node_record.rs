@@ -2,8 +2,8 @@
 //! type, its validation (every byte of it comes from a worker, and is hostile until checked),
 //! and the `cvslurm-part` lines that carry long records through srun.
 
+use crate::cloudvision::payload::{is_mac, DataInterface, Key, NodeConfig};
 use crate::config::NodeHostname;
-use crate::payload::{is_mac, DataInterface, Key, NodeConfig};
 use crate::topology::Topology;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -156,7 +156,7 @@ impl DiscoverRecord {
     /// the Slurm node name (`NodeHostname=nodename`, as Arista's clients send), or the
     /// worker's own host name (`hostname`; the node name when the worker reported none).
     /// The key is the bare node name; a cluster qualifier is added as it is sent
-    /// ([`crate::payload::NodeKeys`]).
+    /// ([`crate::cloudvision::payload::NodeKeys`]).
     pub fn to_node_config(&self, cluster: &str, hostname: NodeHostname) -> NodeConfig {
         let hostname = match hostname {
             NodeHostname::HostName if !self.hostname.is_empty() => &self.hostname,

@@ -277,8 +277,8 @@ fn send_parity_with_the_reference() {
 /// The library refuses an ended interface-mode job without end_time before sending.
 #[test]
 fn invalid_job_configs_are_refused_before_sending() {
+    use cvslurm::cloudvision::payload::{JobConfig, JobState, Key};
     use cvslurm::cloudvision::{Client, ClientOptions, SendError};
-    use cvslurm::payload::{JobConfig, JobState, Key};
     let cv = Standin::start();
     let client = Client::new(ClientOptions {
         server: cv.server(),

@@ -3,7 +3,7 @@
 #![no_main]
 
 use cvslurm::internals::node_record::DiscoverRecord;
-use cvslurm::payload::is_mac;
+use cvslurm::cloudvision::payload::is_mac;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

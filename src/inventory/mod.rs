@@ -7,9 +7,9 @@ pub mod mac_claims;
 
 pub use discovery::read_lines_capped;
 
+use crate::cloudvision::batch;
 use crate::cloudvision::Client;
 use crate::config::Config;
-use crate::delivery;
 use crate::node_record::DiscoverRecord;
 use crate::slurm::runner::Slurm;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
@@ -86,7 +86,7 @@ impl Inventory<'_> {
                         }
                         None => println!("POST {}", crate::cloudvision::NODE_CONFIG_PATH),
                     }
-                    let n = crate::payload::NodeKeys {
+                    let n = crate::cloudvision::payload::NodeKeys {
                         qualify: self.cfg.qualify_node_names,
                     }
                     .node(n);
@@ -97,10 +97,9 @@ impl Inventory<'_> {
                 }
             }
             Some(c) => {
-                let results =
-                    delivery::send_all(&ok_nodes, self.cfg.max_concurrent_requests, |n| {
-                        c.post_node(n, None)
-                    });
+                let results = batch::send_all(&ok_nodes, self.cfg.max_concurrent_requests, |n| {
+                    c.post_node(n, None)
+                });
                 for (n, r) in ok_nodes.iter().zip(results) {
                     match r {
                         Ok(_) => sent += 1,

@@ -3,10 +3,10 @@
 //! the record is [`crate::node_record::DiscoverRecord`]).
 
 use super::startup::usage;
+use crate::cloudvision::payload::is_mac;
 use crate::config::{parse_bool, Config};
 use crate::logging::{self, Sink};
 pub use crate::node_record::{frame, valid_interface_name, DiscoverRecord, Interface};
-use crate::payload::is_mac;
 use crate::topology::{self, Roots};
 use argh::FromArgs;
 use regex_lite::Regex;
@@ -63,7 +63,7 @@ pub struct Args {
 /// file was removed).
 pub fn own_sha256() -> std::io::Result<String> {
     let bytes = fs::read("/proc/self/exe")?;
-    Ok(crate::tls::sha256(&bytes)
+    Ok(crate::cloudvision::tls::sha256(&bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect())

@@ -12,9 +12,9 @@
 //! outbox for `cvslurm flush`.
 
 use super::startup::{client_for, start_hook, HookStart};
+use crate::cloudvision::payload::{JobConfig, JobState, Key};
 use crate::config::Config;
 use crate::hook_facts::{epilog_state, epilog_times, final_state_named, HookEnv, Phase};
-use crate::payload::{JobConfig, JobState, Key};
 use crate::service::sender;
 use crate::slurm::runner::Slurm;
 use crate::slurm::{self, JobInfo};
@@ -493,7 +493,7 @@ fn build_event(
     };
     let job = JobConfig {
         key: Key { id: env.key() },
-        name: Some(crate::payload::job_name(
+        name: Some(crate::cloudvision::payload::job_name(
             &env.name,
             env.partition.as_deref(),
         )),

@@ -6,7 +6,7 @@
 //! its loop, its sender threads, the delivery engine `flush` shares, reconciliation and
 //! resends), the node inventory ([`crate::inventory`]), and the shared pieces
 //! [`crate::config`], [`crate::slurm`] (with [`crate::slurm::runner`] and [`crate::slurm::hostlist`]),
-//! [`crate::payload`], [`crate::outbox`], [`crate::delivery`], [`crate::cloudvision`],
+//! [`crate::cloudvision::payload`], [`crate::outbox`], [`crate::cloudvision::batch`], [`crate::cloudvision`],
 //! [`crate::logging`], [`crate::timefmt`] and [`crate::systemd`]. Data flows one way: Slurm
 //! facts → domain records → payload → outbox → delivery.
 

@@ -122,7 +122,7 @@ pub enum Outcome {
 
 /// Is the event's head a job's RUNNING (what only the leader sends, see [`Gate`])?
 pub fn running_head(ev: &Event) -> bool {
-    matches!(&ev.item, Item::Job { job } if job.state == crate::payload::JobState::Running)
+    matches!(&ev.item, Item::Job { job } if job.state == crate::cloudvision::payload::JobState::Running)
 }
 
 /// How the given jobs ended, for the settler: accounting first, all of them in one question
@@ -347,7 +347,7 @@ fn forget_words(why: Forget) -> &'static str {
 /// queued and is tried again, delete first.
 fn forget_stored_job(
     client: &Client,
-    job: &crate::payload::JobConfig,
+    job: &crate::cloudvision::payload::JobConfig,
     why: Forget,
     deadline: Option<Instant>,
 ) -> Result<(), SendError> {
@@ -581,14 +581,16 @@ impl Engine {
                 checked.decided.push((ev.item.file_name(), ev.seq));
                 continue;
             }
-            let running = ev.rank.1 == 0 && job.state == crate::payload::JobState::Running;
+            let running =
+                ev.rank.1 == 0 && job.state == crate::cloudvision::payload::JobState::Running;
             match info.filter(|i| running && i.ended()) {
                 Some(i) if hook::final_state_named(i) => {
                     let cluster = job.location.clone().unwrap_or_default();
-                    let end = crate::payload::job_config(i, &cluster).map(|mut end| {
-                        end.job_type = job.job_type;
-                        end
-                    });
+                    let end =
+                        crate::cloudvision::payload::job_config(i, &cluster).map(|mut end| {
+                            end.job_type = job.job_type;
+                            end
+                        });
                     let Ok(end) = end else {
                         continue; // no nodes in Slurm's record: asked again later
                     };
@@ -956,9 +958,9 @@ pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> Dra
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloudvision::payload::{JobConfig, JobState, Key};
     use crate::cloudvision::ClientOptions;
     use crate::config::{Config, Token};
-    use crate::payload::{JobConfig, JobState, Key};
     use crate::service::leadership::Role;
 
     fn job(id: &str, state: JobState) -> Item {

@@ -26,8 +26,8 @@
 //! is dropped (the next run's RUNNING replaces its record whole).
 
 use super::forward::{self, Spool, Target, MAX_BODY};
+use crate::cloudvision::payload::{job_name, JobConfig, JobState, Key};
 use crate::config::Config;
-use crate::payload::{job_name, JobConfig, JobState, Key};
 use crate::state::queue::{Enqueued, Event, Item};
 use crate::state::StateDir;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -132,7 +132,7 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
     Ok(Doc::End {
         job: Box::new(JobConfig {
             key: Key {
-                id: crate::payload::job_key(id, cluster),
+                id: crate::cloudvision::payload::job_key(id, cluster),
             },
             name: Some(job_name(name, partition)),
             state,

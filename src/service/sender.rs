@@ -26,8 +26,8 @@
 
 use super::engine::{record_drain, running_head, DrainReport, Engine, Outcome};
 use super::leadership::Gate;
+use crate::cloudvision::batch::backoff;
 use crate::cloudvision::Client;
-use crate::delivery::backoff;
 use crate::state::queue::{Event, Index, Item};
 use crate::state::StateDir;
 use std::collections::{HashSet, VecDeque};

@@ -1037,7 +1037,7 @@ mod tests {
     /// `sacct --json` after they ended (tests/fixtures/slurm-22.05/json/, job-ids.txt).
     #[test]
     fn json_22_05_squeue_and_sacct() {
-        use crate::payload::JobState;
+        use crate::cloudvision::payload::JobState;
         let run = jobs_of("22.05", "json/squeue-running.json");
         let evil = one(&run, "8");
         assert_eq!(evil.name, "x\nJobId=1 JobState=FAILED NodeList=evil");

@@ -13,7 +13,7 @@
 
 use super::durable::{self, records, safe_name};
 use super::layout::JOB_REPS;
-use crate::payload::is_mac;
+use crate::cloudvision::payload::is_mac;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -968,7 +968,7 @@ impl Queue {
         let Item::Job { job } = &ev.item else {
             return Err("only a job's RUNNING is resent".into());
         };
-        if job.state != crate::payload::JobState::Running {
+        if job.state != crate::cloudvision::payload::JobState::Running {
             return Err("only a job's RUNNING is resent".into());
         }
         self.ensure_dirs()?;
@@ -1629,7 +1629,7 @@ fn report_newer(path: &Path, v: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::{JobConfig, JobState, Key};
+    use crate::cloudvision::payload::{JobConfig, JobState, Key};
     use crate::state::StateDir;
 
     fn job(id: &str, state: JobState) -> Item {

@@ -4,9 +4,13 @@
 //! callers can tell what to retry (unreachable, timeout, 5xx, 429), what needs the admin (token
 //! refused) and what CloudVision will never take (other 4xx).
 
+pub(crate) mod batch;
+pub mod payload;
+pub(crate) mod tls;
+
+use crate::cloudvision::payload::{JobConfig, NodeConfig, NodeKeys};
+use crate::cloudvision::tls::{TlsConnector, TrustSpec};
 use crate::config::{Config, Token};
-use crate::payload::{JobConfig, NodeConfig, NodeKeys};
-use crate::tls::{TlsConnector, TrustSpec};
 use rustls::pki_types::CertificateDer;
 use std::fmt;
 use std::io::Read;
@@ -273,7 +277,9 @@ fn build_agent(opts: &ClientOptions, trust: &TrustSpec) -> ureq::Agent {
     let connector = ()
         .chain(ConnectProxyConnector::default())
         .chain(TcpConnector::default())
-        .chain(TlsConnector::new(crate::tls::client_config(trust)));
+        .chain(TlsConnector::new(crate::cloudvision::tls::client_config(
+            trust,
+        )));
     ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default())
 }
 
@@ -599,7 +605,7 @@ impl Client {
             )),
             ureq::Error::Rustls(r) => SendError::Unreachable(format!(
                 "cannot reach CloudVision at {host}: TLS: {}",
-                crate::tls::describe(&r)
+                crate::cloudvision::tls::describe(&r)
             )),
             other => SendError::Unreachable(format!("cannot reach CloudVision at {host}: {other}")),
         })?;
