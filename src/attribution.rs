@@ -5,7 +5,7 @@
 //! the nodes' records (the inventory's copies in StateDir, [`crate::state::StateDir::load_node_record`]).
 
 use crate::config::JobInterfaces;
-use crate::node_record::DiscoverRecord;
+use crate::discovery::record::DiscoverRecord;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -115,7 +115,7 @@ pub fn attribute(
             continue;
         }
         shared = true;
-        let mut near: Vec<&crate::topology::NicTopology> = topo
+        let mut near: Vec<&crate::discovery::topology::NicTopology> = topo
             .nics
             .iter()
             .filter(|n| n.gpus.iter().any(|g| held.contains(g)))
@@ -588,7 +588,7 @@ mod tests {
     }
 
     fn dgx_cluster() -> BTreeMap<String, DiscoverRecord> {
-        use crate::topology::fixtures::record;
+        use crate::discovery::topology::fixtures::record;
         [
             (
                 "dgx1".to_string(),
@@ -788,7 +788,8 @@ mod tests {
     /// Two sockets: a job on socket 1's GPUs gets socket 1's NICs only.
     #[test]
     fn two_socket_split_by_numa() {
-        let rec = crate::topology::fixtures::record("pcie1", "two-socket", "02:dd:00:03");
+        let rec =
+            crate::discovery::topology::fixtures::record("pcie1", "two-socket", "02:dd:00:03");
         let recs: BTreeMap<String, DiscoverRecord> = [("pcie1".to_string(), rec.clone())].into();
         let a = attribute(
             JobInterfaces::Auto,

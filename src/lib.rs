@@ -22,12 +22,12 @@ pub(crate) mod mode;
 
 pub(crate) mod attribution;
 pub(crate) mod contract;
+pub(crate) mod discovery;
 pub(crate) mod hook_facts;
 pub(crate) mod inventory;
 pub(crate) mod link_names;
 pub(crate) mod logging;
 pub(crate) mod metrics;
-pub(crate) mod node_record;
 pub(crate) mod privilege;
 pub(crate) mod service;
 pub(crate) mod slurm;
@@ -36,7 +36,6 @@ pub(crate) mod state;
 pub(crate) mod systemd;
 pub(crate) mod text;
 pub(crate) mod timefmt;
-pub(crate) mod topology;
 
 /// Not an API: the internal pieces the integration tests (`tests/`) and the fuzz targets
 /// (`fuzz/`, a separate crate) reach directly — the parsers of outside input and StateDir's
@@ -55,9 +54,12 @@ pub mod internals {
             pub use crate::inventory::discovery::LabelledReader;
         }
     }
-    /// From `crate::node_record`.
-    pub mod node_record {
-        pub use crate::node_record::{DiscoverRecord, RecordReader};
+    /// From `crate::discovery`.
+    pub mod discovery {
+        /// From `crate::discovery::record`.
+        pub mod record {
+            pub use crate::discovery::record::{DiscoverRecord, RecordReader};
+        }
     }
     /// From `crate::slurm`.
     pub mod slurm {

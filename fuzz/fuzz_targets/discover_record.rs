@@ -2,7 +2,7 @@
 //! line that parses back to the same record.
 #![no_main]
 
-use cvslurm::internals::node_record::DiscoverRecord;
+use cvslurm::internals::discovery::record::DiscoverRecord;
 use cvslurm::cloudvision::payload::is_mac;
 use libfuzzer_sys::fuzz_target;
 

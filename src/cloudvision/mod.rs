@@ -30,7 +30,7 @@ pub const NODE_CONFIG_PATH: &str = "/api/resources/computejob/v1/NodeConfig";
 /// The most of a response body that is read (CloudVision's error messages are short).
 pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024;
 /// The most of a GetOne answer for a NodeConfig that is read: a node's record may be up to
-/// `node_record::MAX_RECORD_BYTES`, and its NodeConfig about as long.
+/// `discovery::record::MAX_RECORD_BYTES`, and its NodeConfig about as long.
 pub const MAX_NODE_ANSWER_BYTES: u64 = 4 * 1024 * 1024;
 /// The most characters of a server's error message that are kept (on one line).
 pub const MAX_MESSAGE_CHARS: usize = 300;

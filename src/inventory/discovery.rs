@@ -3,7 +3,7 @@
 //! back from srun's labelled output, believed only for the node its task ran on.
 
 use super::{Discovered, Inventory};
-use crate::node_record::{DiscoverRecord, RecordReader, MAX_RECORD_BYTES};
+use crate::discovery::record::{DiscoverRecord, RecordReader, MAX_RECORD_BYTES};
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read};
@@ -223,7 +223,7 @@ impl Inventory<'_> {
             // byte what was sent (against a mistaken directory and a bad transfer; a planted
             // copy would run its own code). It is not removed by the copy itself: where the
             // directory is shared, one task would remove another's binary.
-            let (r, sum) = match (random_hex(), crate::mode::discover::own_sha256()) {
+            let (r, sum) = match (random_hex(), crate::discovery::own_sha256()) {
                 (Ok(r), Ok(s)) => (r, s),
                 (Err(e), _) | (_, Err(e)) => {
                     return fail_all(names, &format!("cannot prepare --bcast: {e}"))

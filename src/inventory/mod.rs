@@ -10,7 +10,7 @@ pub use discovery::read_lines_capped;
 use crate::cloudvision::batch;
 use crate::cloudvision::Client;
 use crate::config::Config;
-use crate::node_record::DiscoverRecord;
+use crate::discovery::record::DiscoverRecord;
 use crate::slurm::runner::Slurm;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use crate::state::StateDir;
@@ -187,7 +187,7 @@ pub fn save_record(outbox: &StateDir, rec: &DiscoverRecord) {
             "node {}: {} GPU(s); nearest GPUs per NIC: {:?}",
             rec.node_name,
             t.gpus.len(),
-            crate::topology::nic_map(t)
+            crate::discovery::topology::nic_map(t)
         );
     }
     if let Err(e) = outbox.nodes.save(rec) {

@@ -15,7 +15,7 @@
 //! A resend never reaches CloudVision after the job's end: see
 //! [`Queue::enqueue_resend`](crate::state::queue::Queue::enqueue_resend).
 
-use crate::node_record::DiscoverRecord;
+use crate::discovery::record::DiscoverRecord;
 use crate::slurm::runner::Slurm;
 use crate::slurm::COMMAND_TIMEOUT;
 use crate::state::nodes::RecordStamp;
@@ -162,7 +162,7 @@ pub fn resend_running_on(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node_record::Interface;
+    use crate::discovery::record::Interface;
 
     fn rec(node: &str, mac: &str, ip: &str) -> DiscoverRecord {
         DiscoverRecord {

@@ -444,7 +444,8 @@ pub fn nic_map(t: &Topology) -> BTreeMap<String, Vec<u32>> {
 /// Test support: the sysfs/procfs trees of `tests/fixtures/topology/gen.sh`.
 #[cfg(test)]
 pub mod fixtures {
-    use crate::mode::discover::{self, DiscoverRecord, Filter};
+    use crate::discovery::record::DiscoverRecord;
+    use crate::discovery::{self, Filter};
     use std::path::PathBuf;
 
     /// Generates layout `layout` (NIC MACs start with `mac_prefix`) in a fresh directory.
@@ -497,7 +498,7 @@ pub mod fixtures {
             require_ip: false,
         };
         let net = roots.sys.join("class/net");
-        let interfaces = discover::interfaces(&net, &Default::default(), &filter).unwrap();
+        let interfaces = discovery::interfaces(&net, &Default::default(), &filter).unwrap();
         let names: Vec<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
         let topology = super::read(&roots, &net, &names).unwrap();
         let rec = DiscoverRecord {
