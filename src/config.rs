@@ -62,7 +62,7 @@ impl fmt::Display for Token {
 }
 
 /// `JobInterfaces`: how a job's place in the fabric is told to CloudVision (the rules are
-/// in `crate::attribution`).
+/// in `crate::inventory::attribution`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JobInterfaces {
     /// Node names only (every port of the job's nodes is the job's).

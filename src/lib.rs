@@ -20,7 +20,6 @@ pub mod config;
 
 pub(crate) mod mode;
 
-pub(crate) mod attribution;
 pub(crate) mod contract;
 pub(crate) mod discovery;
 pub(crate) mod hook_facts;
@@ -428,7 +427,7 @@ mod layers {
     #[test]
     fn the_check_sees_a_slip() {
         assert_eq!(
-            named("use crate::attribution::JobInterfaces;\n// crate::x\n"),
+            named("use crate::inventory::attribution::JobInterfaces;\n// crate::x\n"),
             ["attribution"]
         );
     }

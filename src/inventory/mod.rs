@@ -1,7 +1,9 @@
 //! The node inventory: nodes from sinfo, interfaces from `cvslurm discover` run on them
 //! through srun ([`discovery`]), one NodeConfig per node. `cvslurm inventory` runs it once
-//! ([`Inventory::run_once`]); the service ([`crate::service`]) polls with it.
+//! ([`Inventory::run_once`]); the service ([`crate::service`]) polls with it. Which of a node's
+//! interfaces a job uses is read from the records kept here ([`attribution`]).
 
+pub mod attribution;
 pub mod discovery;
 pub mod mac_claims;
 

@@ -342,11 +342,11 @@ fn handle(
         .unwrap_or(deadline);
     // The one rule for what goes out (the hook never asks Slurm: a job it decides goes by
     // node names), and a re-run's RUNNING first deletes the earlier run's record.
-    let out = crate::attribution::outgoing(
+    let out = crate::inventory::attribution::outgoing(
         cfg.job_interfaces,
         &outbox.job_reps,
         job,
-        crate::attribution::Why::of(&event),
+        crate::inventory::attribution::Why::of(&event),
         None,
         true,
     );

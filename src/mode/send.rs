@@ -3,10 +3,10 @@
 //! scheduler's job given on the command line.
 
 use super::startup::{usage, ClientNeed, Options, Startup};
-use crate::attribution::Outgoing;
 use crate::cloudvision::payload::{JobConfig, JobState, JobType, Key};
 use crate::cloudvision::{Client, JOB_CONFIG_PATH};
 use crate::config::Config;
+use crate::inventory::attribution::Outgoing;
 use crate::logging::Sink;
 use crate::slurm;
 use crate::slurm::hostlist;
@@ -114,11 +114,11 @@ pub fn run(a: Args) -> i32 {
     let mut failed = 0;
     let outbox = StateDir::new(&cfg.state_dir);
     let jobs: Vec<Outgoing> = match tenant_job {
-        Some(j) => vec![crate::attribution::outgoing(
+        Some(j) => vec![crate::inventory::attribution::outgoing(
             cfg.job_interfaces,
             &outbox.job_reps,
             &j,
-            crate::attribution::Why::Plain,
+            crate::inventory::attribution::Why::Plain,
             None,
             !a.dry_run,
         )],
@@ -139,11 +139,11 @@ pub fn run(a: Args) -> i32 {
                     Ok(j) => {
                         // The one rule for what goes out: the way the job's first record
                         // went, else decided now (recorded, except in a dry run).
-                        let out = crate::attribution::outgoing(
+                        let out = crate::inventory::attribution::outgoing(
                             cfg.job_interfaces,
                             &outbox.job_reps,
                             &j,
-                            crate::attribution::Why::Plain,
+                            crate::inventory::attribution::Why::Plain,
                             Some((&slurm, &outbox)),
                             !a.dry_run,
                         );

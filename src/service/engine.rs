@@ -6,16 +6,16 @@
 //!   ([`end_states`]); their records are fixed and written back, and an end slurmctld did not
 //!   name as final is marked for verification against Slurm's final record.
 //! - [`Engine::deliver`]: takes one event, adds the interface MACs `JobInterfaces=gpu|auto`
-//!   asks for ([`crate::attribution::enrich`]), sends it, classifies the answer ([`Outcome`])
+//!   asks for ([`crate::inventory::attribution::enrich`]), sends it, classifies the answer ([`Outcome`])
 //!   and finishes it in the outbox (delivered, kept for a retry, or rejected).
 //!
 //! What the callers decide is only when to send: the service pauses every worker on a kept
 //! event (backoff), `flush` goes through the outbox once and stops at a refused token.
 
-pub use crate::attribution::Forget;
 use crate::cloudvision::{Answer, Client, SendError};
 use crate::config::JobInterfaces;
 use crate::hook_facts as hook;
+pub use crate::inventory::attribution::Forget;
 use crate::service::leadership::Gate;
 use crate::slurm::runner::Slurm;
 use crate::slurm::{self, JobInfo};
@@ -394,12 +394,12 @@ fn forget_stored_job(
     }
 }
 
-/// Posts a job's record as [`crate::attribution::outgoing`] decided it: CloudVision's stored
+/// Posts a job's record as [`crate::inventory::attribution::outgoing`] decided it: CloudVision's stored
 /// record of the job deleted first where it says so ([`forget_stored_job`]), then the record.
 /// The one way a job's record is sent (the engine, the hook's own send, `send`).
 pub fn post_outgoing(
     client: &Client,
-    out: &crate::attribution::Outgoing,
+    out: &crate::inventory::attribution::Outgoing,
     reps: &crate::state::job_reps::JobReps,
     deadline: Option<Instant>,
 ) -> Result<Answer, SendError> {
@@ -690,18 +690,18 @@ impl Engine {
     }
 
     /// The record of an item as it is sent: a job's by the one rule
-    /// ([`crate::attribution::outgoing`]: its recorded representation, else decided now, with
+    /// ([`crate::inventory::attribution::outgoing`]: its recorded representation, else decided now, with
     /// `JobInterfaces=gpu|auto` from the GPUs it holds, asked at send time, never in the hook).
     /// `None` for the other items: sent as queued.
-    fn outgoing(&self, ev: &Event) -> Option<crate::attribution::Outgoing> {
+    fn outgoing(&self, ev: &Event) -> Option<crate::inventory::attribution::Outgoing> {
         let Item::Job { job } = &ev.item else {
             return None;
         };
-        Some(crate::attribution::outgoing(
+        Some(crate::inventory::attribution::outgoing(
             self.interfaces,
             &self.outbox.job_reps,
             job,
-            crate::attribution::Why::of(ev),
+            crate::inventory::attribution::Why::of(ev),
             Some((&self.slurm, &self.outbox)),
             true,
         ))

@@ -96,7 +96,7 @@ pub struct Event {
     /// Set on a RUNNING queued again because the inventory of one of its nodes changed
     /// ([`crate::service::resend`]): the job's representation is decided anew from the new
     /// records, not taken from the record of its first send
-    /// ([`crate::attribution::outgoing`]).
+    /// ([`crate::inventory::attribution::outgoing`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub anew: bool,
     /// What to send.
