@@ -22,8 +22,8 @@ pub(crate) mod mode;
 
 pub(crate) mod contract;
 pub(crate) mod discovery;
-pub(crate) mod hook_facts;
 pub(crate) mod inventory;
+pub(crate) mod job_end;
 pub(crate) mod link_names;
 pub(crate) mod logging;
 pub(crate) mod metrics;
@@ -41,10 +41,6 @@ pub(crate) mod timefmt;
 /// file names. Each path mirrors the internal module it comes from. May change at any time.
 #[doc(hidden)]
 pub mod internals {
-    /// From `crate::hook_facts`.
-    pub mod hook_facts {
-        pub use crate::hook_facts::{parse_exit_code, HookEnv};
-    }
     /// From `crate::inventory`.
     pub mod inventory {
         pub use crate::inventory::read_lines_capped;
@@ -59,6 +55,10 @@ pub mod internals {
         pub mod record {
             pub use crate::discovery::record::{DiscoverRecord, RecordReader};
         }
+    }
+    /// From `crate::job_end`.
+    pub mod job_end {
+        pub use crate::job_end::{parse_exit_code, HookEnv};
     }
     /// From `crate::slurm`.
     pub mod slurm {

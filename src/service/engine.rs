@@ -14,8 +14,8 @@
 
 use crate::cloudvision::{Answer, Client, SendError};
 use crate::config::JobInterfaces;
-use crate::hook_facts as hook;
 pub use crate::inventory::attribution::Forget;
+use crate::job_end as hook;
 use crate::service::leadership::Gate;
 use crate::slurm::runner::Slurm;
 use crate::slurm::{self, JobInfo};
