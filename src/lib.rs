@@ -20,7 +20,6 @@ pub mod config;
 
 pub(crate) mod mode;
 
-pub(crate) mod contract;
 pub(crate) mod discovery;
 pub(crate) mod inventory;
 pub(crate) mod job_end;
@@ -30,7 +29,6 @@ pub(crate) mod metrics;
 pub(crate) mod privilege;
 pub(crate) mod service;
 pub(crate) mod slurm;
-pub(crate) mod slurm_facts;
 pub(crate) mod state;
 pub(crate) mod systemd;
 pub(crate) mod text;

@@ -6,6 +6,9 @@
 //! slurm.conf (with its `Include`s) runs a cvslurm hook as PrologSlurmctld and
 //! EpilogSlurmctld; SlurmUser can write StateDir and LogFile.
 
+pub mod contract;
+pub mod slurm_facts;
+
 use super::startup::client_for;
 use crate::config::{Config, Token};
 use crate::link_names::is_hook_name;
@@ -283,7 +286,7 @@ pub struct Args {
     #[argh(switch)]
     contract: bool,
     /// print what install.sh needs to know about slurm.conf and Slurm as key=value lines
-    /// (see crate::slurm_facts) instead of checking
+    /// (see crate::mode::check::slurm_facts) instead of checking
     #[argh(switch)]
     slurm_facts: bool,
     /// with --slurm-facts: the hook path to tell apart as "ours"
@@ -314,7 +317,7 @@ pub fn run(a: Args) -> i32 {
     finish(r)
 }
 
-/// `--contract`: the questions of [`crate::contract`] against the configured CloudVision,
+/// `--contract`: the questions of [`crate::mode::check::contract`] against the configured CloudVision,
 /// the throw-away keys qualified by slurm.conf's ClusterName (else `no-cluster`).
 fn contract(a: &Args) -> i32 {
     use super::startup::{ClientNeed, Options, StartError, Startup};
@@ -340,11 +343,11 @@ fn contract(a: &Args) -> i32 {
                 "FAIL {}: nothing was written; run cvslurm check",
                 escape_control(&m)
             );
-            return crate::contract::EXIT_COULD_NOT_RUN;
+            return crate::mode::check::contract::EXIT_COULD_NOT_RUN;
         }
         Err(e) => {
             e.report();
-            return crate::contract::EXIT_COULD_NOT_RUN;
+            return crate::mode::check::contract::EXIT_COULD_NOT_RUN;
         }
     };
     let cluster = crate::slurm::conf::load_slurm_conf(&crate::slurm::conf::slurm_conf_path())
@@ -374,7 +377,7 @@ fn contract(a: &Args) -> i32 {
     if cfg.qualify_node_names {
         hostname_settings.push("QualifyNodeNames=yes");
     }
-    crate::contract::run(&client, &cluster, &curl, &hostname_settings)
+    crate::mode::check::contract::run(&client, &cluster, &curl, &hostname_settings)
 }
 
 /// `--slurm-facts`: exit 0 with the facts, 1 when slurm.conf cannot be read.
@@ -404,7 +407,7 @@ fn slurm_facts(a: &Args) -> i32 {
     };
     print!(
         "{}",
-        crate::slurm_facts::facts(&path, &sc, version, a.hook.as_deref())
+        crate::mode::check::slurm_facts::facts(&path, &sc, version, a.hook.as_deref())
     );
     0
 }
@@ -721,7 +724,7 @@ fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
     use crate::slurm::leader::{self, Leader};
     let Some(sc) = &ctx.slurm_conf else { return };
     let mut newest: Option<(PathBuf, f64)> = None;
-    for key in crate::slurm_facts::HOOK_KEYS {
+    for key in crate::mode::check::slurm_facts::HOOK_KEYS {
         for s in sc.all(key) {
             if hook_programs(std::slice::from_ref(s)).is_empty() {
                 continue;
