@@ -425,7 +425,7 @@ mod layers {
     #[test]
     fn the_check_sees_a_slip() {
         assert_eq!(
-            named("use crate::inventory::attribution::JobInterfaces;\n// crate::x\n"),
+            named("use crate::attribution::JobInterfaces;\n// crate::x\n"),
             ["attribution"]
         );
     }

@@ -205,7 +205,7 @@ impl Figures {
                 sent: n(&v["inventory"]["sent"]),
                 failed: n(&v["inventory"]["failed"]),
             },
-            service_running: crate::service::sender::connect(outbox.root()).is_some(),
+            service_running: crate::state::wake::connect(outbox.root()).is_some(),
             poll_interval_seconds: poll_interval.as_secs(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             slurm_version: label(&v["slurm_version"]),

@@ -15,11 +15,11 @@ use super::startup::{client_for, start_hook, HookStart};
 use crate::cloudvision::payload::{JobConfig, JobState, Key};
 use crate::config::Config;
 use crate::job_end::{epilog_state, epilog_times, final_state_named, HookEnv, Phase};
-use crate::service::sender;
 use crate::slurm::runner::Slurm;
 use crate::slurm::{self, JobInfo};
 use crate::state::queue::{EndFacts, Enqueued, Event, Item, Look};
 use crate::state::status::counter;
+use crate::state::wake;
 use crate::state::StateDir;
 use crate::timefmt::{format_epoch, now_epoch};
 use argh::FromArgs;
@@ -219,7 +219,7 @@ fn handle(
         return;
     }
     let outbox = StateDir::new(&cfg.state_dir);
-    let service = sender::connect(&cfg.state_dir);
+    let service = wake::connect(&cfg.state_dir);
     if env.phase == Phase::Prolog {
         if let Err(e) =
             outbox
@@ -242,7 +242,7 @@ fn handle(
         return;
     }
     if let Some(sock) = &service {
-        if matches!(queued, Queue::Queued | Queue::Behind) && sender::wake(sock) {
+        if matches!(queued, Queue::Queued | Queue::Behind) && wake::wake(sock) {
             PROGRESS.store(QUEUED, Ordering::SeqCst);
             // The start record stays until the service has the end on disk (it forgets it
             // then: `Queue::sync_files`): until then reconciliation can repair the end.

@@ -522,8 +522,8 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
         }
         Ok(_) => {
             log::info!("job {key}: {state} queued from Slurm's job-completion record");
-            if let Some(sock) = crate::service::sender::connect(&shared.cfg.state_dir) {
-                crate::service::sender::wake(&sock);
+            if let Some(sock) = crate::state::wake::connect(&shared.cfg.state_dir) {
+                crate::state::wake::wake(&sock);
             }
         }
         Err(e) => {

@@ -997,8 +997,8 @@ fn log_file(ctx: &mut Context, r: &mut Report) {
 fn delivery_path(ctx: &mut Context, r: &mut Report) {
     let Some(cfg) = &ctx.cfg else { return };
     let state_dir = cfg.state_dir.as_path();
-    let sock = crate::service::sender::socket_path(state_dir);
-    if crate::service::sender::connect(state_dir).is_some() {
+    let sock = crate::state::wake::socket_path(state_dir);
+    if crate::state::wake::connect(state_dir).is_some() {
         r.ok(&format!(
             "the cvslurm service listens on {}: hooks only queue their events (no network, no scontrol); the service sends them",
             sock.display()
