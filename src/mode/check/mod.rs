@@ -317,8 +317,8 @@ pub fn run(a: Args) -> i32 {
     finish(r)
 }
 
-/// `--contract`: the questions of [`crate::mode::check::contract`] against the configured CloudVision,
-/// the throw-away keys qualified by slurm.conf's ClusterName (else `no-cluster`).
+/// `--contract`: the questions of [`contract`](mod@contract) against the configured
+/// CloudVision, the throw-away keys qualified by slurm.conf's ClusterName (else `no-cluster`).
 fn contract(a: &Args) -> i32 {
     use super::startup::{ClientNeed, Options, StartError, Startup};
     let startup = Startup {
