@@ -478,7 +478,7 @@ chmod 600 "$WORK/auth-header"
 unset TOKEN API_TOKEN
 
 # CloudVision answers with the token? (token via a header file, never on the command line)
-# The probe is cvslurm's own (src/cloudvision.rs `probe`): a GetOne of a JobConfig key no job
+# The probe is cvslurm's own (src/cloudvision/mod.rs `probe`): a GetOne of a JobConfig key no job
 # has. CloudVision needs a full key for a GET of JobConfig, so its not-found answer (404 with
 # the gRPC-gateway body {"code":5,...}) proves the server and the token; 200 with JSON is as
 # good. Any other 404, or a 200 page that is not JSON, is a web server, not CloudVision.

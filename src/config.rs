@@ -62,7 +62,7 @@ impl fmt::Display for Token {
 }
 
 /// `JobInterfaces`: how a job's place in the fabric is told to CloudVision (the rules are
-/// in `crate::attribution`).
+/// in `crate::inventory::attribution`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JobInterfaces {
     /// Node names only (every port of the job's nodes is the job's).
@@ -327,7 +327,7 @@ pub const KEYS: &[Key] = &[
                 .split(',')
                 .map(str::trim)
                 .filter(|p| !p.is_empty())
-                .map(crate::tls::parse_pin)
+                .map(crate::cloudvision::tls::parse_pin)
                 .collect::<Result<_, _>>()?;
             Ok(())
         },

@@ -14,7 +14,7 @@
 //! which node_exporter skips: it reads `*.prom` only), mode 0644, then a rename, which
 //! replaces whatever the name held (a symlink there is replaced, never followed).
 
-use crate::slurm_conf::{load_slurm_conf, slurm_conf_path, SlurmConf};
+use crate::slurm::conf::{load_slurm_conf, slurm_conf_path, SlurmConf};
 use crate::state::status::{counter, Histogram, ANSWER_CLASSES, LATENCY_BOUNDS};
 use crate::state::StateDir;
 use serde::Serialize;
@@ -205,7 +205,7 @@ impl Figures {
                 sent: n(&v["inventory"]["sent"]),
                 failed: n(&v["inventory"]["failed"]),
             },
-            service_running: crate::service::sender::connect(outbox.root()).is_some(),
+            service_running: crate::state::wake::connect(outbox.root()).is_some(),
             poll_interval_seconds: poll_interval.as_secs(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             slurm_version: label(&v["slurm_version"]),
@@ -572,7 +572,7 @@ mod tests {
 
     fn conf(text: &str) -> SlurmConf {
         let text = text.to_string();
-        crate::slurm_conf::parse_slurm_conf(
+        crate::slurm::conf::parse_slurm_conf(
             Path::new("/etc/slurm/slurm.conf"),
             &move |_| Ok(text.clone()),
             &|_| Vec::new(),

@@ -19,7 +19,7 @@
 //!   it can do nothing SlurmUser could not do itself.
 
 use crate::config::Config;
-use crate::slurm_conf::{load_slurm_conf, slurm_conf_path};
+use crate::slurm::conf::{load_slurm_conf, slurm_conf_path};
 use nix::unistd::{Gid, Uid};
 use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;

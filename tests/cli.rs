@@ -207,7 +207,7 @@ fn discover_record_of_many_nics_survives_srun_labels() {
 
 /// The one record in discover's output, put together from its parts when it was split.
 fn record_of(text: &str) -> serde_json::Value {
-    let mut r = cvslurm::internals::node_record::RecordReader::new(1 << 20, 1 << 20);
+    let mut r = cvslurm::internals::discovery::record::RecordReader::new(1 << 20, 1 << 20);
     let recs: Vec<_> = text
         .lines()
         .filter(|l| !l.is_empty())

@@ -1164,8 +1164,8 @@ fn inventory_qualifies_node_keys_with_the_cluster() {
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn monitor_leaves_a_node_another_cluster_holds_alone() {
+    use cvslurm::cloudvision::payload::{Key, NodeConfig};
     use cvslurm::cloudvision::{Client, ClientOptions};
-    use cvslurm::payload::{Key, NodeConfig};
     let (f, _g) = exclusive();
     f.cv.set_mode(json!({"mode": "ok"}));
     let nodes = |f: &Fixture| f.cv.state()["nodes"].clone();

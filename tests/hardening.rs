@@ -277,8 +277,8 @@ fn send_parity_with_the_reference() {
 /// The library refuses an ended interface-mode job without end_time before sending.
 #[test]
 fn invalid_job_configs_are_refused_before_sending() {
+    use cvslurm::cloudvision::payload::{JobConfig, JobState, Key};
     use cvslurm::cloudvision::{Client, ClientOptions, SendError};
-    use cvslurm::payload::{JobConfig, JobState, Key};
     let cv = Standin::start();
     let client = Client::new(ClientOptions {
         server: cv.server(),
@@ -707,7 +707,8 @@ fn discover_skips_an_interface_with_an_invalid_name() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let rec =
-        cvslurm::internals::node_record::DiscoverRecord::parse_line(stdout(&out).trim()).unwrap();
+        cvslurm::internals::discovery::record::DiscoverRecord::parse_line(stdout(&out).trim())
+            .unwrap();
     let names: Vec<&str> = rec.interfaces.iter().map(|i| i.name.as_str()).collect();
     assert_eq!(names, ["eth0"]);
     let err = stderr(&out);
@@ -741,7 +742,7 @@ fn discover_topology(
     root: &std::path::Path,
 ) -> (
     Option<i32>,
-    Option<cvslurm::internals::node_record::DiscoverRecord>,
+    Option<cvslurm::internals::discovery::record::DiscoverRecord>,
     String,
 ) {
     let out = std::process::Command::new(bin())
@@ -757,7 +758,7 @@ fn discover_topology(
         .arg(root)
         .output()
         .unwrap();
-    let mut r = cvslurm::internals::node_record::RecordReader::new(1 << 20, 1 << 22);
+    let mut r = cvslurm::internals::discovery::record::RecordReader::new(1 << 20, 1 << 22);
     let rec = stdout(&out)
         .lines()
         .filter(|l| !l.is_empty())
@@ -855,7 +856,7 @@ fn a_topology_that_cannot_be_read_does_not_lose_the_node() {
         "{err}"
     );
     let kept = fs::read_to_string(site.state_dir.join(layout::NODES).join("n1.json")).unwrap();
-    let kept = cvslurm::internals::node_record::DiscoverRecord::parse_line(&kept).unwrap();
+    let kept = cvslurm::internals::discovery::record::DiscoverRecord::parse_line(&kept).unwrap();
     assert_eq!(kept.topology_error, Some(why));
 }
 

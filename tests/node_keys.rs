@@ -120,7 +120,7 @@ fn other_client(cv: &Standin) -> cvslurm::cloudvision::Client {
 
 /// Stores NodeConfig `id` with `location` in the stand-in, as another writer would.
 fn seed_node(cv: &Standin, id: &str, location: &str) {
-    use cvslurm::payload::{Key, NodeConfig};
+    use cvslurm::cloudvision::payload::{Key, NodeConfig};
     other_client(cv)
         .post_node(
             &NodeConfig {

@@ -13,9 +13,9 @@
 
 mod common;
 use common::*;
+use cvslurm::cloudvision::payload::{JobConfig, JobState, Key};
 use cvslurm::cloudvision::{Client, ClientOptions};
 use cvslurm::internals::state::layout;
-use cvslurm::payload::{JobConfig, JobState, Key};
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -2,8 +2,8 @@
 //! line that parses back to the same record.
 #![no_main]
 
-use cvslurm::internals::node_record::DiscoverRecord;
-use cvslurm::payload::is_mac;
+use cvslurm::internals::discovery::record::DiscoverRecord;
+use cvslurm::cloudvision::payload::is_mac;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,8 +2,8 @@
 //! `KEY=VALUE` lines (as `env` prints them, like the hookenv-*.txt fixtures).
 #![no_main]
 
-use cvslurm::internals::hook_facts::{parse_exit_code, HookEnv};
-use cvslurm::internals::hostlist;
+use cvslurm::internals::job_end::{parse_exit_code, HookEnv};
+use cvslurm::internals::slurm::hostlist;
 use libfuzzer_sys::fuzz_target;
 use std::collections::HashMap;
 

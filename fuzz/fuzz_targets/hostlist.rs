@@ -3,7 +3,7 @@
 //! there are no brackets.
 #![no_main]
 
-use cvslurm::internals::hostlist::{expand, MAX_BYTES, MAX_HOSTS};
+use cvslurm::internals::slurm::hostlist::{expand, MAX_BYTES, MAX_HOSTS};
 use libfuzzer_sys::fuzz_target;
 
 const SEPARATORS: &[char] = &[',', ' ', '\t', '\n', '\r'];

@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
             assert_ne!(j.nodelist.as_deref(), Some("None assigned"));
             assert_eq!(j.array_job_id.is_some(), j.array_task_id.is_some());
             if let Some(e) = &j.exit_code {
-                assert!(cvslurm::internals::hook_facts::parse_exit_code(e).is_some(), "{e}");
+                assert!(cvslurm::internals::job_end::parse_exit_code(e).is_some(), "{e}");
             }
             let _ = j.nodes();
             // Every job is found by its own id, and as <array>_<task> when it is a task.

@@ -3,7 +3,7 @@
 //! back from srun's labelled output, believed only for the node its task ran on.
 
 use super::{Discovered, Inventory};
-use crate::node_record::{DiscoverRecord, RecordReader, MAX_RECORD_BYTES};
+use crate::discovery::record::{DiscoverRecord, RecordReader, MAX_RECORD_BYTES};
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read};
@@ -122,14 +122,14 @@ impl Inventory<'_> {
             let through: Vec<String> = in_jobs
                 .iter()
                 .map(|(t, ns)| match t {
-                    Target::Job(j) => format!("job {j} ({})", crate::hostlist::compress(ns)),
+                    Target::Job(j) => format!("job {j} ({})", crate::slurm::hostlist::compress(ns)),
                     Target::Partition(p) => format!("partition {p}"),
                 })
                 .collect();
             log::debug!(
                 "discovery: {} node(s) fully allocated ({}); reached through {}",
                 busy.len(),
-                crate::hostlist::compress(&busy),
+                crate::slurm::hostlist::compress(&busy),
                 if through.is_empty() {
                     "no job of this user".to_string()
                 } else {
@@ -223,7 +223,7 @@ impl Inventory<'_> {
             // byte what was sent (against a mistaken directory and a bad transfer; a planted
             // copy would run its own code). It is not removed by the copy itself: where the
             // directory is shared, one task would remove another's binary.
-            let (r, sum) = match (random_hex(), crate::mode::discover::own_sha256()) {
+            let (r, sum) = match (random_hex(), crate::discovery::own_sha256()) {
                 (Ok(r), Ok(s)) => (r, s),
                 (Err(e), _) | (_, Err(e)) => {
                     return fail_all(names, &format!("cannot prepare --bcast: {e}"))
@@ -265,7 +265,8 @@ impl Inventory<'_> {
         // Read to its end, the first 64 KiB kept: a pipe closed under srun kills it with
         // SIGPIPE, and with it every task of the step (one noisy worker, the whole partition).
         let err_reader = std::thread::spawn(move || {
-            crate::runner::drain_capped(stderr, crate::runner::STDERR_KEPT).unwrap_or_default()
+            crate::slurm::runner::drain_capped(stderr, crate::slurm::runner::STDERR_KEPT)
+                .unwrap_or_default()
         });
         let deadline = Instant::now() + cfg.discovery_timeout;
         let mut got = Discovered::new();

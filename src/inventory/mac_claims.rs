@@ -12,7 +12,7 @@
 //! node's Slurm name instead), with a warning.
 
 use super::Discovered;
-use crate::node_record::DiscoverRecord;
+use crate::discovery::record::DiscoverRecord;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Holds the records in `found` that claim a MAC of another node. `stored` holds the nodes'
@@ -156,7 +156,7 @@ pub fn drop_claimed_hostnames(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node_record::Interface;
+    use crate::discovery::record::Interface;
 
     fn rec(node: &str, macs: &[&str]) -> DiscoverRecord {
         DiscoverRecord {

@@ -1,17 +1,19 @@
 //! The node inventory: nodes from sinfo, interfaces from `cvslurm discover` run on them
 //! through srun ([`discovery`]), one NodeConfig per node. `cvslurm inventory` runs it once
-//! ([`Inventory::run_once`]); the service ([`crate::service`]) polls with it.
+//! ([`Inventory::run_once`]); the service ([`crate::service`]) polls with it. Which of a node's
+//! interfaces a job uses is read from the records kept here ([`attribution`]).
 
+pub mod attribution;
 pub mod discovery;
 pub mod mac_claims;
 
 pub use discovery::read_lines_capped;
 
+use crate::cloudvision::batch;
 use crate::cloudvision::Client;
 use crate::config::Config;
-use crate::delivery;
-use crate::node_record::DiscoverRecord;
-use crate::runner::Slurm;
+use crate::discovery::record::DiscoverRecord;
+use crate::slurm::runner::Slurm;
 use crate::slurm::{self, SinfoNode, COMMAND_TIMEOUT};
 use crate::state::StateDir;
 use std::collections::BTreeMap;
@@ -86,7 +88,7 @@ impl Inventory<'_> {
                         }
                         None => println!("POST {}", crate::cloudvision::NODE_CONFIG_PATH),
                     }
-                    let n = crate::payload::NodeKeys {
+                    let n = crate::cloudvision::payload::NodeKeys {
                         qualify: self.cfg.qualify_node_names,
                     }
                     .node(n);
@@ -97,10 +99,9 @@ impl Inventory<'_> {
                 }
             }
             Some(c) => {
-                let results =
-                    delivery::send_all(&ok_nodes, self.cfg.max_concurrent_requests, |n| {
-                        c.post_node(n, None)
-                    });
+                let results = batch::send_all(&ok_nodes, self.cfg.max_concurrent_requests, |n| {
+                    c.post_node(n, None)
+                });
                 for (n, r) in ok_nodes.iter().zip(results) {
                     match r {
                         Ok(_) => sent += 1,
@@ -188,7 +189,7 @@ pub fn save_record(outbox: &StateDir, rec: &DiscoverRecord) {
             "node {}: {} GPU(s); nearest GPUs per NIC: {:?}",
             rec.node_name,
             t.gpus.len(),
-            crate::topology::nic_map(t)
+            crate::discovery::topology::nic_map(t)
         );
     }
     if let Err(e) = outbox.nodes.save(rec) {

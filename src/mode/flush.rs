@@ -5,9 +5,9 @@
 
 use super::startup::{install_signal_handlers, ClientNeed, Options, Startup, STOP};
 use crate::logging::Sink;
-use crate::runner::Slurm;
 use crate::service::engine;
 use crate::slurm;
+use crate::slurm::runner::Slurm;
 use crate::state::StateDir;
 use crate::text::escape_control;
 use argh::FromArgs;

@@ -4,8 +4,8 @@
 use super::startup::{install_signal_handlers, usage, ClientNeed, Options, Startup, STOP};
 use crate::inventory::Inventory;
 use crate::logging::Sink;
-use crate::runner::Slurm;
 use crate::slurm;
+use crate::slurm::runner::Slurm;
 use argh::FromArgs;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -5,8 +5,8 @@
 //! The modes sit on top of the pieces beside this folder: the service ([`crate::service`]:
 //! its loop, its sender threads, the delivery engine `flush` shares, reconciliation and
 //! resends), the node inventory ([`crate::inventory`]), and the shared pieces
-//! [`crate::config`], [`crate::slurm`] (with [`crate::runner`] and [`crate::hostlist`]),
-//! [`crate::payload`], [`crate::outbox`], [`crate::delivery`], [`crate::cloudvision`],
+//! [`crate::config`], [`crate::slurm`] (with [`crate::slurm::runner`] and [`crate::slurm::hostlist`]),
+//! [`crate::cloudvision::payload`], [`crate::outbox`], [`crate::cloudvision::batch`], [`crate::cloudvision`],
 //! [`crate::logging`], [`crate::timefmt`] and [`crate::systemd`]. Data flows one way: Slurm
 //! facts → domain records → payload → outbox → delivery.
 

@@ -3,14 +3,14 @@
 //! scheduler's job given on the command line.
 
 use super::startup::{usage, ClientNeed, Options, Startup};
-use crate::attribution::Outgoing;
+use crate::cloudvision::payload::{JobConfig, JobState, JobType, Key};
 use crate::cloudvision::{Client, JOB_CONFIG_PATH};
 use crate::config::Config;
-use crate::hostlist;
+use crate::inventory::attribution::Outgoing;
 use crate::logging::Sink;
-use crate::payload::{JobConfig, JobState, JobType, Key};
-use crate::runner::Slurm;
 use crate::slurm;
+use crate::slurm::hostlist;
+use crate::slurm::runner::Slurm;
 use crate::state::StateDir;
 use crate::timefmt::format_epoch;
 use argh::FromArgs;
@@ -114,11 +114,11 @@ pub fn run(a: Args) -> i32 {
     let mut failed = 0;
     let outbox = StateDir::new(&cfg.state_dir);
     let jobs: Vec<Outgoing> = match tenant_job {
-        Some(j) => vec![crate::attribution::outgoing(
+        Some(j) => vec![crate::inventory::attribution::outgoing(
             cfg.job_interfaces,
             &outbox.job_reps,
             &j,
-            crate::attribution::Why::Plain,
+            crate::inventory::attribution::Why::Plain,
             None,
             !a.dry_run,
         )],
@@ -134,16 +134,16 @@ pub fn run(a: Args) -> i32 {
             let mut found = Vec::new();
             for id in &a.job_ids {
                 match slurm::lookup(&slurm, id)
-                    .and_then(|info| crate::payload::job_config(&info, &cluster))
+                    .and_then(|info| crate::cloudvision::payload::job_config(&info, &cluster))
                 {
                     Ok(j) => {
                         // The one rule for what goes out: the way the job's first record
                         // went, else decided now (recorded, except in a dry run).
-                        let out = crate::attribution::outgoing(
+                        let out = crate::inventory::attribution::outgoing(
                             cfg.job_interfaces,
                             &outbox.job_reps,
                             &j,
-                            crate::attribution::Why::Plain,
+                            crate::inventory::attribution::Why::Plain,
                             Some((&slurm, &outbox)),
                             !a.dry_run,
                         );
@@ -229,7 +229,7 @@ pub fn print_dry_run(job: &JobConfig, cfg: &Config) {
         Some(s) => println!("POST https://{s}{JOB_CONFIG_PATH}"),
         None => println!("POST {JOB_CONFIG_PATH}"),
     }
-    let job = crate::payload::NodeKeys {
+    let job = crate::cloudvision::payload::NodeKeys {
         qualify: cfg.qualify_node_names,
     }
     .job(job);
@@ -343,7 +343,10 @@ impl Tenant {
                     .filter(|s| !s.is_empty())
                     .map(|s| s.to_ascii_lowercase())
                     .collect();
-                if let Some(bad) = macs.iter().find(|m| !crate::payload::is_mac(m)) {
+                if let Some(bad) = macs
+                    .iter()
+                    .find(|m| !crate::cloudvision::payload::is_mac(m))
+                {
                     return Err(format!(
                         "--interfaces: {bad:?} is not a MAC address aa:bb:cc:dd:ee:ff"
                     ));
@@ -384,7 +387,7 @@ impl Tenant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::job_config;
+    use crate::cloudvision::payload::job_config;
     use crate::slurm::JobInfo;
 
     fn info(state: &str) -> JobInfo {

@@ -220,7 +220,7 @@ pub fn client_for(
     ClientOptions::from_config(cfg, token, timeout)
         .and_then(Client::new)
         .map(|c| {
-            c.with_node_keys(crate::payload::NodeKeys {
+            c.with_node_keys(crate::cloudvision::payload::NodeKeys {
                 qualify: cfg.qualify_node_names,
             })
         })

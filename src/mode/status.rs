@@ -149,7 +149,7 @@ pub fn run(a: Args) -> i32 {
     let forward = cfg.jobcomp_forward.as_ref().map(|t| t.shown().to_string());
     // An outbox that cannot be read is not an empty one: say so, and exit 3.
     let unreadable = unreadable(&cfg.state_dir);
-    let service_running = crate::service::sender::connect(&cfg.state_dir).is_some();
+    let service_running = crate::state::wake::connect(&cfg.state_dir).is_some();
     let (depth, oldest, counted_by) = match unreadable {
         None => match service_running
             .then(|| outbox.status.recorded_outbox(SERVICE_COUNT_MAX_AGE_S))
@@ -354,7 +354,8 @@ fn role(st: &mut Status, v: &serde_json::Value) {
 /// `SlurmctldHost`s (an unreadable slurm.conf or a single controller: nothing).
 fn controllers(st: &mut Status) {
     use crate::slurm::leader::{self, Leader};
-    let Ok(conf) = crate::slurm_conf::load_slurm_conf(&crate::slurm_conf::slurm_conf_path()) else {
+    let Ok(conf) = crate::slurm::conf::load_slurm_conf(&crate::slurm::conf::slurm_conf_path())
+    else {
         return;
     };
     let list = leader::controllers(&conf);

@@ -24,9 +24,9 @@
 //! for a job slurmctld holds as not ended (requeued, running again: its hooks report it).
 //! Sending an end CloudVision already has is harmless (a Set of the same fields).
 
+use crate::cloudvision::payload::JobState;
 use crate::config::Config;
-use crate::payload::JobState;
-use crate::runner::Slurm;
+use crate::slurm::runner::Slurm;
 use crate::slurm::{JobInfo, COMMAND_TIMEOUT};
 use crate::state::queue::{Event, Item};
 use crate::state::StateDir;
@@ -188,7 +188,7 @@ impl CatchUp {
             let Some(state) = JobState::from_slurm(&info.state).filter(|s| s.is_terminal()) else {
                 continue;
             };
-            let Ok(mut job) = crate::payload::job_config(info, cluster) else {
+            let Ok(mut job) = crate::cloudvision::payload::job_config(info, cluster) else {
                 continue; // no nodes known
             };
             job.job_type = None;
@@ -205,7 +205,7 @@ impl CatchUp {
 }
 
 fn key_of(id: &str, cluster: &str) -> String {
-    crate::payload::job_key(id, cluster)
+    crate::cloudvision::payload::job_key(id, cluster)
 }
 
 /// The ended jobs of `ended` whose key is not in `known`, each once, at most `max` (by job

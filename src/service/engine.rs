@@ -6,18 +6,18 @@
 //!   ([`end_states`]); their records are fixed and written back, and an end slurmctld did not
 //!   name as final is marked for verification against Slurm's final record.
 //! - [`Engine::deliver`]: takes one event, adds the interface MACs `JobInterfaces=gpu|auto`
-//!   asks for ([`crate::attribution::enrich`]), sends it, classifies the answer ([`Outcome`])
+//!   asks for ([`crate::inventory::attribution::enrich`]), sends it, classifies the answer ([`Outcome`])
 //!   and finishes it in the outbox (delivered, kept for a retry, or rejected).
 //!
 //! What the callers decide is only when to send: the service pauses every worker on a kept
 //! event (backoff), `flush` goes through the outbox once and stops at a refused token.
 
-pub use crate::attribution::Forget;
 use crate::cloudvision::{Answer, Client, SendError};
 use crate::config::JobInterfaces;
-use crate::hook_facts as hook;
-use crate::runner::Slurm;
+pub use crate::inventory::attribution::Forget;
+use crate::job_end as hook;
 use crate::service::leadership::Gate;
+use crate::slurm::runner::Slurm;
 use crate::slurm::{self, JobInfo};
 use crate::state::queue::{Event, Finish, Item};
 use crate::state::StateDir;
@@ -122,7 +122,7 @@ pub enum Outcome {
 
 /// Is the event's head a job's RUNNING (what only the leader sends, see [`Gate`])?
 pub fn running_head(ev: &Event) -> bool {
-    matches!(&ev.item, Item::Job { job } if job.state == crate::payload::JobState::Running)
+    matches!(&ev.item, Item::Job { job } if job.state == crate::cloudvision::payload::JobState::Running)
 }
 
 /// How the given jobs ended, for the settler: accounting first, all of them in one question
@@ -347,7 +347,7 @@ fn forget_words(why: Forget) -> &'static str {
 /// queued and is tried again, delete first.
 fn forget_stored_job(
     client: &Client,
-    job: &crate::payload::JobConfig,
+    job: &crate::cloudvision::payload::JobConfig,
     why: Forget,
     deadline: Option<Instant>,
 ) -> Result<(), SendError> {
@@ -394,12 +394,12 @@ fn forget_stored_job(
     }
 }
 
-/// Posts a job's record as [`crate::attribution::outgoing`] decided it: CloudVision's stored
+/// Posts a job's record as [`crate::inventory::attribution::outgoing`] decided it: CloudVision's stored
 /// record of the job deleted first where it says so ([`forget_stored_job`]), then the record.
 /// The one way a job's record is sent (the engine, the hook's own send, `send`).
 pub fn post_outgoing(
     client: &Client,
-    out: &crate::attribution::Outgoing,
+    out: &crate::inventory::attribution::Outgoing,
     reps: &crate::state::job_reps::JobReps,
     deadline: Option<Instant>,
 ) -> Result<Answer, SendError> {
@@ -581,14 +581,16 @@ impl Engine {
                 checked.decided.push((ev.item.file_name(), ev.seq));
                 continue;
             }
-            let running = ev.rank.1 == 0 && job.state == crate::payload::JobState::Running;
+            let running =
+                ev.rank.1 == 0 && job.state == crate::cloudvision::payload::JobState::Running;
             match info.filter(|i| running && i.ended()) {
                 Some(i) if hook::final_state_named(i) => {
                     let cluster = job.location.clone().unwrap_or_default();
-                    let end = crate::payload::job_config(i, &cluster).map(|mut end| {
-                        end.job_type = job.job_type;
-                        end
-                    });
+                    let end =
+                        crate::cloudvision::payload::job_config(i, &cluster).map(|mut end| {
+                            end.job_type = job.job_type;
+                            end
+                        });
                     let Ok(end) = end else {
                         continue; // no nodes in Slurm's record: asked again later
                     };
@@ -688,18 +690,18 @@ impl Engine {
     }
 
     /// The record of an item as it is sent: a job's by the one rule
-    /// ([`crate::attribution::outgoing`]: its recorded representation, else decided now, with
+    /// ([`crate::inventory::attribution::outgoing`]: its recorded representation, else decided now, with
     /// `JobInterfaces=gpu|auto` from the GPUs it holds, asked at send time, never in the hook).
     /// `None` for the other items: sent as queued.
-    fn outgoing(&self, ev: &Event) -> Option<crate::attribution::Outgoing> {
+    fn outgoing(&self, ev: &Event) -> Option<crate::inventory::attribution::Outgoing> {
         let Item::Job { job } = &ev.item else {
             return None;
         };
-        Some(crate::attribution::outgoing(
+        Some(crate::inventory::attribution::outgoing(
             self.interfaces,
             &self.outbox.job_reps,
             job,
-            crate::attribution::Why::of(ev),
+            crate::inventory::attribution::Why::of(ev),
             Some((&self.slurm, &self.outbox)),
             true,
         ))
@@ -956,9 +958,9 @@ pub fn drain_once(engine: &Engine, concurrency: usize, stop: &AtomicBool) -> Dra
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloudvision::payload::{JobConfig, JobState, Key};
     use crate::cloudvision::ClientOptions;
     use crate::config::{Config, Token};
-    use crate::payload::{JobConfig, JobState, Key};
     use crate::service::leadership::Role;
 
     fn job(id: &str, state: JobState) -> Item {

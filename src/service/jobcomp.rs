@@ -26,8 +26,8 @@
 //! is dropped (the next run's RUNNING replaces its record whole).
 
 use super::forward::{self, Spool, Target, MAX_BODY};
+use crate::cloudvision::payload::{job_name, JobConfig, JobState, Key};
 use crate::config::Config;
-use crate::payload::{job_name, JobConfig, JobState, Key};
 use crate::state::queue::{Enqueued, Event, Item};
 use crate::state::StateDir;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -117,7 +117,8 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
             _ => return Err(format!("job {id}: state {word:?} is no end")),
         },
     };
-    let nodes = crate::hostlist::expand(nodes).map_err(|e| format!("job {id}: nodes: {e}"))?;
+    let nodes =
+        crate::slurm::hostlist::expand(nodes).map_err(|e| format!("job {id}: nodes: {e}"))?;
     let start = crate::timefmt::parse_jobcomp_time(text("@start")?)
         .ok_or_else(|| format!("job {id}: no usable \"@start\""))?;
     let end = crate::timefmt::parse_jobcomp_time(text("@end")?)
@@ -131,7 +132,7 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
     Ok(Doc::End {
         job: Box::new(JobConfig {
             key: Key {
-                id: crate::payload::job_key(id, cluster),
+                id: crate::cloudvision::payload::job_key(id, cluster),
             },
             name: Some(job_name(name, partition)),
             state,
@@ -521,8 +522,8 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
         }
         Ok(_) => {
             log::info!("job {key}: {state} queued from Slurm's job-completion record");
-            if let Some(sock) = crate::service::sender::connect(&shared.cfg.state_dir) {
-                crate::service::sender::wake(&sock);
+            if let Some(sock) = crate::state::wake::connect(&shared.cfg.state_dir) {
+                crate::state::wake::wake(&sock);
             }
         }
         Err(e) => {

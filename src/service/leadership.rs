@@ -24,8 +24,8 @@
 //! ([`Leadership::may_delete`]): a node is deleted only when this leader listed it itself
 //! in an earlier poll and no longer does.
 
+use crate::slurm::conf::SlurmConf;
 use crate::slurm::leader::{self, Leader};
-use crate::slurm_conf::SlurmConf;
 use crate::state::StateDir;
 
 /// What this host's service does.
@@ -265,7 +265,7 @@ impl Gate {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone()
-                    .unwrap_or_else(crate::slurm_conf::slurm_conf_path);
+                    .unwrap_or_else(crate::slurm::conf::slurm_conf_path);
                 decide_at(&path, readyz)
             }),
         );
@@ -282,7 +282,7 @@ impl Gate {
             return;
         }
         *conf = Some(path.to_path_buf());
-        if let Ok(c) = crate::slurm_conf::load_slurm_conf(path) {
+        if let Ok(c) = crate::slurm::conf::load_slurm_conf(path) {
             let pair = crate::slurm::leader::controllers(&c).len() >= 2;
             self.pair.store(pair, std::sync::atomic::Ordering::Relaxed);
         }
@@ -351,7 +351,7 @@ impl Gate {
 /// decides it: this host's slurmctld trusted only as SlurmUser from an installed binary, and
 /// `/readyz` (with `readyz_answers`) only from that slurmctld's own listening socket.
 fn decide_at(path: &std::path::Path, readyz_answers: bool) -> Role {
-    let conf = crate::slurm_conf::load_slurm_conf(path);
+    let conf = crate::slurm::conf::load_slurm_conf(path);
     let now = crate::timefmt::now_epoch();
     let missing = conf.is_err() && !path.exists();
     // Looked for at most once per decision, when the decision needs it.
@@ -439,7 +439,7 @@ pub struct Leadership {
     /// [`Leadership::took_over`]).
     took_over: bool,
     /// Slurm's commands: where slurm.conf is not at its path, `scontrol show config` names it.
-    slurm: Option<crate::runner::Slurm>,
+    slurm: Option<crate::slurm::runner::Slurm>,
     /// The slurm.conf `scontrol show config` named, once it did.
     asked: Option<std::path::PathBuf>,
     /// When to ask it again after it named none.
@@ -455,7 +455,10 @@ impl Leadership {
     /// Leadership that asks Slurm (`scontrol show config`, its `SLURM_CONF` line) where
     /// slurm.conf is when it is not at its path (`$SLURM_CONF`, else /etc/slurm/slurm.conf),
     /// and feeds `gate` each role it decides (and the slurm.conf it decides from).
-    pub fn new(slurm: crate::runner::Slurm, gate: Option<std::sync::Arc<Gate>>) -> Leadership {
+    pub fn new(
+        slurm: crate::slurm::runner::Slurm,
+        gate: Option<std::sync::Arc<Gate>>,
+    ) -> Leadership {
         Leadership {
             slurm: Some(slurm),
             gate,
@@ -475,7 +478,7 @@ impl Leadership {
     /// `scontrol show config` names (asked at most every [`ASK_EVERY`] until it names one
     /// that exists, then kept).
     fn conf_path(&mut self) -> std::path::PathBuf {
-        let path = crate::slurm_conf::slurm_conf_path();
+        let path = crate::slurm::conf::slurm_conf_path();
         if path.exists() {
             return path;
         }
@@ -493,7 +496,7 @@ impl Leadership {
         }
         self.ask_again = Some(std::time::Instant::now() + ASK_EVERY);
         match slurm.run("scontrol", &["show", "config"], ASK_TIMEOUT) {
-            Ok(out) => match crate::slurm_conf::path_from_show_config(&out) {
+            Ok(out) => match crate::slurm::conf::path_from_show_config(&out) {
                 Some(p) if p.exists() => {
                     log::info!(
                         "there is no {}: slurm.conf is {} (scontrol show config, SLURM_CONF)",
@@ -594,7 +597,7 @@ impl Leadership {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slurm_conf::parse_slurm_conf;
+    use crate::slurm::conf::parse_slurm_conf;
     use std::path::Path;
 
     fn conf(text: &str) -> SlurmConf {

@@ -19,7 +19,7 @@ pub mod sender;
 use crate::cloudvision::Client;
 use crate::config::Config;
 use crate::inventory::Inventory;
-use crate::runner::Slurm;
+use crate::slurm::runner::Slurm;
 use crate::slurm::{self, COMMAND_TIMEOUT};
 use crate::state::StateDir;
 use crate::systemd;
@@ -69,7 +69,7 @@ pub fn run_service(cfg: &Config, slurm: Slurm, client: Client, stop: &'static At
 /// Does slurm.conf (`$SLURM_CONF`, else /etc/slurm/slurm.conf) name two or more
 /// `SlurmctldHost`? (One, none, or no readable slurm.conf: one controller.)
 pub(crate) fn controller_pair() -> bool {
-    crate::slurm_conf::load_slurm_conf(&crate::slurm_conf::slurm_conf_path())
+    crate::slurm::conf::load_slurm_conf(&crate::slurm::conf::slurm_conf_path())
         .is_ok_and(|c| crate::slurm::leader::controllers(&c).len() >= 2)
 }
 

@@ -18,9 +18,9 @@
 //! what to do). The ended jobs slurmctld has already forgotten (older than `MinJobAge`) are
 //! asked of accounting in bounded `sacct` batches.
 
+use crate::cloudvision::payload::JobState;
 use crate::config::Config;
-use crate::payload::JobState;
-use crate::runner::Slurm;
+use crate::slurm::runner::Slurm;
 use crate::state::queue::{Event, Item};
 use crate::state::StateDir;
 
@@ -371,7 +371,7 @@ pub fn reconcile(
     let pending = outbox.queue.pending_job_keys();
     let ended = outbox.queue.recently_ended();
     let mut report = Report::default();
-    let key_of = |id: &str| crate::payload::job_key(id, cluster);
+    let key_of = |id: &str| crate::cloudvision::payload::job_key(id, cluster);
 
     // Jobs no hook reported are found by a sweep only (between sweeps only the recorded
     // jobs were asked about).
@@ -415,7 +415,7 @@ pub fn reconcile(
             _ => continue, // not placed yet
         };
         let start = j.start.unwrap_or_else(crate::timefmt::now_epoch);
-        let job = crate::payload::running_job(j, cluster, start, nodes);
+        let job = crate::cloudvision::payload::running_job(j, cluster, start, nodes);
         log::info!("reconcile: job {key} runs but no hook reported it; sending RUNNING");
         outbox
             .queue
@@ -501,7 +501,7 @@ pub fn reconcile(
             start: info.start.or(Some(start)),
             ..info.clone()
         };
-        let Ok(mut job) = crate::payload::job_config(&info, cluster) else {
+        let Ok(mut job) = crate::cloudvision::payload::job_config(&info, cluster) else {
             report.unknown += 1; // no nodes known: look again next pass
             continue;
         };

@@ -15,8 +15,8 @@
 //! A resend never reaches CloudVision after the job's end: see
 //! [`Queue::enqueue_resend`](crate::state::queue::Queue::enqueue_resend).
 
-use crate::node_record::DiscoverRecord;
-use crate::runner::Slurm;
+use crate::discovery::record::DiscoverRecord;
+use crate::slurm::runner::Slurm;
 use crate::slurm::COMMAND_TIMEOUT;
 use crate::state::nodes::RecordStamp;
 use crate::state::queue::{Event, Item};
@@ -102,7 +102,7 @@ pub fn resend_running_on(
     let ids: Vec<String> = on_nodes
         .into_iter()
         .map(|r| r.id)
-        .filter(|id| starts.contains_key(&crate::payload::job_key(id, cluster)))
+        .filter(|id| starts.contains_key(&crate::cloudvision::payload::job_key(id, cluster)))
         .collect();
     let answer = crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT)?;
     let mut jobs: Vec<&crate::slurm::JobInfo> = answer.found.values().collect();
@@ -113,7 +113,7 @@ pub fn resend_running_on(
         .into_iter()
         .filter(|j| crate::service::reconcile::running_settled(j))
     {
-        let key = crate::payload::job_key(&j.job_id, cluster);
+        let key = crate::cloudvision::payload::job_key(&j.job_id, cluster);
         let Some(start) = starts.get(&key).copied() else {
             continue; // not reported yet: reconciliation sends it, from the new record
         };
@@ -130,7 +130,7 @@ pub fn resend_running_on(
             continue;
         }
         let on = on.join(",");
-        let job = crate::payload::running_job(j, cluster, start, job_nodes);
+        let job = crate::cloudvision::payload::running_job(j, cluster, start, job_nodes);
         let rank = (j.restarts.unwrap_or(0), 0);
         let mut ev = Event::new(Item::Job { job }, rank);
         ev.anew = true;
@@ -162,7 +162,7 @@ pub fn resend_running_on(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node_record::Interface;
+    use crate::discovery::record::Interface;
 
     fn rec(node: &str, mac: &str, ip: &str) -> DiscoverRecord {
         DiscoverRecord {

@@ -26,21 +26,18 @@
 
 use super::engine::{record_drain, running_head, DrainReport, Engine, Outcome};
 use super::leadership::Gate;
+use crate::cloudvision::batch::backoff;
 use crate::cloudvision::Client;
-use crate::delivery::backoff;
-use crate::state::queue::{Event, Index, Item};
+use crate::state::index::Index;
+use crate::state::queue::{Event, Item};
+use crate::state::wake::{bind, connect, socket_path, wake};
 use crate::state::StateDir;
 use std::collections::{HashSet, VecDeque};
-use std::io::ErrorKind;
-use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-
-/// The wake-up socket's file name in StateDir.
-pub use crate::state::layout::WAKE_SOCKET;
 
 /// How often the dispatcher looks at the outbox even when nobody woke it.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(5);
@@ -54,37 +51,6 @@ pub const END_STATE_QUIET: Duration = Duration::from_millis(100);
 
 /// The longest an end waits for a quiet moment before the settler asks anyway.
 pub const END_STATE_WAIT: Duration = Duration::from_millis(1000);
-
-/// The path of the wake-up socket under `state_dir`.
-pub fn socket_path(state_dir: &Path) -> PathBuf {
-    state_dir.join(WAKE_SOCKET)
-}
-
-/// A connection to a live sender, or `None` when no service listens: the path is missing, is
-/// not a socket (a symlink is never followed), or is a socket nobody has bound (a service
-/// that died leaves one behind: connecting to it is refused). Costs one `lstat` and one
-/// `connect`; never blocks.
-pub fn connect(state_dir: &Path) -> Option<UnixDatagram> {
-    let path = socket_path(state_dir);
-    let meta = std::fs::symlink_metadata(&path).ok()?;
-    if !meta.file_type().is_socket() {
-        return None;
-    }
-    let sock = UnixDatagram::unbound().ok()?;
-    sock.set_nonblocking(true).ok()?;
-    sock.connect(&path).ok()?;
-    Some(sock)
-}
-
-/// Wakes the sender through a socket from [`connect`]. True when the sender has it (or
-/// already has more wake-ups queued than it needs: a full socket buffer means it is busy
-/// reading the outbox anyway); false when the sender is gone.
-pub fn wake(sock: &UnixDatagram) -> bool {
-    match sock.send(b"w") {
-        Ok(_) => true,
-        Err(e) => e.kind() == ErrorKind::WouldBlock,
-    }
-}
 
 /// The most events one scan hands to the workers, and the most ends it hands to the settler:
 /// the rest wait in the outbox for the next scan, which comes as soon as the workers' queue
@@ -379,40 +345,6 @@ fn run(setup: Setup, lock: nix::fcntl::Flock<std::fs::File>) -> Result<(), Strin
         path.display()
     );
     Ok(())
-}
-
-/// Binds the wake-up socket, replacing a stale one (never anything that is not a socket).
-fn bind(path: &Path, outbox: &StateDir) -> Result<UnixDatagram, String> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            // Still bound by a live process? Then a second service is running.
-            if connect(outbox.root()).is_some() {
-                return Err(format!(
-                    "{} is in use: another cvslurm service runs on this StateDir",
-                    path.display()
-                ));
-            }
-            std::fs::remove_file(path)
-                .map_err(|e| format!("cannot remove the stale {}: {e}", path.display()))?;
-        }
-        Ok(_) => {
-            return Err(format!(
-                "{} exists and is not a socket; remove it (hooks send directly meanwhile)",
-                path.display()
-            ))
-        }
-        Err(_) => {}
-    }
-    let sock =
-        UnixDatagram::bind(path).map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
-    // The hooks (SlurmUser) must be able to write to it: 0600 for the service's own user,
-    // handed to StateDir's owner when the service runs as root.
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-    if let Some((uid, gid)) = outbox.owner() {
-        let _ = std::os::unix::fs::lchown(path, Some(uid), Some(gid));
-    }
-    Ok(sock)
 }
 
 fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, State> {

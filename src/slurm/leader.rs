@@ -13,7 +13,7 @@
 //! and read within [`HEARTBEAT_READ_TIMEOUT`]: a hung filesystem (NFS) makes the answer
 //! "cannot tell", never a poll that waits for good.
 
-use crate::slurm_conf::SlurmConf;
+use crate::slurm::conf::SlurmConf;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -446,7 +446,7 @@ pub fn is_this_host(controller: &Controller, hostname: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slurm_conf::parse_slurm_conf;
+    use crate::slurm::conf::parse_slurm_conf;
     use std::path::PathBuf;
 
     /// A one-shot HTTP server on 127.0.0.1 answering `answer`; its port.

@@ -1,7 +1,7 @@
 //! Which Slurm this is (`scontrol --version`, asked once per process), and how cvslurm reads
 //! jobs from it.
 
-use crate::runner::Slurm;
+use crate::slurm::runner::Slurm;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;

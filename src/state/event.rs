@@ -5,7 +5,7 @@
 //! ([`decode_event`]) and never sent, replaced or deleted ([`super::queue`]).
 
 use super::durable::safe_name;
-use crate::payload::{JobConfig, NodeConfig};
+use crate::cloudvision::payload::{JobConfig, NodeConfig};
 use serde::{Deserialize, Serialize};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -25,7 +25,7 @@ pub enum Item {
     },
     /// DELETE a NodeConfig.
     NodeDelete {
-        /// The node name (bare; the key CloudVision has is [`crate::payload::NodeKeys`]'s).
+        /// The node name (bare; the key CloudVision has is [`crate::cloudvision::payload::NodeKeys`]'s).
         name: String,
         /// The cluster that sent the node (the monitor's): the delete leaves a NodeConfig
         /// CloudVision stores with another location alone. Absent in events of earlier
@@ -96,7 +96,7 @@ pub struct Event {
     /// Set on a RUNNING queued again because the inventory of one of its nodes changed
     /// ([`crate::service::resend`]): the job's representation is decided anew from the new
     /// records, not taken from the record of its first send
-    /// ([`crate::attribution::outgoing`]).
+    /// ([`crate::inventory::attribution::outgoing`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub anew: bool,
     /// What to send.
@@ -131,7 +131,7 @@ impl Event {
     /// ([`crate::service::engine::post_outgoing`]).
     pub fn starts_a_rerun(&self) -> bool {
         self.rank.0 > 0
-            && matches!(&self.item, Item::Job { job } if job.state == crate::payload::JobState::Running)
+            && matches!(&self.item, Item::Job { job } if job.state == crate::cloudvision::payload::JobState::Running)
     }
 }
 
@@ -198,7 +198,7 @@ pub fn decode_event(bytes: &[u8]) -> Result<Event, Undecodable> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::{JobConfig, JobState, Key};
+    use crate::cloudvision::payload::{JobConfig, JobState, Key};
 
     /// A re-run's RUNNING is told by the restart count in the rank, which every event file
     /// carries (format 1 included): no new field.

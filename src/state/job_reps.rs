@@ -1,6 +1,6 @@
 //! Representation records: `reps/<jobid>@<cluster>`, how a job's records go to CloudVision —
 //! by node names or by the MACs of its interfaces (`JobInterfaces=gpu|auto`). Decided at the
-//! job's first send ([`crate::attribution::outgoing`]) and kept until its end is delivered:
+//! job's first send ([`crate::inventory::attribution::outgoing`]) and kept until its end is delivered:
 //! every later record of the job (its end, a resend, reconciliation's) goes the same way, so
 //! that CloudVision's stored record holds exactly one of `nodes` and `interfaces`.
 //!
@@ -13,13 +13,13 @@
 
 use super::durable::{self, records, safe_name};
 use super::layout::JOB_REPS;
-use crate::payload::is_mac;
+use crate::cloudvision::payload::is_mac;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The most MACs a record holds (a job on 512 nodes of 8 NICs). A job that would go by more
-/// goes by node names ([`crate::attribution::outgoing`]), with a warning.
+/// goes by node names ([`crate::inventory::attribution::outgoing`]), with a warning.
 pub const MAX_MACS: usize = 4096;
 
 /// How long a record stays without its job's end: longer than any job runs.

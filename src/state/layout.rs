@@ -42,7 +42,7 @@ pub const SERVICE_STATUS_LOCK: &str = "service-status.lock";
 pub const COUNTER_JOURNAL: &str = "counters.journal";
 /// The journal's previous file, still read after a rotation.
 pub const COUNTER_JOURNAL_OLD: &str = "counters.journal.old";
-/// The service's wake-up socket (see `crate::sender`).
+/// The service's wake-up socket (see `crate::state::wake`).
 pub const WAKE_SOCKET: &str = "wake.sock";
 
 /// How every temp file's name starts (a writer's file before its rename): skipped by every

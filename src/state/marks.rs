@@ -8,7 +8,7 @@
 
 use super::durable::{self, records, safe_name};
 use super::layout::VERIFY;
-use crate::payload::JobConfig;
+use crate::cloudvision::payload::JobConfig;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -59,7 +59,7 @@ impl Marks {
 
 #[cfg(test)]
 mod tests {
-    use crate::payload::{JobConfig, JobState, Key};
+    use crate::cloudvision::payload::{JobConfig, JobState, Key};
     use crate::state::layout::VERIFY;
     use crate::state::StateDir;
 

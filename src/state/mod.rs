@@ -13,7 +13,7 @@
 //! - `sent/<jobid>@<cluster>` — the ends this host delivered lately, on a pair ([`ends_sent`]).
 //! - `service-status.json`, `service-status.lock` — what cvslurm did (times, counters), for
 //!   `cvslurm status` and the metrics file ([`status`]).
-//! - `wake.sock` — the service's wake-up socket (see `crate::sender`).
+//! - `wake.sock` — the service's wake-up socket ([`wake`]).
 //!
 //! Every store writes through [`durable`]: temp file, rename, and for events and node records
 //! `fsync` of the file and of its directory.
@@ -22,6 +22,7 @@ pub mod counter_journal;
 pub mod durable;
 pub mod ends_sent;
 pub mod event;
+pub mod index;
 pub mod job_reps;
 pub mod layout;
 pub mod marks;
@@ -29,6 +30,7 @@ pub mod nodes;
 pub mod queue;
 pub mod starts;
 pub mod status;
+pub mod wake;
 
 use std::path::{Path, PathBuf};
 

@@ -39,7 +39,7 @@ impl Nodes {
 
     /// Keeps the inventory's latest discover record of a node (its GPU topology included), for
     /// `send` and the service to attribute jobs to interfaces (`JobInterfaces`).
-    pub fn save(&self, rec: &crate::node_record::DiscoverRecord) -> Result<(), String> {
+    pub fn save(&self, rec: &crate::discovery::record::DiscoverRecord) -> Result<(), String> {
         durable::ensure_dirs(&self.root, self.owner)?;
         let json = serde_json::to_vec(rec).map_err(|e| format!("cannot encode record: {e}"))?;
         write_durably(&self.path(&rec.node_name), &json, self.owner)
@@ -48,7 +48,10 @@ impl Nodes {
     /// The inventory's record of `node`: `Ok(None)` when there is none. The file is hostile
     /// input: a link is not followed, the size is capped, the record is validated and must
     /// name `node`.
-    pub fn load(&self, node: &str) -> Result<Option<crate::node_record::DiscoverRecord>, String> {
+    pub fn load(
+        &self,
+        node: &str,
+    ) -> Result<Option<crate::discovery::record::DiscoverRecord>, String> {
         use std::io::Read;
         let p = self.path(node);
         let f = match OpenOptions::new()
@@ -60,7 +63,7 @@ impl Nodes {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(format!("cannot read {}: {e}", p.display())),
         };
-        let max = crate::node_record::MAX_RECORD_BYTES;
+        let max = crate::discovery::record::MAX_RECORD_BYTES;
         let mut s = String::new();
         f.take(max as u64 + 1)
             .read_to_string(&mut s)
@@ -68,7 +71,7 @@ impl Nodes {
         if s.len() > max {
             return Err(format!("{}: larger than {max} bytes", p.display()));
         }
-        let rec = crate::node_record::DiscoverRecord::parse_line(&s)
+        let rec = crate::discovery::record::DiscoverRecord::parse_line(&s)
             .map_err(|e| format!("{}: {e}", p.display()))?;
         if rec.node_name != node {
             return Err(format!(
@@ -98,7 +101,7 @@ impl Nodes {
     }
 
     /// Every node's record; one that cannot be read is left out (and logged).
-    pub fn all(&self) -> BTreeMap<String, crate::node_record::DiscoverRecord> {
+    pub fn all(&self) -> BTreeMap<String, crate::discovery::record::DiscoverRecord> {
         self.stamps()
             .into_keys()
             .filter_map(|node| match self.load(&node) {
@@ -130,7 +133,7 @@ mod tests {
         fs::create_dir_all(&d).unwrap();
         let ob = StateDir::new(&d).nodes;
         assert_eq!(ob.load("dgx1").unwrap(), None);
-        let rec = crate::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        let rec = crate::discovery::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
         ob.save(&rec).unwrap();
         assert_eq!(ob.load("dgx1").unwrap(), Some(rec.clone()));
         let p = d.join(NODES).join("dgx1.json");
@@ -148,7 +151,11 @@ mod tests {
             .load("dgx1")
             .unwrap_err()
             .contains("not a discover record"));
-        fs::write(&p, vec![b' '; crate::node_record::MAX_RECORD_BYTES + 1]).unwrap();
+        fs::write(
+            &p,
+            vec![b' '; crate::discovery::record::MAX_RECORD_BYTES + 1],
+        )
+        .unwrap();
         assert!(ob.load("dgx1").unwrap_err().contains("larger than"));
         fs::remove_file(&p).unwrap();
         ob.save(&other).unwrap();

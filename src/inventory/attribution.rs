@@ -5,7 +5,7 @@
 //! the nodes' records (the inventory's copies in StateDir, [`crate::state::StateDir::load_node_record`]).
 
 use crate::config::JobInterfaces;
-use crate::node_record::DiscoverRecord;
+use crate::discovery::record::DiscoverRecord;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -115,7 +115,7 @@ pub fn attribute(
             continue;
         }
         shared = true;
-        let mut near: Vec<&crate::topology::NicTopology> = topo
+        let mut near: Vec<&crate::discovery::topology::NicTopology> = topo
             .nics
             .iter()
             .filter(|n| n.gpus.iter().any(|g| held.contains(g)))
@@ -176,9 +176,9 @@ pub fn attribute(
 /// Returns the rule used (also logged at debug).
 pub fn enrich(
     mode: JobInterfaces,
-    slurm: &crate::runner::Slurm,
+    slurm: &crate::slurm::runner::Slurm,
     outbox: &crate::state::StateDir,
-    job: &mut crate::payload::JobConfig,
+    job: &mut crate::cloudvision::payload::JobConfig,
 ) -> Attribution {
     let nodes: Vec<String> = job
         .nodes
@@ -267,7 +267,7 @@ impl Why {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
     /// The record: exactly one of `nodes` and `interfaces`.
-    pub job: crate::payload::JobConfig,
+    pub job: crate::cloudvision::payload::JobConfig,
     /// Delete CloudVision's stored record of the job first, and why.
     pub forget: Option<Forget>,
     /// The rule that decided the representation now (`None`: a recorded one, or a tenant
@@ -301,9 +301,9 @@ pub struct Outgoing {
 pub fn outgoing(
     mode: JobInterfaces,
     reps: &crate::state::job_reps::JobReps,
-    job: &crate::payload::JobConfig,
+    job: &crate::cloudvision::payload::JobConfig,
     why: Why,
-    ask: Option<(&crate::runner::Slurm, &crate::state::StateDir)>,
+    ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir)>,
     write: bool,
 ) -> Outgoing {
     use crate::state::job_reps::Representation;
@@ -328,7 +328,7 @@ pub fn outgoing(
     let same_kind = |a: &Representation, b: &Representation| {
         std::mem::discriminant(a) == std::mem::discriminant(b)
     };
-    if job.job_type == Some(crate::payload::JobType::Tenant) {
+    if job.job_type == Some(crate::cloudvision::payload::JobType::Tenant) {
         // The caller chose the list; one that switches lists replaces the stored record.
         let now = representation_of(job);
         let forget = match (why, reps.load(&key)) {
@@ -402,7 +402,9 @@ pub fn outgoing(
 }
 
 /// The representation a record names.
-fn representation_of(job: &crate::payload::JobConfig) -> crate::state::job_reps::Representation {
+fn representation_of(
+    job: &crate::cloudvision::payload::JobConfig,
+) -> crate::state::job_reps::Representation {
     use crate::state::job_reps::Representation;
     match &job.interfaces {
         Some(i) if job.nodes.is_none() => Representation::Interfaces(i.values.clone()),
@@ -415,10 +417,10 @@ fn representation_of(job: &crate::payload::JobConfig) -> crate::state::job_reps:
 /// names). Returns the record, its representation and the rule (`None`: nothing was asked).
 fn decide(
     mode: JobInterfaces,
-    job: &crate::payload::JobConfig,
-    ask: Option<(&crate::runner::Slurm, &crate::state::StateDir)>,
+    job: &crate::cloudvision::payload::JobConfig,
+    ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir)>,
 ) -> (
-    crate::payload::JobConfig,
+    crate::cloudvision::payload::JobConfig,
     crate::state::job_reps::Representation,
     Option<String>,
 ) {
@@ -462,7 +464,7 @@ mod tests {
     /// be known or kept, nothing recorded with `JobInterfaces=nodes` or by a dry run.
     #[test]
     fn one_representation_per_job() {
-        use crate::payload::{JobConfig, JobState, JobType, Key};
+        use crate::cloudvision::payload::{JobConfig, JobState, JobType, Key};
         use crate::state::job_reps::Representation;
         let d = std::env::temp_dir().join(format!("cvslurm-outgoing-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
@@ -586,7 +588,7 @@ mod tests {
     }
 
     fn dgx_cluster() -> BTreeMap<String, DiscoverRecord> {
-        use crate::topology::fixtures::record;
+        use crate::discovery::topology::fixtures::record;
         [
             (
                 "dgx1".to_string(),
@@ -786,7 +788,8 @@ mod tests {
     /// Two sockets: a job on socket 1's GPUs gets socket 1's NICs only.
     #[test]
     fn two_socket_split_by_numa() {
-        let rec = crate::topology::fixtures::record("pcie1", "two-socket", "02:dd:00:03");
+        let rec =
+            crate::discovery::topology::fixtures::record("pcie1", "two-socket", "02:dd:00:03");
         let recs: BTreeMap<String, DiscoverRecord> = [("pcie1".to_string(), rec.clone())].into();
         let a = attribute(
             JobInterfaces::Auto,

@@ -1,7 +1,7 @@
 //! Which GPUs each NIC is nearest to on the PCIe tree, read from sysfs and procfs.
 //!
 //! `discover --topology` adds a [`Topology`] to its record; the inventory keeps it in StateDir
-//! (never in the NodeConfig payload) and [`crate::attribution`] turns a job's GPUs into MACs.
+//! (never in the NodeConfig payload) and [`crate::inventory::attribution`] turns a job's GPUs into MACs.
 //!
 //! Nearness follows `nvidia-smi topo -m`: a NIC and a GPU behind the same PCIe switch (a
 //! bridge below the root port) are nearest ([`Nearness::Switch`]), then the same root port,
@@ -444,7 +444,8 @@ pub fn nic_map(t: &Topology) -> BTreeMap<String, Vec<u32>> {
 /// Test support: the sysfs/procfs trees of `tests/fixtures/topology/gen.sh`.
 #[cfg(test)]
 pub mod fixtures {
-    use crate::mode::discover::{self, DiscoverRecord, Filter};
+    use crate::discovery::record::DiscoverRecord;
+    use crate::discovery::{self, Filter};
     use std::path::PathBuf;
 
     /// Generates layout `layout` (NIC MACs start with `mac_prefix`) in a fresh directory.
@@ -497,7 +498,7 @@ pub mod fixtures {
             require_ip: false,
         };
         let net = roots.sys.join("class/net");
-        let interfaces = discover::interfaces(&net, &Default::default(), &filter).unwrap();
+        let interfaces = discovery::interfaces(&net, &Default::default(), &filter).unwrap();
         let names: Vec<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
         let topology = super::read(&roots, &net, &names).unwrap();
         let rec = DiscoverRecord {
@@ -720,7 +721,7 @@ mod tests {
         // A job holding GPUs 2-3 gets socket 1's NICs (MACs: prefix, bus 0xca, function).
         let records = BTreeMap::from([("pcie1".to_string(), rec)]);
         let gpus = BTreeMap::from([("pcie1".to_string(), BTreeSet::from([2, 3]))]);
-        let a = crate::attribution::attribute(
+        let a = crate::inventory::attribution::attribute(
             crate::config::JobInterfaces::Gpu,
             &["pcie1".to_string()],
             &gpus,

@@ -6,10 +6,13 @@
 //! slurm.conf (with its `Include`s) runs a cvslurm hook as PrologSlurmctld and
 //! EpilogSlurmctld; SlurmUser can write StateDir and LogFile.
 
+pub mod contract;
+pub mod slurm_facts;
+
 use super::startup::client_for;
 use crate::config::{Config, Token};
 use crate::link_names::is_hook_name;
-use crate::slurm_conf::{hook_programs, SlurmConf};
+use crate::slurm::conf::{hook_programs, SlurmConf};
 use crate::text::escape_control;
 use argh::FromArgs;
 use std::fs;
@@ -283,7 +286,7 @@ pub struct Args {
     #[argh(switch)]
     contract: bool,
     /// print what install.sh needs to know about slurm.conf and Slurm as key=value lines
-    /// (see crate::slurm_facts) instead of checking
+    /// (see crate::mode::check::slurm_facts) instead of checking
     #[argh(switch)]
     slurm_facts: bool,
     /// with --slurm-facts: the hook path to tell apart as "ours"
@@ -304,7 +307,7 @@ pub fn run(a: Args) -> i32 {
     }
     let mut ctx = Context {
         config_arg: a.config,
-        slurm_conf_path: crate::slurm_conf::slurm_conf_path(),
+        slurm_conf_path: crate::slurm::conf::slurm_conf_path(),
         ..Context::default()
     };
     let mut r = Report { failed: 0 };
@@ -314,8 +317,8 @@ pub fn run(a: Args) -> i32 {
     finish(r)
 }
 
-/// `--contract`: the questions of [`crate::contract`] against the configured CloudVision,
-/// the throw-away keys qualified by slurm.conf's ClusterName (else `no-cluster`).
+/// `--contract`: the questions of [`contract`](mod@contract) against the configured
+/// CloudVision, the throw-away keys qualified by slurm.conf's ClusterName (else `no-cluster`).
 fn contract(a: &Args) -> i32 {
     use super::startup::{ClientNeed, Options, StartError, Startup};
     let startup = Startup {
@@ -340,14 +343,14 @@ fn contract(a: &Args) -> i32 {
                 "FAIL {}: nothing was written; run cvslurm check",
                 escape_control(&m)
             );
-            return crate::contract::EXIT_COULD_NOT_RUN;
+            return crate::mode::check::contract::EXIT_COULD_NOT_RUN;
         }
         Err(e) => {
             e.report();
-            return crate::contract::EXIT_COULD_NOT_RUN;
+            return crate::mode::check::contract::EXIT_COULD_NOT_RUN;
         }
     };
-    let cluster = crate::slurm_conf::load_slurm_conf(&crate::slurm_conf::slurm_conf_path())
+    let cluster = crate::slurm::conf::load_slurm_conf(&crate::slurm::conf::slurm_conf_path())
         .ok()
         .and_then(|sc| sc.last("ClusterName").map(|s| s.value.clone()))
         .filter(|c| {
@@ -374,13 +377,13 @@ fn contract(a: &Args) -> i32 {
     if cfg.qualify_node_names {
         hostname_settings.push("QualifyNodeNames=yes");
     }
-    crate::contract::run(&client, &cluster, &curl, &hostname_settings)
+    crate::mode::check::contract::run(&client, &cluster, &curl, &hostname_settings)
 }
 
 /// `--slurm-facts`: exit 0 with the facts, 1 when slurm.conf cannot be read.
 fn slurm_facts(a: &Args) -> i32 {
-    let path = crate::slurm_conf::slurm_conf_path();
-    let sc = match crate::slurm_conf::load_slurm_conf(&path) {
+    let path = crate::slurm::conf::slurm_conf_path();
+    let sc = match crate::slurm::conf::load_slurm_conf(&path) {
         Ok(sc) => sc,
         Err(e) => {
             eprintln!("cvslurm: slurm.conf: {e}: set SLURM_CONF to the slurm.conf slurmctld uses");
@@ -399,12 +402,12 @@ fn slurm_facts(a: &Args) -> i32 {
             let bin_dir = Config::load(a.config.as_deref())
                 .ok()
                 .and_then(|c| c.slurm_bin_dir);
-            crate::slurm::version(&crate::runner::Slurm::new(bin_dir.as_deref())).ok()
+            crate::slurm::version(&crate::slurm::runner::Slurm::new(bin_dir.as_deref())).ok()
         }
     };
     print!(
         "{}",
-        crate::slurm_facts::facts(&path, &sc, version, a.hook.as_deref())
+        crate::mode::check::slurm_facts::facts(&path, &sc, version, a.hook.as_deref())
     );
     0
 }
@@ -436,7 +439,7 @@ fn config_loads(ctx: &mut Context, r: &mut Report) {
 }
 
 fn slurm_conf_parses(ctx: &mut Context, r: &mut Report) {
-    match crate::slurm_conf::load_slurm_conf(&ctx.slurm_conf_path) {
+    match crate::slurm::conf::load_slurm_conf(&ctx.slurm_conf_path) {
         Ok(sc) => {
             for p in &sc.problems {
                 r.fail(&format!("slurm.conf: {p}: fix or remove that Include line"));
@@ -721,7 +724,7 @@ fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
     use crate::slurm::leader::{self, Leader};
     let Some(sc) = &ctx.slurm_conf else { return };
     let mut newest: Option<(PathBuf, f64)> = None;
-    for key in crate::slurm_facts::HOOK_KEYS {
+    for key in crate::mode::check::slurm_facts::HOOK_KEYS {
         for s in sc.all(key) {
             if hook_programs(std::slice::from_ref(s)).is_empty() {
                 continue;
@@ -746,7 +749,7 @@ fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
         let canon = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
         canon(p) == canon(&ctx.slurm_conf_path)
     };
-    let default = Path::new(crate::slurm_conf::DEFAULT_SLURM_CONF);
+    let default = Path::new(crate::slurm::conf::DEFAULT_SLURM_CONF);
     let ctld = match crate::slurm::ctld_process::find_here() {
         Ok(v) => v
             .into_iter()
@@ -783,7 +786,10 @@ fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
             Leader::Unknown(_) => Here::Unknown,
         }
     };
-    let slurm = ctx.cfg.as_ref().map(crate::runner::Slurm::from_config);
+    let slurm = ctx
+        .cfg
+        .as_ref()
+        .map(crate::slurm::runner::Slurm::from_config);
     let restarts_in_place = slurm
         .as_ref()
         .and_then(|s| crate::slurm::version(s).ok())
@@ -822,7 +828,7 @@ fn hooks_loaded(ctx: &mut Context, r: &mut Report) {
 
 fn slurm_release(ctx: &mut Context, r: &mut Report) {
     let Some(cfg) = &ctx.cfg else { return };
-    let slurm = crate::runner::Slurm::from_config(cfg);
+    let slurm = crate::slurm::runner::Slurm::from_config(cfg);
     match crate::slurm::version(&slurm) {
         Ok(v) => r.ok(&format!("Slurm {v}: {}", v.reader().describe())),
         Err(e) => r.fail(&format!(
@@ -991,8 +997,8 @@ fn log_file(ctx: &mut Context, r: &mut Report) {
 fn delivery_path(ctx: &mut Context, r: &mut Report) {
     let Some(cfg) = &ctx.cfg else { return };
     let state_dir = cfg.state_dir.as_path();
-    let sock = crate::service::sender::socket_path(state_dir);
-    if crate::service::sender::connect(state_dir).is_some() {
+    let sock = crate::state::wake::socket_path(state_dir);
+    if crate::state::wake::connect(state_dir).is_some() {
         r.ok(&format!(
             "the cvslurm service listens on {}: hooks only queue their events (no network, no scontrol); the service sends them",
             sock.display()
@@ -1159,7 +1165,7 @@ fn check_log_file(r: &mut Report, file: &Path, u: &SlurmUser) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slurm_conf::Setting;
+    use crate::slurm::conf::Setting;
 
     /// The decision of `hooks_loaded`: started after the change, or (in control, 23.11+)
     /// reconfigured after it: runs them; else the command that makes it, by role and release.

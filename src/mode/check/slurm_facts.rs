@@ -1,5 +1,5 @@
 //! `cvslurm check --slurm-facts`: what install.sh needs to know about slurm.conf and Slurm, as
-//! `key=value` lines, read with the same slurm.conf parser ([`crate::slurm_conf`]) and version
+//! `key=value` lines, read with the same slurm.conf parser ([`crate::slurm::conf`]) and version
 //! reader ([`crate::slurm::version`]) the binary itself uses, so the installer parses nothing.
 //!
 //! Lines (values run to the end of the line):
@@ -18,7 +18,7 @@
 //!
 //! Lines install.sh added (ending with [`INSTALL_MARK`]) are left out: it rebuilds them.
 
-use crate::slurm_conf::{hook_programs, Setting, SlurmConf};
+use crate::slurm::conf::{hook_programs, Setting, SlurmConf};
 use std::path::Path;
 
 /// The comment install.sh ends the slurm.conf lines it adds with.
@@ -179,7 +179,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let sc = crate::slurm_conf::load_slurm_conf(&conf).unwrap();
+        let sc = crate::slurm::conf::load_slurm_conf(&conf).unwrap();
         let v = crate::slurm::Version::parse("slurm 24.05.1");
         let text = facts(&conf, &sc, v, Some(&hook));
         let lines: Vec<&str> = text.lines().collect();
@@ -240,7 +240,7 @@ mod tests {
         let short = me.split('.').next().unwrap().to_string();
         let text =
             format!("ClusterName=c1\nSlurmctldHost=ctl-other(10.0.0.2)\nSlurmctldHost={short}\n");
-        let sc = crate::slurm_conf::parse_slurm_conf(
+        let sc = crate::slurm::conf::parse_slurm_conf(
             Path::new("/etc/slurm/slurm.conf"),
             &move |_| Ok(text.clone()),
             &|_| Vec::new(),

@@ -7,14 +7,16 @@
 //! real Slurm output in its tests (`tests/fixtures/slurm-<version>/`).
 
 pub mod bounds;
+pub mod conf;
 pub mod ctld_process;
+pub mod hostlist;
 pub mod json;
 pub mod leader;
+pub mod runner;
 pub mod version;
 
-use crate::hostlist;
-pub use crate::runner::listing_too_big;
-use crate::runner::Slurm;
+pub use crate::slurm::runner::listing_too_big;
+use crate::slurm::runner::Slurm;
 pub use bounds::{
     Answer, JOB_QUERIES_PER_PASS, SACCT_CALLS_PER_PASS, SACCT_IDS_PER_CALL, STATE_CALLS_PER_PASS,
     STATE_IDS_PER_CALL,
@@ -402,7 +404,7 @@ fn listing_now(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<J
                 "{e}: slurmctld holds more jobs than one listing may carry ({} of JSON, \
                  SlurmOutputMaxMiB in cloudvision.conf); lower MinJobAge in slurm.conf so that \
                  ended jobs leave slurmctld sooner, or raise SlurmOutputMaxMiB{}",
-                crate::runner::size_text(slurm.max_output()),
+                crate::slurm::runner::size_text(slurm.max_output()),
                 if reader.only_job_state {
                     ""
                 } else {
@@ -717,8 +719,8 @@ pub fn cluster_name(slurm: &Slurm, timeout: Duration) -> Result<String, String> 
         Ok(out) => out,
         Err(e) => {
             // slurmctld did not answer: slurm.conf says the same name.
-            let path = crate::slurm_conf::slurm_conf_path();
-            let named = crate::slurm_conf::load_slurm_conf(&path)
+            let path = crate::slurm::conf::slurm_conf_path();
+            let named = crate::slurm::conf::load_slurm_conf(&path)
                 .ok()
                 .and_then(|c| {
                     c.last("ClusterName")
@@ -758,7 +760,7 @@ pub fn running_jobs_on(
     nodes: &[String],
     timeout: Duration,
 ) -> Result<Vec<RunningJob>, String> {
-    let list = crate::hostlist::compress(nodes);
+    let list = crate::slurm::hostlist::compress(nodes);
     let out = slurm.run(
         "squeue",
         &[
@@ -780,7 +782,7 @@ fn parse_running_jobs(out: &str) -> Vec<RunningJob> {
             Some(RunningJob {
                 id: id.to_string(),
                 uid: uid.parse().ok()?,
-                nodes: crate::hostlist::expand(nodes).ok()?,
+                nodes: crate::slurm::hostlist::expand(nodes).ok()?,
             })
         })
         .collect()
@@ -1035,7 +1037,7 @@ mod tests {
     /// `sacct --json` after they ended (tests/fixtures/slurm-22.05/json/, job-ids.txt).
     #[test]
     fn json_22_05_squeue_and_sacct() {
-        use crate::payload::JobState;
+        use crate::cloudvision::payload::JobState;
         let run = jobs_of("22.05", "json/squeue-running.json");
         let evil = one(&run, "8");
         assert_eq!(evil.name, "x\nJobId=1 JobState=FAILED NodeList=evil");
@@ -1407,7 +1409,7 @@ mod tests {
                 cols.next().unwrap(),
                 cols.next().unwrap_or(""),
             );
-            let ours = crate::hostlist::expand(expr);
+            let ours = crate::slurm::hostlist::expand(expr);
             if malformed_here.contains(&expr) {
                 assert!(ours.is_err(), "{expr:?}");
             } else if suffixes.contains(&expr) {

@@ -201,7 +201,7 @@ pub fn run(client: &Client, cluster: &str, curl: &str, hostname_settings: &[&str
     let mut r = Run {
         client,
         curl: curl.to_string(),
-        job: crate::payload::job_key(&stem, cluster),
+        job: crate::cloudvision::payload::job_key(&stem, cluster),
         node: format!("{stem}@{cluster}"),
         cluster: cluster.to_string(),
         start: crate::timefmt::format_epoch(now - 60).unwrap_or_default(),
@@ -1054,8 +1054,8 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloudvision::payload::JobConfig;
     use crate::cloudvision::ClientOptions;
-    use crate::payload::JobConfig;
 
     #[test]
     fn fields_by_either_name() {

@@ -3,8 +3,8 @@
 //! end state and Slurm's own start and end times. Used by the hook, and by the service when
 //! it settles the ends hooks handed to it.
 
-use crate::hostlist;
-use crate::payload::{JobConfig, JobState};
+use crate::cloudvision::payload::{JobConfig, JobState};
+use crate::slurm::hostlist;
 use crate::slurm::JobInfo;
 use crate::state::queue::EndFacts;
 use crate::timefmt::{format_epoch, now_epoch};
@@ -146,7 +146,7 @@ impl HookEnv {
 
     /// `<jobid>@<cluster>`.
     pub fn key(&self) -> String {
-        crate::payload::job_key(&self.job_id, &self.cluster)
+        crate::cloudvision::payload::job_key(&self.job_id, &self.cluster)
     }
 }
 
@@ -279,3 +279,6 @@ pub fn finish_end(job: &JobConfig, facts: &EndFacts, ctl: Option<&JobInfo>) -> J
     }
     j
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -4,9 +4,13 @@
 //! callers can tell what to retry (unreachable, timeout, 5xx, 429), what needs the admin (token
 //! refused) and what CloudVision will never take (other 4xx).
 
+pub(crate) mod batch;
+pub mod payload;
+pub(crate) mod tls;
+
+use crate::cloudvision::payload::{JobConfig, NodeConfig, NodeKeys};
+use crate::cloudvision::tls::{TlsConnector, TrustSpec};
 use crate::config::{Config, Token};
-use crate::payload::{JobConfig, NodeConfig, NodeKeys};
-use crate::tls::{TlsConnector, TrustSpec};
 use rustls::pki_types::CertificateDer;
 use std::fmt;
 use std::io::Read;
@@ -26,7 +30,7 @@ pub const NODE_CONFIG_PATH: &str = "/api/resources/computejob/v1/NodeConfig";
 /// The most of a response body that is read (CloudVision's error messages are short).
 pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024;
 /// The most of a GetOne answer for a NodeConfig that is read: a node's record may be up to
-/// `node_record::MAX_RECORD_BYTES`, and its NodeConfig about as long.
+/// `discovery::record::MAX_RECORD_BYTES`, and its NodeConfig about as long.
 pub const MAX_NODE_ANSWER_BYTES: u64 = 4 * 1024 * 1024;
 /// The most characters of a server's error message that are kept (on one line).
 pub const MAX_MESSAGE_CHARS: usize = 300;
@@ -273,7 +277,9 @@ fn build_agent(opts: &ClientOptions, trust: &TrustSpec) -> ureq::Agent {
     let connector = ()
         .chain(ConnectProxyConnector::default())
         .chain(TcpConnector::default())
-        .chain(TlsConnector::new(crate::tls::client_config(trust)));
+        .chain(TlsConnector::new(crate::cloudvision::tls::client_config(
+            trust,
+        )));
     ureq::Agent::with_parts(config, connector, LiteralFirstResolver::default())
 }
 
@@ -599,7 +605,7 @@ impl Client {
             )),
             ureq::Error::Rustls(r) => SendError::Unreachable(format!(
                 "cannot reach CloudVision at {host}: TLS: {}",
-                crate::tls::describe(&r)
+                crate::cloudvision::tls::describe(&r)
             )),
             other => SendError::Unreachable(format!("cannot reach CloudVision at {host}: {other}")),
         })?;

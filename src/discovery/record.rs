@@ -2,9 +2,9 @@
 //! type, its validation (every byte of it comes from a worker, and is hostile until checked),
 //! and the `cvslurm-part` lines that carry long records through srun.
 
+use crate::cloudvision::payload::{is_mac, DataInterface, Key, NodeConfig};
 use crate::config::NodeHostname;
-use crate::payload::{is_mac, DataInterface, Key, NodeConfig};
-use crate::topology::Topology;
+use crate::discovery::topology::Topology;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -156,7 +156,7 @@ impl DiscoverRecord {
     /// the Slurm node name (`NodeHostname=nodename`, as Arista's clients send), or the
     /// worker's own host name (`hostname`; the node name when the worker reported none).
     /// The key is the bare node name; a cluster qualifier is added as it is sent
-    /// ([`crate::payload::NodeKeys`]).
+    /// ([`crate::cloudvision::payload::NodeKeys`]).
     pub fn to_node_config(&self, cluster: &str, hostname: NodeHostname) -> NodeConfig {
         let hostname = match hostname {
             NodeHostname::HostName if !self.hostname.is_empty() => &self.hostname,
@@ -444,8 +444,8 @@ mod tests {
     /// again, even interleaved line by line with another node's parts and whole records.
     #[test]
     fn split_records_survive_interleaving() {
-        let a = crate::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
-        let b = crate::topology::fixtures::record("dgx2", "dgx-a100", "02:dd:00:02");
+        let a = crate::discovery::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        let b = crate::discovery::topology::fixtures::record("dgx2", "dgx-a100", "02:dd:00:02");
         let (ja, jb) = (
             serde_json::to_string(&a).unwrap(),
             serde_json::to_string(&b).unwrap(),
@@ -513,7 +513,7 @@ mod tests {
     /// with or without it, and hostile topology is refused.
     #[test]
     fn topology_in_records() {
-        let rec = crate::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        let rec = crate::discovery::topology::fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
         let line = serde_json::to_string(&rec).unwrap();
         assert_eq!(DiscoverRecord::parse_line(&line).unwrap(), rec);
         let mut plain = rec.clone();
