@@ -3,8 +3,7 @@
 //! answered, the same figures in `cvslurm status --json`; and the shipped alert rules under
 //! `promtool test rules`. promtool comes from Debian's `prometheus` package (tests/deps.sh).
 
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;

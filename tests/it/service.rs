@@ -1,8 +1,7 @@
 //! The service as the sender: hooks queue and wake it, it settles ends and delivers. Also the
 //! outbox's stress proofs (outage, kill -9 at random points) on this path.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -1,8 +1,7 @@
 //! The outbox under stress, through the binary: an outage with hooks running 20 at a time,
 //! and kill -9 of hooks and drainers at random points.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use serde_json::json;
 use std::process::{Command, Stdio};

@@ -1,7 +1,6 @@
 //! The binary's command line: modes, argv[0] dispatch, send, discover, status, errors.
 
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::process::Command;
 
@@ -763,7 +762,7 @@ fn check_and_status_probe_a_strict_cloudvision() {
         "{line}"
     );
     // Anything else is named with its status and CloudVision's message.
-    std::fs::write(&site.token_file, format!("{}\n", common::TOKEN)).unwrap();
+    std::fs::write(&site.token_file, format!("{}\n", crate::common::TOKEN)).unwrap();
     cv.set_mode(json!({"mode": "status", "status": 400, "message": "no such API"}));
     let line = cv_line(&site);
     assert!(

@@ -6,8 +6,7 @@
 //! a GetOne is "cannot tell" (exit 2); against a plain web server it writes nothing after its
 //! first Set (exit 2). Nothing is left behind but what a server cannot delete.
 
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::process::Output;
 

@@ -11,8 +11,7 @@
 //! resend after a node's first inventory; an end the service attributes to MACs) are in
 //! tests/e2e_gpu.rs.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::cloudvision::{Client, ClientOptions};
 use cvslurm::internals::state::layout;
 use cvslurm::payload::{JobConfig, JobState, Key};

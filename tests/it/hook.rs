@@ -1,7 +1,6 @@
 //! The hook as slurmctld runs it (argv[0] symlink, bare environment) against the stand-in.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
 use std::time::Duration;

@@ -6,8 +6,7 @@
 //! them (its polls need a Slurm cluster: tests/e2e.rs), and `cvslurm flush` sends them with
 //! the service's engine.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
 use std::fs;

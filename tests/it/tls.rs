@@ -2,8 +2,7 @@
 //! makes it) trusted exactly through `CaFile`, a key pin (`ApiServerPin`), and the messages for
 //! a wrong, an expired and a misnamed certificate. The stand-in serves each certificate.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;

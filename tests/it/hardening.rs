@@ -1,8 +1,7 @@
 //! Hardening (issue 11) through the binary: a config with bad lines, the token kept from Slurm
 //! commands, files' modes, and the reference-parity details of the command line.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use std::fs;
 use std::time::Duration;
