@@ -275,7 +275,7 @@ fn a_bad_tls_line_refuses_to_connect() {
         "CaFile=",
         "ApiServerPin sha256//x",
     ] {
-        let site = Site::new(&cv.server(), &cv.ca(), extra);
+        let site = Site::with_standin(&cv, extra);
         let (code, text) = send(&site);
         assert_eq!(code, Some(1), "{extra}: {text}");
         assert!(
