@@ -5,7 +5,7 @@
 # namespaces), musl-tools (the static build), python3 + openssl (the CloudVision stand-in),
 # rpm (rpmbuild, to build and inspect the .rpm), mmdebstrap (the Debian root filesystems of
 # Slurm 24.11 and 26.05 for the test clusters: tests/cluster/rootfs.sh), prometheus (its
-# promtool checks the metrics file and the alert rules: tests/metrics.rs; the server itself is
+# promtool checks the metrics file and the alert rules: tests/it/metrics.rs; the server itself is
 # never run, so the package's service is stopped and disabled), and the Rust musl target.
 set -euo pipefail
 pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server slurm-wlm-elasticsearch-plugin iproute2 musl-tools libcap2-bin

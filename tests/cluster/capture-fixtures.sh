@@ -5,6 +5,8 @@
 #        the captures then go to /var/tmp/cvslurm-captures/slurm-VERSION unless FIXTURES_OUT)
 # Starts the cluster with a capture hook (PrologSlurmctld/EpilogSlurmctld) and WITH_DBD=1,
 # runs one job per scenario, saves raw command outputs, and takes the cluster down again.
+# Its scontrol show job/nodes text is raw evidence no test reads (but scontrol-job-gpu-shell.txt):
+# the committed copies are in tests/fixtures/raw/slurm-22.05/.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"

@@ -258,6 +258,17 @@ pub struct Site {
 }
 
 impl Site {
+    /// A site talking to the stand-in `cv`; `extra` lines are appended to its config.
+    pub fn with_standin(cv: &Standin, extra: &str) -> Site {
+        Site::new(&cv.server(), &cv.ca(), extra)
+    }
+
+    /// A site whose CloudVision nothing answers (`127.0.0.1:1`, no CA file): for what runs
+    /// without one (`check`, `status --offline`, the hook's queueing).
+    pub fn offline(extra: &str) -> Site {
+        Site::new("127.0.0.1:1", Path::new("/nonexistent"), extra)
+    }
+
     /// A site talking to `server` with the stand-in's CA; `extra` lines are appended.
     pub fn new(server: &str, ca: &Path, extra: &str) -> Site {
         let dir = Scratch::new("site");
@@ -298,11 +309,9 @@ impl Site {
     }
 
     /// Writes `script` (whole, its `#!` line included) as the Slurm command `name` of this
-    /// site (`SlurmBinDir`), executable.
+    /// site (`SlurmBinDir`), executable ([`write_executable`]).
     pub fn command(&self, name: &str, script: &str) {
-        let p = self.bin_dir.join(name);
-        fs::write(&p, script).unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        write_executable(&self.bin_dir.join(name), script, 0o755);
     }
 
     /// A symlink to the binary named `name` (argv[0] dispatch).
@@ -368,6 +377,17 @@ impl Site {
         cmd.output().unwrap()
     }
 
+    /// Runs `cvslurm <args>` with this site's config and `SLURM_CONF` at `slurm_conf`.
+    pub fn run_with_slurm_conf(&self, slurm_conf: &Path, args: &[&str]) -> Output {
+        Command::new(bin())
+            .args(args)
+            .env_remove("CV_API_TOKEN")
+            .env("CVSLURM_CONF", &self.conf)
+            .env("SLURM_CONF", slurm_conf)
+            .output()
+            .unwrap()
+    }
+
     /// `SLURM_CONF` naming no file ([`Site::no_slurm_conf`]), unless the site runs a real
     /// Slurm cluster's commands, which need the machine's slurm.conf.
     pub fn slurm_conf_env(&self, cmd: &mut Command) {
@@ -403,6 +423,18 @@ pub fn job_env<'a>(
         v.push((k, val));
     }
     v
+}
+
+/// Asserts that the command of `out` exited 0; otherwise panics with all it printed.
+#[track_caller]
+pub fn assert_exit_0(out: &Output) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(out),
+        stderr(out)
+    );
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -551,5 +583,75 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> (bool, Output) {
             );
             (false, rx.recv().unwrap().unwrap())
         }
+    }
+}
+
+/// Puts a copy of `from` at `to` with `mode`, written by a child process (`install`), never
+/// through a descriptor of this one: the tests run in parallel in one process, and a child
+/// another test forks meanwhile holds this process's descriptors until its exec, so a file
+/// this process had open for writing could fail to run with ETXTBSY ("Text file busy").
+pub fn install_executable(from: &Path, to: &Path, mode: u32) {
+    let out = Command::new("install")
+        .arg("-m")
+        .arg(format!("{mode:o}"))
+        .arg(from)
+        .arg(to)
+        .output()
+        .expect("install runs");
+    assert!(
+        out.status.success(),
+        "install {} {}: {}",
+        from.display(),
+        to.display(),
+        stderr(&out)
+    );
+}
+
+/// Writes `text` as the executable `to` with `mode`, through [`install_executable`] (the text
+/// goes to a file beside it first, removed after).
+pub fn write_executable(to: &Path, text: &str, mode: u32) {
+    let name = to.file_name().expect("a file name").to_string_lossy();
+    let src = to.with_file_name(format!(".{name}.text"));
+    fs::write(&src, text).unwrap();
+    install_executable(&src, to, mode);
+    fs::remove_file(&src).unwrap();
+}
+
+/// A small xorshift generator (no dependency for test randomness); seeded from the clock and
+/// printed so a failure can be replayed with CVSLURM_SEED.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new() -> Rng {
+        let seed = std::env::var("CVSLURM_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    | 1
+            });
+        eprintln!("seed {seed} (CVSLURM_SEED={seed} replays it)");
+        Rng(seed)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// The end of job number `i` of a stress test, in turn: (`SLURM_JOB_EXIT_CODE2`, the state
+/// CloudVision must store).
+pub fn final_state(i: usize) -> (&'static str, &'static str) {
+    match i % 3 {
+        0 => ("0:0", "JOB_STATE_COMPLETED"),
+        1 => ("2:0", "JOB_STATE_FAILED"),
+        _ => ("0:9", "JOB_STATE_FAILED"),
     }
 }

@@ -3,8 +3,7 @@
 //! answered, the same figures in `cvslurm status --json`; and the shipped alert rules under
 //! `promtool test rules`. promtool comes from Debian's `prometheus` package (tests/deps.sh).
 
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -61,11 +60,7 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
 fn site_with_metrics(cv: &Standin, extra: &str) -> (Site, Scratch, PathBuf) {
     let textfile = Scratch::new("textfile");
     let metrics = textfile.path().join("cvslurm.prom");
-    let site = Site::new(
-        &cv.server(),
-        &cv.ca(),
-        &format!("MetricsFile={}\n{extra}", metrics.display()),
-    );
+    let site = Site::with_standin(cv, &format!("MetricsFile={}\n{extra}", metrics.display()));
     (site, textfile, metrics)
 }
 
@@ -308,11 +303,7 @@ fn the_service_reports_the_waiting_events_during_an_outage() {
 #[test]
 fn a_metrics_file_in_a_missing_directory_is_refused_in_one_line() {
     let cv = Standin::start();
-    let site = Site::new(
-        &cv.server(),
-        &cv.ca(),
-        "MetricsFile=/nonexistent-cvslurm-dir/cvslurm.prom",
-    );
+    let site = Site::with_standin(&cv, "MetricsFile=/nonexistent-cvslurm-dir/cvslurm.prom");
     let out = site.run(&["flush", "--no-reconcile"]);
     let err = stderr(&out);
     let line = err
@@ -353,17 +344,6 @@ fn check_says_whether_slurm_user_can_write_the_metrics_directory() {
     );
 }
 
-/// `cvslurm <args>` at `site` with `SLURM_CONF` at `slurm_conf`.
-fn run_with_slurm_conf(site: &Site, slurm_conf: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(bin())
-        .args(args)
-        .env_remove("CV_API_TOKEN")
-        .env("CVSLURM_CONF", &site.conf)
-        .env("SLURM_CONF", slurm_conf)
-        .output()
-        .unwrap()
-}
-
 /// The leadership the service records in service-status.json (`leader`, `leader_reason`,
 /// `leader_since`) is in the metrics file, labelled with slurm.conf's ClusterName, and in
 /// `status --json`; without a record, two SlurmctldHosts make it unknown and one makes this
@@ -387,11 +367,11 @@ fn the_leadership_the_service_recorded_is_exported() {
         .state_dir
         .join(cvslurm::internals::state::layout::SERVICE_STATUS);
     let figures = |conf: &Path| -> (BTreeMap<String, f64>, Value) {
-        let out = run_with_slurm_conf(&site, conf, &["flush", "--no-reconcile"]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let out = site.run_with_slurm_conf(conf, &["flush", "--no-reconcile"]);
+        assert_exit_0(&out);
         let text = std::fs::read_to_string(&metrics).unwrap();
         check_metrics(&text);
-        let out = run_with_slurm_conf(&site, conf, &["status", "--json", "--offline"]);
+        let out = site.run_with_slurm_conf(conf, &["status", "--json", "--offline"]);
         let st: Value = serde_json::from_slice(&out.stdout).unwrap();
         (samples(&text), st["metrics"]["leadership"].clone())
     };

@@ -1,7 +1,6 @@
 //! The binary's command line: modes, argv[0] dispatch, send, discover, status, errors.
 
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::process::Command;
 
@@ -39,7 +38,7 @@ fn version_and_help() {
 
 #[test]
 fn argv0_selects_the_mode() {
-    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let site = Site::offline("");
     for (name, mode_help) in [
         ("cvslurm-send", "Usage: cvslurm send"),
         ("cv-job-send.py", "Usage: cvslurm send"),
@@ -104,7 +103,7 @@ fn discover_prints_one_json_line() {
         .env("SLURM_CLUSTER_NAME", "c1")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     let text = stdout(&out);
     // One record, on a line of its own (led by a newline so no other output can swallow it).
     assert!(text.starts_with('\n') && text.ends_with('\n'), "{text:?}");
@@ -175,7 +174,7 @@ fn discover_record_of_many_nics_survives_srun_labels() {
         .arg(&net)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     let json_len: usize = serde_json::to_string(&record_of(&stdout(&out)))
         .unwrap()
         .len();
@@ -248,7 +247,7 @@ fn discover_sys_root_topology() {
             .args(extra)
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_exit_0(&out);
         record_of(&stdout(&out))
     };
     let plain = run(&[]);
@@ -319,7 +318,7 @@ fn discover_sys_root_topology() {
 #[test]
 fn send_tenant_dry_run_and_real() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let args = [
         "send",
         "--tenant",
@@ -338,7 +337,7 @@ fn send_tenant_dry_run_and_real() {
     let mut dry = args.to_vec();
     dry.push("--dry-run");
     let out = site.run(&dry);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     let text = stdout(&out);
     let (first, body) = text.split_once('\n').unwrap();
     assert_eq!(
@@ -356,7 +355,7 @@ fn send_tenant_dry_run_and_real() {
     );
     assert!(cv.requests().is_empty(), "a dry run touches no network");
     let out = site.run(&args);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert_eq!(
         stdout(&out).trim(),
         "job t-9: sent RUNNING on 2 node(s) (HTTP 200)"
@@ -367,7 +366,7 @@ fn send_tenant_dry_run_and_real() {
 #[test]
 fn send_usage_and_failures() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let cases: &[(&[&str], i32, &str)] = &[
         (&["send"], 2, "give one or more job ids"),
         (
@@ -448,11 +447,7 @@ fn send_usage_and_failures() {
 
 #[test]
 fn config_errors_name_file_line_and_key() {
-    let site = Site::new(
-        "127.0.0.1:1",
-        std::path::Path::new("/nonexistent"),
-        "PollInterval=soon",
-    );
+    let site = Site::offline("PollInterval=soon");
     // A bad line is reported and skipped; the command still runs with the other lines.
     let out = site.run(&[
         "send",
@@ -470,7 +465,7 @@ fn config_errors_name_file_line_and_key() {
         "--nodes",
         "a1",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert!(
         stderr(&out).contains(&format!(
             "config: {}:10: PollInterval: \"soon\" is not a duration (seconds, or 500ms, 30s, 5m, 12h, 1d)",
@@ -490,12 +485,12 @@ fn config_errors_name_file_line_and_key() {
 #[test]
 fn status_reports_outbox_and_cloudvision() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     cv.set_mode(json!({"mode": "status", "status": 500}));
     site.hook(&job_env("prolog_slurmctld", "300", &[]));
     cv.set_mode(json!({"mode": "ok"}));
     let out = site.run(&["status", "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert_exit_0(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["outbox_depth"], 1);
     assert_eq!(v["cloudvision"], "ok");
@@ -526,7 +521,7 @@ fn status_counts_the_outbox_without_reading_it() {
     use std::os::unix::fs::MetadataExt;
     use std::time::{Duration, SystemTime};
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     cv.set_mode(json!({"mode": "status", "status": 503}));
     site.hook(&job_env("prolog_slurmctld", "300", &[]));
     let outbox = site
@@ -587,7 +582,7 @@ fn status_counts_the_outbox_without_reading_it() {
 fn status_cannot_know_when_state_dir_cannot_be_read() {
     use std::fs;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     // A typo: StateDir names a directory that is not there.
     let typo = site.dir.path().join("stat");
     let conf = fs::read_to_string(&site.conf).unwrap().replace(
@@ -651,7 +646,7 @@ fn status_cannot_know_when_state_dir_cannot_be_read() {
     );
     fs::write(&site.conf, conf).unwrap();
     let out = site.run(&["status", "--offline"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert_exit_0(&out);
     assert!(stdout(&out).contains("outbox:           0 event(s) waiting"));
 }
 
@@ -662,7 +657,7 @@ fn status_cannot_know_when_state_dir_cannot_be_read() {
 fn status_names_the_controllers_and_the_one_in_control() {
     use std::fs;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let save = site.dir.path().join("statesave");
     fs::create_dir_all(&save).unwrap();
     let slurm_conf = site.dir.path().join("slurm.conf");
@@ -729,7 +724,7 @@ fn status_names_the_controllers_and_the_one_in_control() {
 #[test]
 fn check_and_status_probe_a_strict_cloudvision() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let cv_line = |site: &Site| {
         let out = stdout(&site.run(&["check"]));
         out.lines()
@@ -763,7 +758,7 @@ fn check_and_status_probe_a_strict_cloudvision() {
         "{line}"
     );
     // Anything else is named with its status and CloudVision's message.
-    std::fs::write(&site.token_file, format!("{}\n", common::TOKEN)).unwrap();
+    std::fs::write(&site.token_file, format!("{}\n", crate::common::TOKEN)).unwrap();
     cv.set_mode(json!({"mode": "status", "status": 400, "message": "no such API"}));
     let line = cv_line(&site);
     assert!(
@@ -779,7 +774,7 @@ fn check_and_status_probe_a_strict_cloudvision() {
 #[test]
 fn check_and_status_know_cloudvision_from_any_web_server() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     for (profile, status, excerpt) in [
         (
             "web",
@@ -837,7 +832,7 @@ fn check_and_status_know_cloudvision_from_any_web_server() {
 #[test]
 fn status_shows_the_last_slurm_warning() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let quiet = site.run(&["status", "--offline"]);
     assert!(
         !stdout(&quiet).contains("Slurm warning"),
@@ -877,7 +872,7 @@ fn status_shows_the_last_slurm_warning() {
 #[test]
 fn check_names_the_controllers_and_fails_on_a_hook_missing_here() {
     use std::fs;
-    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let site = Site::offline("");
     let save = site.dir.path().join("statesave");
     fs::create_dir_all(&save).unwrap();
     let now = std::time::SystemTime::now()
@@ -941,7 +936,7 @@ fn check_names_the_controllers_and_fails_on_a_hook_missing_here() {
 #[test]
 fn a_controller_named_by_its_full_host_name_is_this_host() {
     use std::fs;
-    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let site = Site::offline("");
     let save = site.dir.path().join("statesave");
     fs::create_dir_all(&save).unwrap();
     let now = std::time::SystemTime::now()
@@ -1018,7 +1013,7 @@ fn a_controller_named_by_its_full_host_name_is_this_host() {
 fn a_heartbeat_that_is_no_plain_file_is_refused_at_once() {
     use std::fs;
     use std::time::Duration;
-    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let site = Site::offline("");
     let save = site.dir.path().join("statesave");
     fs::create_dir_all(&save).unwrap();
     let slurm_conf = site.dir.path().join("slurm.conf");

@@ -6,15 +6,14 @@
 //! a GetOne is "cannot tell" (exit 2); against a plain web server it writes nothing after its
 //! first Set (exit 2). Nothing is left behind but what a server cannot delete.
 
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::process::Output;
 
 /// Runs `cvslurm check --contract` on a site of `cv` (with `extra` configuration lines), with
 /// a slurm.conf naming the cluster.
 fn contract_with(cv: &Standin, extra: &str) -> (Option<i32>, String) {
-    let site = Site::new(&cv.server(), &cv.ca(), extra);
+    let site = Site::with_standin(cv, extra);
     let slurm_conf = site.dir.path().join("slurm.conf");
     std::fs::write(&slurm_conf, "ClusterName=west\n").unwrap();
     let out: Output = std::process::Command::new(bin())
@@ -487,7 +486,7 @@ fn a_web_server_is_not_cloudvision_and_gets_nothing_after_the_first_set() {
 #[test]
 fn it_writes_nothing_when_it_cannot_run() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     std::fs::write(&site.token_file, "bad\n").unwrap();
     let out = site.run(&["check", "--contract"]);
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
@@ -514,7 +513,7 @@ fn a_failure_midway_still_cleans_up() {
     let cv = Standin::start();
     // Each answer takes 150 ms, so the test switches the fault in while the check runs.
     cv.set_mode(json!({"mode": "ok", "delay_ms": 150}));
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let child = std::process::Command::new(bin())
         .args(["check", "--contract"])
         .env_remove("CV_API_TOKEN")
@@ -560,7 +559,7 @@ fn a_signal_midway_deletes_the_record_or_says_how() {
     ] {
         let cv = Standin::start();
         cv.set_mode(json!({"mode": "hang", "after": 4}));
-        let site = Site::new(&cv.server(), &cv.ca(), "");
+        let site = Site::with_standin(&cv, "");
         let child = std::process::Command::new(bin())
             .args(["check", "--contract"])
             .env_remove("CV_API_TOKEN")

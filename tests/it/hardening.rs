@@ -1,8 +1,7 @@
 //! Hardening (issue 11) through the binary: a config with bad lines, the token kept from Slurm
 //! commands, files' modes, and the reference-parity details of the command line.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use std::fs;
 use std::time::Duration;
@@ -10,7 +9,7 @@ use std::time::Duration;
 #[test]
 fn a_bad_config_line_is_skipped_and_reported_the_rest_applies() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "Bogus=1\nHookTimeout=soon");
+    let site = Site::with_standin(&cv, "Bogus=1\nHookTimeout=soon");
     // A UTF-8 byte-order mark, as some editors write it.
     let text = fs::read_to_string(&site.conf).unwrap();
     fs::write(&site.conf, format!("\u{feff}{text}")).unwrap();
@@ -54,7 +53,7 @@ fn a_bad_config_line_is_skipped_and_reported_the_rest_applies() {
 /// records the environment it was given.
 #[test]
 fn slurm_commands_do_not_get_the_token() {
-    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let site = Site::offline("");
     let env_file = site.dir.path().join("scontrol.env");
     for name in ["scontrol", "sacct", "squeue", "sinfo", "srun"] {
         site.command(
@@ -133,7 +132,7 @@ fn root_never_follows_links_in_a_directory_another_user_controls() {
 fn created_files_have_explicit_modes_under_umask_zero() {
     use std::os::unix::fs::PermissionsExt;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let link = site.link("cvslurm-hook");
     let with_umask_0 = |vars: &[(&str, &str)], args: &[&str]| {
         let mut c = std::process::Command::new("sh");
@@ -188,7 +187,7 @@ fn created_files_have_explicit_modes_under_umask_zero() {
 fn redirects_and_request_timeouts_are_retried_not_rejected() {
     use serde_json::json;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     for (id, status) in [("31", 302), ("32", 307), ("33", 408)] {
         cv.set_mode(json!({"mode": "status", "status": status}));
         let (out, _) = site.hook(&job_env("prolog_slurmctld", id, &[]));
@@ -206,7 +205,7 @@ fn redirects_and_request_timeouts_are_retried_not_rejected() {
     assert_eq!(fs::read_dir(&rejected).map(|d| d.count()).unwrap_or(0), 0);
     cv.set_mode(json!({"mode": "ok"}));
     let out = site.run(&["flush", "--no-reconcile"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert_eq!(cv.accepted("JobConfig").len(), 3);
 }
 
@@ -229,12 +228,12 @@ fn tenant_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
 #[test]
 fn send_parity_with_the_reference() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let running = ["--state", "running", "--start", "2025-12-05T10:30:00Z"];
     let mut args = tenant_args(&running);
     args.extend(["--interfaces", "aa:bb:cc:dd:ee:01", "--dry-run"]);
     let out = site.run(&args);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     let text = stdout(&out);
     assert!(
         text.starts_with(&format!(
@@ -246,7 +245,7 @@ fn send_parity_with_the_reference() {
     assert!(text.contains("\"id\": \"tenant-unique-id\""), "{text}");
     args.pop();
     let out = site.run(&args);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert_eq!(cv.accepted("JobConfig")[0]["key"]["id"], "tenant-unique-id");
 
     // An ended job without its end: an error naming the flag, nothing sent.
@@ -310,7 +309,7 @@ fn invalid_job_configs_are_refused_before_sending() {
 /// pipe, the monitor saying where it logs, and the reference's look-ahead filter.
 #[test]
 fn command_line_details() {
-    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let site = Site::offline("");
     let hook = site.link("cvslurm-hook");
     let out = std::process::Command::new(&hook)
         .arg("--help")
@@ -374,11 +373,7 @@ fn command_line_details() {
         stderr(&out)
     );
 
-    let bad = Site::new(
-        "127.0.0.1:1",
-        std::path::Path::new("/nonexistent"),
-        "JobNameInclude=^(?!cv-)",
-    );
+    let bad = Site::offline("JobNameInclude=^(?!cv-)");
     let out = bad.run(&["check"]);
     assert!(
         stdout(&out).contains("JobNameExclude=^cv-"),
@@ -391,15 +386,13 @@ fn command_line_details() {
 /// `cv-job-hook.py` is not cvslurm; a link to this binary is.
 #[test]
 fn check_looks_at_what_the_hook_is_not_its_name() {
-    use std::os::unix::fs::PermissionsExt;
-    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let site = Site::offline("");
     let py = site.dir.path().join("cv-job-hook.py");
-    fs::write(
+    write_executable(
         &py,
         "#!/usr/bin/env python3\n\"\"\"cv-job-hook: the reference\"\"\"\nimport os\n",
-    )
-    .unwrap();
-    fs::set_permissions(&py, fs::Permissions::from_mode(0o755)).unwrap();
+        0o755,
+    );
     let link = site.link("cvslurm-hook");
     let text = site.check_with_slurm_conf(&format!(
         "ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=root\nPrologSlurmctld={}\nEpilogSlurmctld={}\n",
@@ -440,7 +433,7 @@ fn check_knows_the_prolog_only_set_up() {
             "WARN ReconcileInterval=300 s without EpilogSlurmctld",
         ),
     ] {
-        let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), extra);
+        let site = Site::offline(extra);
         let link = site.link("cvslurm-hook");
         let text = site.check_with_slurm_conf(&format!(
             "ClusterName=c\nSlurmctldHost=localhost\nSlurmUser=root\nPrologSlurmctld={}\n",
@@ -467,7 +460,7 @@ fn broadcast_copy_verifies_itself() {
     fs::create_dir(&private).unwrap();
     fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
     let copy = private.join("cvslurm-discover.test");
-    fs::copy(bin(), &copy).unwrap();
+    install_executable(&bin(), &copy, 0o755);
     let sum = std::process::Command::new("sha256sum")
         .arg(bin())
         .output()
@@ -490,7 +483,7 @@ fn broadcast_copy_verifies_itself() {
     );
     assert!(out.stdout.is_empty());
     let out = run(&copy, &sum);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert!(stdout(&out).contains("\"node_name\":\"n1\""));
     // The right bytes in a directory other users can write (as /tmp is, sticky or not): the
     // copy does not run.
@@ -519,7 +512,7 @@ fn broadcast_copy_verifies_itself() {
     fs::create_dir(&dir).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
     let nested = dir.join("cvslurm-discover.test");
-    fs::copy(bin(), &nested).unwrap();
+    install_executable(&bin(), &nested, 0o755);
     let out = run(&nested, &sum);
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -660,7 +653,7 @@ fn a_worker_flooding_stderr_does_not_kill_discovery() {
 /// a timestamp does not start a line of its own, nor does journald's `<3>` under systemd.
 #[test]
 fn a_log_record_is_one_line_in_the_log_file_and_the_journal() {
-    let site = Site::new("127.0.0.1:1", std::path::Path::new("/nonexistent"), "");
+    let site = Site::offline("");
     let id = "7\n2026-01-01T00:00:00Z cvslurm[1] ERROR forged\u{1b}[2J";
     let (out, _) = site.hook(&job_env("prolog_slurmctld", id, &[]));
     assert_eq!(out.status.code(), Some(0));
@@ -705,7 +698,7 @@ fn discover_skips_an_interface_with_an_invalid_name() {
         .args(["--physical-only", "no", "--require-ip", "no"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     let rec =
         cvslurm::internals::discovery::record::DiscoverRecord::parse_line(stdout(&out).trim())
             .unwrap();
@@ -868,7 +861,7 @@ fn a_topology_that_cannot_be_read_does_not_lose_the_node() {
 fn server_and_state_dir_text_cannot_rewrite_the_terminal() {
     use serde_json::json;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let evil = format!(
         "\x1b[2J\x1b[H\rALL OK\nnothing waiting {}",
         "x".repeat(5000)
@@ -924,7 +917,7 @@ fn server_and_state_dir_text_cannot_rewrite_the_terminal() {
 #[test]
 fn a_latin1_byte_spoils_at_most_its_own_line() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let mut bytes = b"# G\xe9r\xe9 par Puppet\n".to_vec();
     bytes.extend(fs::read(&site.conf).unwrap());
     bytes.extend(b"Partitions=caf\xe9 # d\xe9j\xe0\n");
@@ -974,7 +967,7 @@ fn a_latin1_byte_spoils_at_most_its_own_line() {
 #[test]
 fn relative_paths_in_the_config_are_errors_naming_the_key() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let good = fs::read_to_string(&site.conf).unwrap();
     let abs = format!("ApiTokenFile={}", site.token_file.display());
     assert!(good.contains(&abs));
@@ -1031,7 +1024,7 @@ fn relative_paths_in_the_config_are_errors_naming_the_key() {
     );
 
     let out = site.run(&["flush", "--no-reconcile"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert_eq!(cv.accepted("JobConfig").len(), 1);
 }
 
@@ -1044,17 +1037,6 @@ fn slurm_conf_nobody(site: &Site) -> std::path::PathBuf {
     )
     .unwrap();
     p
-}
-
-/// Runs `cvslurm <args>` as root with this site's config and `slurm_conf`.
-fn run_as_root(site: &Site, slurm_conf: &std::path::Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(bin())
-        .args(args)
-        .env_remove("CV_API_TOKEN")
-        .env("CVSLURM_CONF", &site.conf)
-        .env("SLURM_CONF", slurm_conf)
-        .output()
-        .unwrap()
 }
 
 /// A `root:slurm 0770` StateDir (group-writable by SlurmUser, which `check` used to call
@@ -1083,7 +1065,7 @@ fn root_refuses_a_state_dir_others_can_write() {
     fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
     fs::write(private.join("secret.json"), "not an event\n").unwrap();
     symlink(&private, site.state_dir.join(layout::OUTBOX)).unwrap();
-    let out = run_as_root(&site, &slurm_conf, &["flush", "--no-reconcile"]);
+    let out = site.run_with_slurm_conf(&slurm_conf, &["flush", "--no-reconcile"]);
     let said = stderr(&out);
     assert!(
         !created.exists(),
@@ -1118,7 +1100,7 @@ fn root_service_keeps_the_state_dir_it_checked() {
     }
     let nobody = 65534;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let root_dir = site.dir.path();
     // The real StateDir: root's own. The configured name: a link in SlurmUser's directory.
     let real = root_dir.join("real-state");
@@ -1222,7 +1204,7 @@ fn root_drops_to_the_owners_own_groups_not_the_state_dirs() {
             ),
         );
     }
-    let out = run_as_root(&site, &slurm_conf, &["flush"]);
+    let out = site.run_with_slurm_conf(&slurm_conf, &["flush"]);
     let said = stderr(&out);
     let ids: Vec<String> = fs::read_dir(&seen)
         .unwrap()
@@ -1236,12 +1218,12 @@ fn root_drops_to_the_owners_own_groups_not_the_state_dirs() {
     // An owner that is not SlurmUser: refused.
     let other = site.dir.path().join("slurm-root.conf");
     fs::write(&other, "ClusterName=c\nSlurmUser=root\n").unwrap();
-    let out = run_as_root(&site, &other, &["flush", "--no-reconcile"]);
+    let out = site.run_with_slurm_conf(&other, &["flush", "--no-reconcile"]);
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("not SlurmUser"), "{}", stderr(&out));
     // No slurm.conf to tell who SlurmUser is: refused, and said so.
     let missing = site.dir.path().join("no-such-slurm.conf");
-    let out = run_as_root(&site, &missing, &["flush", "--no-reconcile"]);
+    let out = site.run_with_slurm_conf(&missing, &["flush", "--no-reconcile"]);
     assert_ne!(out.status.code(), Some(0));
     assert!(
         stderr(&out).contains("cannot read slurm.conf"),

@@ -1,7 +1,6 @@
 //! The hook as slurmctld runs it (argv[0] symlink, bare environment) against the stand-in.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -9,7 +8,7 @@ use std::time::Duration;
 #[test]
 fn prolog_sends_running_with_expanded_nodes() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let (out, _) = site.hook(&job_env(
         "prolog_slurmctld",
         "12345",
@@ -42,7 +41,7 @@ fn prolog_sends_running_with_expanded_nodes() {
 #[test]
 fn epilog_without_times_uses_prolog_record_and_exit_codes() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     // Slurm 22.05: no SLURM_JOB_START_TIME / END_TIME; no scontrol reachable (SlurmBinDir empty).
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "7", &[]));
     assert_eq!(out.status.code(), Some(0));
@@ -91,7 +90,7 @@ fn epilog_without_times_uses_prolog_record_and_exit_codes() {
 #[test]
 fn slurm_23_times_are_used_and_prolog_end_time_ignored() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let times = [
         ("SLURM_JOB_START_TIME", "1764930600"),
         ("SLURM_JOB_END_TIME", "1764934200"),
@@ -114,7 +113,7 @@ fn slurm_23_times_are_used_and_prolog_end_time_ignored() {
 #[test]
 fn odd_nodelists_and_no_partition() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     site.hook(&[
         ("SLURM_SCRIPT_CONTEXT", "prolog_slurmctld"),
         ("SLURM_JOB_ID", "30"),
@@ -146,7 +145,7 @@ fn odd_nodelists_and_no_partition() {
 #[test]
 fn missing_or_malformed_variables_send_nothing_and_say_what() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let (out, _) = site.hook(&[
         ("SLURM_SCRIPT_CONTEXT", "prolog_slurmctld"),
         ("SLURM_JOB_ID", "40"),
@@ -181,7 +180,7 @@ fn missing_or_malformed_variables_send_nothing_and_say_what() {
 #[test]
 fn filtered_jobs_send_nothing() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "Partitions=cpu,debug");
+    let site = Site::with_standin(&cv, "Partitions=cpu,debug");
     site.hook(&job_env(
         "prolog_slurmctld",
         "50",
@@ -212,7 +211,7 @@ fn filtered_jobs_send_nothing() {
 #[test]
 fn cloudvision_failures_keep_the_event_and_flush_delivers_it() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     cv.set_mode(json!({"mode": "status", "status": 503}));
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "60", &[]));
     assert_eq!(out.status.code(), Some(0));
@@ -240,7 +239,7 @@ fn cloudvision_failures_keep_the_event_and_flush_delivers_it() {
         .contains("COMPLETED queued after its RUNNING, which is still waiting to be sent"));
     cv.set_mode(json!({"mode": "ok"}));
     let out = site.run(&["flush"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert_eq!(
         stdout(&out).trim(),
         "outbox: 2 delivered, 0 kept, 0 rejected"
@@ -265,7 +264,7 @@ fn cloudvision_failures_keep_the_event_and_flush_delivers_it() {
 #[test]
 fn refused_token_is_reported_and_event_kept() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     std::fs::write(&site.token_file, "expired-token\n").unwrap();
     site.hook(&job_env("prolog_slurmctld", "70", &[]));
     let log = site.log();
@@ -278,14 +277,14 @@ fn refused_token_is_reported_and_event_kept() {
     // Fixed token: flush delivers.
     std::fs::write(&site.token_file, format!("{TOKEN}\n")).unwrap();
     let out = site.run(&["flush"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert_eq!(cv.accepted("JobConfig").len(), 1);
 }
 
 #[test]
 fn rejected_payload_moves_to_rejected() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     cv.set_mode(json!({"mode": "status", "status": 503}));
     site.hook(&job_env("prolog_slurmctld", "75", &[]));
     cv.set_mode(json!({"mode": "status", "status": 400, "message": "bad field"}));
@@ -309,7 +308,7 @@ fn rejected_payload_moves_to_rejected() {
 #[test]
 fn hanging_cloudvision_never_delays_past_the_budget() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1");
+    let site = Site::with_standin(&cv, "HookTimeout=1");
     cv.set_mode(json!({"mode": "hang"}));
     let (out, took) = site.hook(&job_env("prolog_slurmctld", "80", &[]));
     assert_eq!(out.status.code(), Some(0));
@@ -390,7 +389,7 @@ fn untrusted_certificate_is_refused_unless_insecure() {
 fn world_readable_token_file_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     std::fs::set_permissions(&site.token_file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "97", &[]));
     assert_eq!(out.status.code(), Some(0));
@@ -409,7 +408,7 @@ fn world_readable_token_file_is_refused() {
 #[test]
 fn broken_config_still_exits_zero_and_says_why() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "Bogus=1");
+    let site = Site::with_standin(&cv, "Bogus=1");
     let log = site.dir.path().join("fallback.log");
     let link = site.link("cvslurm-hook");
     let out = std::process::Command::new(link)
@@ -433,11 +432,7 @@ fn broken_config_still_exits_zero_and_says_why() {
 #[test]
 fn unwritable_state_dir_still_sends_directly() {
     let cv = Standin::start();
-    let site = Site::new(
-        &cv.server(),
-        &cv.ca(),
-        "StateDir=/proc/cvslurm-cannot-exist",
-    );
+    let site = Site::with_standin(&cv, "StateDir=/proc/cvslurm-cannot-exist");
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "99", &[]));
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(cv.accepted("JobConfig").len(), 1);
@@ -452,7 +447,7 @@ fn unwritable_state_dir_still_sends_directly() {
 #[test]
 fn legacy_script_names_dispatch_to_the_hook() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     for (i, name) in ["cv-job-hook", "cv-job-hook.py", "cvslurm-hook"]
         .iter()
         .enumerate()
@@ -474,7 +469,7 @@ fn legacy_script_names_dispatch_to_the_hook() {
 fn non_utf8_job_name_and_other_variables_are_sent_lossily_not_a_crash() {
     use std::os::unix::ffi::OsStrExt;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let bad = std::ffi::OsStr::from_bytes(b"tr\xffain");
     let out = std::process::Command::new(site.link("cvslurm-hook"))
         .env_clear()
@@ -488,7 +483,7 @@ fn non_utf8_job_name_and_other_variables_are_sent_lossily_not_a_crash() {
         .env("SLURM_JOB_COMMENT", std::ffi::OsStr::from_bytes(b"\xc3"))
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     let jobs = cv.accepted("JobConfig");
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0]["name"], "tr\u{fffd}ain@gpu");
@@ -499,7 +494,7 @@ fn non_utf8_job_name_and_other_variables_are_sent_lossily_not_a_crash() {
 #[test]
 fn a_fifo_at_log_file_neither_hangs_the_hook_nor_loses_the_event() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     nix::unistd::mkfifo(
         &site.log_file,
         nix::sys::stat::Mode::from_bits_truncate(0o600),
@@ -535,7 +530,7 @@ fn a_fifo_at_log_file_neither_hangs_the_hook_nor_loses_the_event() {
 #[test]
 fn held_outbox_locks_never_stop_a_hook_from_queueing() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1");
+    let site = Site::with_standin(&cv, "HookTimeout=1");
     std::fs::create_dir_all(&site.state_dir).unwrap();
     let lock = |name: &str| {
         cvslurm::internals::state::durable::lock_file(&site.state_dir.join(name), None, None)
@@ -572,7 +567,7 @@ fn held_outbox_locks_never_stop_a_hook_from_queueing() {
 #[test]
 fn an_outbox_that_cannot_be_written_makes_the_hook_say_so_truthfully() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1");
+    let site = Site::with_standin(&cv, "HookTimeout=1");
     std::fs::create_dir_all(&site.state_dir).unwrap();
     std::fs::write(site.state_dir.join(layout::OUTBOX), b"not a directory").unwrap();
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "92", &[]));

@@ -1,8 +1,7 @@
 //! The service as the sender: hooks queue and wake it, it settles ends and delivers. Also the
 //! outbox's stress proofs (outage, kill -9 at random points) on this path.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -65,7 +64,7 @@ fn job_states(cv: &Standin) -> HashMap<String, Vec<String>> {
 #[test]
 fn hooks_hand_events_to_the_service_without_network_or_slurmctld() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let _svc = Service::start(&site);
     let hook_conf = hook_conf_without_server(&site);
     let out = run_hook(
@@ -131,7 +130,7 @@ fn hooks_hand_events_to_the_service_without_network_or_slurmctld() {
 #[test]
 fn hooks_count_without_the_status_lock() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let _svc = Service::start(&site);
     let hook_conf = hook_conf_without_server(&site);
     let lock = std::fs::OpenOptions::new()
@@ -180,7 +179,7 @@ fn hooks_count_without_the_status_lock() {
 #[test]
 fn a_dead_services_socket_makes_the_hook_send_itself() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let mut svc = Service::start(&site);
     svc.kill(); // kill -9: wake.sock stays behind, bound by nobody
     assert!(site.state_dir.join(layout::WAKE_SOCKET).exists());
@@ -192,7 +191,7 @@ fn a_dead_services_socket_makes_the_hook_send_itself() {
     // A symlink in its place is not followed, even to a live service's socket: the hook
     // sends itself.
     std::fs::remove_file(site.state_dir.join(layout::WAKE_SOCKET)).unwrap();
-    let other_site = Site::new(&cv.server(), &cv.ca(), "");
+    let other_site = Site::with_standin(&cv, "");
     let _other = Service::start(&other_site);
     std::os::unix::fs::symlink(
         other_site.state_dir.join(layout::WAKE_SOCKET),
@@ -212,7 +211,7 @@ fn a_dead_services_socket_makes_the_hook_send_itself() {
 #[test]
 fn sigterm_ends_the_service_at_once_while_cloudvision_hangs_and_nothing_is_lost() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "RequestTimeout=60");
+    let site = Site::with_standin(&cv, "RequestTimeout=60");
     let mut svc = Service::start(&site);
     cv.set_mode(json!({"mode": "hang"}));
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "500", &[]));
@@ -248,18 +247,10 @@ fn sigterm_ends_the_service_at_once_while_cloudvision_hangs_and_nothing_is_lost(
     assert!(site.log().contains("requeued"), "{}", site.log());
 }
 
-fn final_state(code: usize) -> (&'static str, &'static str) {
-    match code % 3 {
-        0 => ("0:0", "JOB_STATE_COMPLETED"),
-        1 => ("2:0", "JOB_STATE_FAILED"),
-        _ => ("0:9", "JOB_STATE_FAILED"),
-    }
-}
-
 #[test]
 fn outage_with_the_service_loses_nothing_and_keeps_order() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "MaxConcurrentRequests=4");
+    let site = Site::with_standin(&cv, "MaxConcurrentRequests=4");
     let _svc = Service::start(&site);
     cv.set_mode(json!({"mode": "status", "status": 503}));
     let jobs = 60;
@@ -305,34 +296,10 @@ fn outage_with_the_service_loses_nothing_and_keeps_order() {
     assert!(!site.log().contains("sending directly"));
 }
 
-struct Rng(u64);
-impl Rng {
-    fn new() -> Rng {
-        let seed = std::env::var("CVSLURM_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-                    | 1
-            });
-        eprintln!("seed {seed} (CVSLURM_SEED={seed} replays it)");
-        Rng(seed)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 #[test]
 fn service_and_hooks_killed_at_random_points_lose_no_returned_event() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=2\nRequestTimeout=2");
+    let site = Site::with_standin(&cv, "HookTimeout=2\nRequestTimeout=2");
     cv.set_mode(json!({"mode": "delay", "delay_ms": 15}));
     let mut rng = Rng::new();
     let link = site.link("cvslurm-hook");
@@ -412,7 +379,7 @@ fn service_and_hooks_killed_at_random_points_lose_no_returned_event() {
 #[test]
 fn a_second_drainer_leaves_the_first_ones_event_alone() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1\nRequestTimeout=30");
+    let site = Site::with_standin(&cv, "HookTimeout=1\nRequestTimeout=30");
     cv.set_mode(json!({"mode": "status", "status": 503}));
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "600", &[]));
     assert_eq!(out.status.code(), Some(0));
@@ -436,7 +403,7 @@ fn a_second_drainer_leaves_the_first_ones_event_alone() {
     });
     let before = cv.requests().len();
     let out = site.run(&["flush", "--no-reconcile"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert!(stdout(&out).contains("another drainer"), "{}", stdout(&out));
     assert_eq!(
         cv.requests().len(),
@@ -455,7 +422,7 @@ fn a_second_drainer_leaves_the_first_ones_event_alone() {
 #[test]
 fn status_and_check_say_which_path_the_hooks_take() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let st = |site: &Site| -> Value {
         let out = site.run(&["status", "--json", "--offline"]);
         serde_json::from_slice(&out.stdout).unwrap()
@@ -485,7 +452,7 @@ fn status_and_check_say_which_path_the_hooks_take() {
 #[test]
 fn a_second_service_stands_by_and_takes_over_when_the_first_dies() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let mut first = Service::start(&site);
     let mut second = Command::new(bin())
         .args(["inventory", "--monitor"])
@@ -570,8 +537,8 @@ fn flush_and_the_service_send_the_same_bytes_for_the_same_outbox() {
     // chained after its job's RUNNING. A socket bound here stands for that service.
     let extra = "JobInterfaces=gpu\nMaxConcurrentRequests=2";
     let (cv1, cv2) = (Standin::start(), Standin::start());
-    let flushed = Site::new(&cv1.server(), &cv1.ca(), extra);
-    let served = Site::new(&cv2.server(), &cv2.ca(), extra);
+    let flushed = Site::with_standin(&cv1, extra);
+    let served = Site::with_standin(&cv2, extra);
     std::fs::create_dir_all(&flushed.state_dir).unwrap();
     let sock = flushed.state_dir.join("wake.sock");
     let listener = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
@@ -607,7 +574,7 @@ fn flush_and_the_service_send_the_same_bytes_for_the_same_outbox() {
     }
 
     let out = flushed.run(&["flush"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert!(flushed.outbox().is_empty());
 
     let _svc = Service::start(&served);
@@ -648,7 +615,7 @@ fn flush_and_the_service_send_the_same_bytes_for_the_same_outbox() {
 #[test]
 fn an_end_chained_behind_a_waiting_running_is_synced_and_its_start_record_dropped() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     cv.set_mode(json!({"mode": "status", "status": 503, "retry_after": 600}));
     let _service = Service::start(&site);
     let conf = hook_conf_without_server(&site);
@@ -718,15 +685,13 @@ fn write_heartbeat(save: &std::path::Path, index: u64) {
     std::fs::rename(&tmp, save.join("heartbeat")).unwrap();
 }
 
-/// A process named slurmctld running on this host for 120 s: sleep run through a symlink of
-/// that name in the site's directory (its comm is the link's name). Not a copy: a test thread
-/// forking meanwhile can hold the copy's write descriptor until its exec, and the spawn fails
-/// with ETXTBSY (seen once in a full run).
+/// A process named slurmctld running on this host for 120 s: a copy of sleep of that name in
+/// the site's directory (its comm is the file's name; as root the copy is root's, an installed
+/// binary), written by `install` ([`install_executable`]): a copy written through this
+/// process's descriptor could fail to run with ETXTBSY (seen once in a full run).
 fn fake_slurmctld(site: &Site) -> std::process::Child {
-    use std::os::unix::fs::PermissionsExt;
     let fake = site.dir.path().join("slurmctld");
-    std::fs::copy("/bin/sleep", &fake).unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    install_executable(std::path::Path::new("/bin/sleep"), &fake, 0o755);
     Command::new(&fake).arg("120").spawn().unwrap()
 }
 
@@ -747,11 +712,7 @@ fn this_user() -> String {
 fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() {
     use std::fs;
     let cv = Standin::start();
-    let site = Site::new(
-        &cv.server(),
-        &cv.ca(),
-        "PollInterval=1\nReconcileInterval=1",
-    );
+    let site = Site::with_standin(&cv, "PollInterval=1\nReconcileInterval=1");
     let (slurm_conf, save) = pair_this_host_second(&site);
     let heartbeat = |index: u64| write_heartbeat(&save, index);
     let status = || {
@@ -912,7 +873,7 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
 #[test]
 fn a_pair_whose_slurm_conf_is_elsewhere_still_has_one_leader() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let site = Site::with_standin(&cv, "PollInterval=1");
     let (slurm_conf, save) = pair_this_host_second(&site);
     site.command(
         "scontrol",
@@ -946,9 +907,8 @@ fn a_pair_whose_slurm_conf_is_elsewhere_still_has_one_leader() {
 /// a binary anyone can write. Old code: any process so named counted.
 #[test]
 fn a_process_merely_named_slurmctld_does_not_make_this_host_lead() {
-    use std::os::unix::fs::PermissionsExt;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let site = Site::with_standin(&cv, "PollInterval=1");
     let (slurm_conf, save) = pair_this_host_second(&site);
     // SlurmUser is nobody: neither this fake nor another test's (run as this user, beside
     // this one) is SlurmUser's
@@ -959,8 +919,7 @@ fn a_process_merely_named_slurmctld_does_not_make_this_host_lead() {
     )
     .unwrap();
     let fake = site.dir.path().join("slurmctld");
-    std::fs::copy("/bin/sleep", &fake).unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o777)).unwrap();
+    install_executable(std::path::Path::new("/bin/sleep"), &fake, 0o777);
     let mut slurmctld = Command::new(&fake).arg("120").spawn().unwrap();
     write_heartbeat(&save, 1);
     let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
@@ -991,7 +950,7 @@ fn a_controller_named_by_its_full_host_name_leads() {
         return;
     };
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let site = Site::with_standin(&cv, "PollInterval=1");
     let save = site.dir.path().join("statesave");
     std::fs::create_dir_all(&save).unwrap();
     let slurm_conf = site.dir.path().join("slurm.conf");
@@ -1035,7 +994,7 @@ fn a_controller_named_by_its_full_host_name_leads() {
 #[test]
 fn a_fifo_heartbeat_neither_stops_the_poll_nor_sigterm() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let site = Site::with_standin(&cv, "PollInterval=1");
     let (slurm_conf, save) = pair_this_host_second(&site);
     let heartbeat = save.join("heartbeat");
     nix::unistd::mkfifo(&heartbeat, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
@@ -1075,9 +1034,8 @@ fn a_fifo_heartbeat_neither_stops_the_poll_nor_sigterm() {
 fn a_leader_whose_discovery_outlasts_its_control_asks_again_before_it_reconciles() {
     use std::fs;
     let cv = Standin::start();
-    let site = Site::new(
-        &cv.server(),
-        &cv.ca(),
+    let site = Site::with_standin(
+        &cv,
         "PollInterval=1\nReconcileInterval=1\nDiscoveryTimeout=30",
     );
     let scratch = site.dir.path();
@@ -1146,7 +1104,7 @@ fn a_leader_whose_discovery_outlasts_its_control_asks_again_before_it_reconciles
 fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm() {
     use std::fs;
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "PollInterval=1");
+    let site = Site::with_standin(&cv, "PollInterval=1");
     let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/slurm-24.11");
     let scontrol = format!(
         "#!/bin/sh\ncase \"$*\" in\n\
@@ -1225,7 +1183,7 @@ fn events_queued_before_the_service_started_on_a_pair_are_checked_against_slurm(
 #[test]
 fn a_listing_past_the_bound_takes_the_recorded_jobs_ends_from_accounting() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "SlurmOutputMaxMiB=1");
+    let site = Site::with_standin(&cv, "SlurmOutputMaxMiB=1");
     let sacct = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/slurm-22.05/json/sacct.json"
@@ -1360,7 +1318,7 @@ fn post_jobcomp(port: u16, body: &str) -> u16 {
 fn the_job_completion_receiver_queues_slurms_ends() {
     let cv = Standin::start();
     let port = free_port();
-    let site = Site::new(&cv.server(), &cv.ca(), &format!("JobCompPort={port}"));
+    let site = Site::with_standin(&cv, &format!("JobCompPort={port}"));
     let conf = site.dir.path().join("slurm.conf");
     std::fs::write(&conf, "ClusterName=hpc-cluster-west\n").unwrap();
     let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &conf)]);
@@ -1563,9 +1521,8 @@ impl Es {
 /// to `forward`, with `extra` config lines; the port.
 fn forwarding_site(cv: &Standin, forward: &str, extra: &str) -> (Site, u16, Service) {
     let port = free_port();
-    let site = Site::new(
-        &cv.server(),
-        &cv.ca(),
+    let site = Site::with_standin(
+        cv,
         &format!("JobCompPort={port}\nJobCompForward={forward}\n{extra}"),
     );
     let conf = site.dir.path().join("slurm.conf");
@@ -1792,11 +1749,7 @@ fn a_hostile_forward_target_is_refused_and_check_shows_a_good_one() {
         "http://",
         "http://es.example.com/\u{1b}[2Jx",
     ] {
-        let site = Site::new(
-            &cv.server(),
-            &cv.ca(),
-            &format!("JobCompPort=9250\nJobCompForward={bad}"),
-        );
+        let site = Site::with_standin(&cv, &format!("JobCompPort=9250\nJobCompForward={bad}"));
         let out = site.run(&["check"]);
         let text = format!("{}{}", stdout(&out), stderr(&out));
         let line = text
@@ -1808,9 +1761,8 @@ fn a_hostile_forward_target_is_refused_and_check_shows_a_good_one() {
         assert!(!text.contains('\u{1b}'), "{bad}: {text}");
     }
     let es = Es::start(0, EsMode::Up);
-    let site = Site::new(
-        &cv.server(),
-        &cv.ca(),
+    let site = Site::with_standin(
+        &cv,
         &format!(
             "JobCompPort=9250\nJobCompForward=http://127.0.0.1:{}/slurm/jobcomp",
             es.port
@@ -1825,9 +1777,8 @@ fn a_hostile_forward_target_is_refused_and_check_shows_a_good_one() {
         "{check}"
     );
     es.set(EsMode::Close);
-    let site = Site::new(
-        &cv.server(),
-        &cv.ca(),
+    let site = Site::with_standin(
+        &cv,
         &format!(
             "JobCompPort=9250\nJobCompForward=http://127.0.0.1:{}/x",
             es.port

@@ -1,21 +1,12 @@
 //! The outbox under stress, through the binary: an outage with hooks running 20 at a time,
 //! and kill -9 of hooks and drainers at random points.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-fn final_state(code: usize) -> (&'static str, &'static str) {
-    match code % 3 {
-        0 => ("0:0", "JOB_STATE_COMPLETED"),
-        1 => ("2:0", "JOB_STATE_FAILED"),
-        _ => ("0:9", "JOB_STATE_FAILED"),
-    }
-}
 
 #[test]
 fn outage_of_200_events_from_20_concurrent_hooks_loses_nothing() {
@@ -24,7 +15,7 @@ fn outage_of_200_events_from_20_concurrent_hooks_loses_nothing() {
     // default 2 s on a machine busy with other builds): what it checks is that no end waits
     // behind the lock for the disk, not how fast a starved machine is. An epilog whose budget
     // does run out is `an_end_that_cannot_be_queued_keeps_its_start_record`.
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=120");
+    let site = Site::with_standin(&cv, "HookTimeout=120");
     cv.set_mode(json!({"mode": "status", "status": 503}));
     let jobs = 100; // a prolog and an epilog each: 200 events
     let next = AtomicUsize::new(0);
@@ -55,7 +46,7 @@ fn outage_of_200_events_from_20_concurrent_hooks_loses_nothing() {
     );
     cv.set_mode(json!({"mode": "ok"}));
     let out = site.run(&["flush"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert_eq!(
         stdout(&out).trim(),
         format!("outbox: {} delivered, 0 kept, 0 rejected", 2 * jobs),
@@ -71,36 +62,10 @@ fn outage_of_200_events_from_20_concurrent_hooks_loses_nothing() {
     assert!(site.outbox().is_empty());
 }
 
-/// A small xorshift generator (no dependency for test randomness); seeded from the clock and
-/// printed so a failure can be replayed with CVSLURM_SEED.
-struct Rng(u64);
-impl Rng {
-    fn new() -> Rng {
-        let seed = std::env::var("CVSLURM_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-                    | 1
-            });
-        eprintln!("seed {seed} (CVSLURM_SEED={seed} replays it)");
-        Rng(seed)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 #[test]
 fn kill_minus_9_at_random_points_loses_no_returned_event() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=2\nRequestTimeout=2");
+    let site = Site::with_standin(&cv, "HookTimeout=2\nRequestTimeout=2");
     // Slow answers widen the window in which a kill lands mid-send.
     cv.set_mode(json!({"mode": "delay", "delay_ms": 15}));
     let mut rng = Rng::new();
@@ -206,7 +171,7 @@ fn kill_minus_9_at_random_points_loses_no_returned_event() {
 #[test]
 fn an_event_of_a_newer_format_is_kept_and_not_sent() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     cv.set_mode(json!({"mode": "status", "status": 503}));
     for id in ["77", "78"] {
         let (out, _) = site.hook(&job_env("prolog_slurmctld", id, &[]));
@@ -234,7 +199,7 @@ fn an_event_of_a_newer_format_is_kept_and_not_sent() {
     std::fs::write(&newer, &bytes).unwrap();
     cv.set_mode(json!({"mode": "ok"}));
     let out = site.run(&["flush"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert_eq!(
         stdout(&out).trim(),
         "outbox: 1 delivered, 0 kept, 0 rejected"
@@ -269,7 +234,7 @@ fn ends_behind_waiting_runnings_under_cpu_load_are_never_lost() {
     // default 2 s on a machine busy with other builds): what it checks is that no end waits
     // behind the lock for the disk, not how fast a starved machine is. An epilog whose budget
     // does run out is `an_end_that_cannot_be_queued_keeps_its_start_record`.
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=120");
+    let site = Site::with_standin(&cv, "HookTimeout=120");
     cv.set_mode(json!({"mode": "status", "status": 503}));
     let jobs = 100;
     let next = AtomicUsize::new(0);
@@ -352,7 +317,7 @@ fn ends_behind_waiting_runnings_under_cpu_load_are_never_lost() {
 #[test]
 fn an_end_that_cannot_be_queued_keeps_its_start_record() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=1");
+    let site = Site::with_standin(&cv, "HookTimeout=1");
     cv.set_mode(json!({"mode": "status", "status": 503}));
     let (out, _) = site.hook(&job_env("prolog_slurmctld", "4242", &[]));
     assert_eq!(out.status.code(), Some(0));
@@ -386,7 +351,7 @@ fn an_end_that_cannot_be_queued_keeps_its_start_record() {
 #[test]
 fn epilogs_queue_while_another_process_holds_every_outbox_lock() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "HookTimeout=20");
+    let site = Site::with_standin(&cv, "HookTimeout=20");
     cv.set_mode(json!({"mode": "status", "status": 503}));
     let jobs = 50;
     let run = |ctx: &'static str| {
@@ -446,7 +411,7 @@ fn epilogs_queue_while_another_process_holds_every_outbox_lock() {
     }
     cv.set_mode(json!({"mode": "ok"}));
     let out = site.run(&["flush"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     assert_eq!(
         stdout(&out).trim(),
         format!("outbox: {} delivered, 0 kept, 0 rejected", 2 * jobs)

@@ -2,8 +2,7 @@
 //! makes it) trusted exactly through `CaFile`, a key pin (`ApiServerPin`), and the messages for
 //! a wrong, an expired and a misnamed certificate. The stand-in serves each certificate.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -276,7 +275,7 @@ fn a_bad_tls_line_refuses_to_connect() {
         "CaFile=",
         "ApiServerPin sha256//x",
     ] {
-        let site = Site::new(&cv.server(), &cv.ca(), extra);
+        let site = Site::with_standin(&cv, extra);
         let (code, text) = send(&site);
         assert_eq!(code, Some(1), "{extra}: {text}");
         assert!(

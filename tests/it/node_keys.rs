@@ -6,8 +6,7 @@
 //! them (its polls need a Slurm cluster: tests/e2e.rs), and `cvslurm flush` sends them with
 //! the service's engine.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::internals::state::layout;
 use serde_json::{json, Value};
 use std::fs;
@@ -67,7 +66,7 @@ fn qualified_node_names_in_jobs_and_node_keys_and_bare_by_default() {
     let cv = Standin::start();
     for (extra, qualified) in [("QualifyNodeNames=yes", true), ("", false)] {
         cv.reset();
-        let site = Site::new(&cv.server(), &cv.ca(), extra);
+        let site = Site::with_standin(&cv, extra);
         let (out, _) = site.hook(&job_env("prolog_slurmctld", "77", &[]));
         assert_eq!(out.status.code(), Some(0));
         queue_node_event(&site, "n1", node_event("n1"));
@@ -153,7 +152,7 @@ fn deletes_of(cv: &Standin, id: &str) -> usize {
 #[test]
 fn a_delete_leaves_another_clusters_node_alone_and_waits_while_cloudvision_cannot_say() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     seed_node(&cv, "n1", "othercluster");
     seed_node(&cv, "n2", CLUSTER);
     for n in ["n1", "n2", "n3"] {
@@ -200,7 +199,7 @@ fn a_delete_leaves_another_clusters_node_alone_and_waits_while_cloudvision_canno
 #[test]
 fn a_qualified_delete_names_the_qualified_key() {
     let cv = Standin::start();
-    let site = Site::new(&cv.server(), &cv.ca(), "QualifyNodeNames=yes");
+    let site = Site::with_standin(&cv, "QualifyNodeNames=yes");
     let id = format!("n1@{CLUSTER}");
     seed_node(&cv, &id, CLUSTER);
     seed_node(&cv, "n1", "othercluster");
@@ -226,7 +225,7 @@ fn a_qualified_delete_names_the_qualified_key() {
 fn a_delete_says_which_requests_it_made_against_either_profile() {
     for profile in PROFILES {
         let cv = Standin::start_profile(profile);
-        let site = Site::new(&cv.server(), &cv.ca(), "");
+        let site = Site::with_standin(&cv, "");
         queue_node_event(&site, "n2", node_event("n2"));
         let (summary, _) = flush(&site);
         assert_eq!(summary.trim(), "outbox: 1 delivered, 0 kept, 0 rejected");

@@ -11,8 +11,7 @@
 //! resend after a node's first inventory; an end the service attributes to MACs) are in
 //! tests/e2e_gpu.rs.
 
-mod common;
-use common::*;
+use crate::common::*;
 use cvslurm::cloudvision::payload::{JobConfig, JobState, Key};
 use cvslurm::cloudvision::{Client, ClientOptions};
 use cvslurm::internals::state::layout;
@@ -98,7 +97,7 @@ fn end_through_the_service(site: &Site, queued: impl FnOnce()) {
     std::fs::remove_file(&sock).unwrap();
     queued();
     let out = site.run(&["flush", "--no-reconcile"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
 }
 
 /// The methods and statuses of the requests so far, in order.
@@ -127,7 +126,7 @@ fn delete_answer(profile: &str) -> &'static str {
 fn an_end_with_no_record_of_its_running_replaces_the_stored_record() {
     for profile in PROFILES {
         let cv = Standin::start_profile(profile);
-        let site = Site::new(&cv.server(), &cv.ca(), "JobInterfaces=gpu");
+        let site = Site::with_standin(&cv, "JobInterfaces=gpu");
         running_by_macs(&cv);
         let (out, _) = site.hook(&epilog("31"));
         assert_eq!(out.status.code(), Some(0));
@@ -157,7 +156,7 @@ fn an_end_goes_by_the_macs_its_running_went_with() {
     for profile in PROFILES {
         for by_service in [false, true] {
             let cv = Standin::start_profile(profile);
-            let site = Site::new(&cv.server(), &cv.ca(), "JobInterfaces=gpu");
+            let site = Site::with_standin(&cv, "JobInterfaces=gpu");
             running_by_macs(&cv);
             let reps = site.state_dir.join(layout::JOB_REPS);
             std::fs::create_dir_all(&reps).unwrap();
@@ -194,7 +193,7 @@ fn an_end_goes_by_the_macs_its_running_went_with() {
 fn a_hooks_running_by_node_names_and_its_end_go_the_same_way() {
     for profile in PROFILES {
         let cv = Standin::start_profile(profile);
-        let site = Site::new(&cv.server(), &cv.ca(), "JobInterfaces=gpu");
+        let site = Site::with_standin(&cv, "JobInterfaces=gpu");
         let (out, _) = site.hook(&job_env("prolog_slurmctld", "31", &[]));
         assert_eq!(out.status.code(), Some(0));
         let record = site.state_dir.join(layout::JOB_REPS).join(KEY_31);
@@ -211,7 +210,7 @@ fn a_hooks_running_by_node_names_and_its_end_go_the_same_way() {
         assert_eq!(methods(&cv), ["POST 200", "POST 200"], "{profile}");
         assert!(!record.exists(), "the record outlived the end");
         // JobInterfaces=nodes: the reference's bytes, no record.
-        let plain = Site::new(&cv.server(), &cv.ca(), "");
+        let plain = Site::with_standin(&cv, "");
         let (out, _) = plain.hook(&job_env("prolog_slurmctld", "32", &[]));
         assert_eq!(out.status.code(), Some(0));
         let sent = cv.accepted("JobConfig");
@@ -237,7 +236,7 @@ fn a_tenant_job_switched_between_nodes_and_interfaces_holds_the_latest_list() {
         let cv = Standin::start_profile(profile);
         for conf in ["", "JobInterfaces=auto"] {
             cv.reset();
-            let site = Site::new(&cv.server(), &cv.ca(), conf);
+            let site = Site::with_standin(&cv, conf);
             let send = |place: &[&str]| {
                 let mut args = vec![
                     "send",
@@ -254,7 +253,7 @@ fn a_tenant_job_switched_between_nodes_and_interfaces_holds_the_latest_list() {
                 ];
                 args.extend_from_slice(place);
                 let out = site.run(&args);
-                assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+                assert_exit_0(&out);
                 cv.stored_job("tenant-7").unwrap()
             };
             holds_only(&send(&["--nodes", "a[1-2]"]), "nodes", &["a1", "a2"]);
@@ -287,7 +286,7 @@ fn a_requeued_jobs_running_leaves_no_end_time_from_the_hook() {
 
 fn requeued_from_the_hook(profile: &str) {
     let cv = Standin::start_profile(profile);
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let key = "41@hpc-cluster-west";
     for vars in [
         job_env("prolog_slurmctld", "41", &[]),
@@ -334,7 +333,7 @@ fn a_requeued_jobs_running_leaves_no_end_time_from_the_service() {
         if !deletable && profile == "cloudvision" {
             cv.set_behaviour(json!({"delete_job": "unsupported"}));
         }
-        let site = Site::new(&cv.server(), &cv.ca(), "");
+        let site = Site::with_standin(&cv, "");
         let key = "42@hpc-cluster-west";
         let _svc = Service::start(&site);
         for vars in [
@@ -412,7 +411,7 @@ fn a_failed_delete_keeps_the_reruns_running_queued() {
 fn a_reruns_running_resent_after_a_failed_post_deletes_nothing_again() {
     for profile in PROFILES {
         let cv = Standin::start_profile(profile);
-        let site = Site::new(&cv.server(), &cv.ca(), "");
+        let site = Site::with_standin(&cv, "");
         let key = "44@hpc-cluster-west";
         for vars in [
             job_env("prolog_slurmctld", "44", &[]),
@@ -431,7 +430,7 @@ fn a_reruns_running_resent_after_a_failed_post_deletes_nothing_again() {
         assert_eq!(out.status.code(), Some(0));
         assert_eq!(site.outbox().len(), 1, "{}", site.log());
         let out = site.run(&["flush", "--no-reconcile"]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_exit_0(&out);
         let rerun = cv.stored_job(key).unwrap();
         assert_eq!(rerun["state"], "JOB_STATE_RUNNING", "{}", site.log());
         assert!(rerun.get("end_time").is_none(), "{rerun}");
@@ -452,7 +451,7 @@ fn a_reruns_running_resent_after_a_failed_post_deletes_nothing_again() {
 
 fn failed_delete(profile: &str) {
     let cv = Standin::start_profile(profile);
-    let site = Site::new(&cv.server(), &cv.ca(), "");
+    let site = Site::with_standin(&cv, "");
     let key = "43@hpc-cluster-west";
     for vars in [
         job_env("prolog_slurmctld", "43", &[]),
@@ -475,7 +474,7 @@ fn failed_delete(profile: &str) {
     assert_eq!(pending[0]["job"]["state"], "JOB_STATE_RUNNING");
     assert!(site.log().contains("HTTP 503"), "{}", site.log());
     let out = site.run(&["flush", "--no-reconcile"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exit_0(&out);
     let rerun = cv.stored_job(key).unwrap();
     assert_eq!(rerun["state"], "JOB_STATE_RUNNING");
     assert!(rerun.get("end_time").is_none(), "{rerun}");
