@@ -109,7 +109,10 @@ fn job(j: &Value) -> Option<JobInfo> {
     // 0 is "not a heterogeneous job"; a component's offset is below Slurm's 128 components.
     let het = het_job
         .filter(|h| *h > 0 && *h <= i64::from(u32::MAX))
-        .zip(het_offset.and_then(|o| u32::try_from(o).ok()).or(Some(0)))
+        .zip(match het_offset {
+            None => Some(0),
+            Some(o) => u32::try_from(o).ok(),
+        })
         .filter(|(_, o)| *o < crate::hook_facts::HET_MAX_COMPONENTS);
     Some(JobInfo {
         job_id: id.to_string(),
@@ -230,6 +233,48 @@ mod tests {
         .unwrap();
         let got: Vec<_> = v.as_array().unwrap().iter().map(num).collect();
         assert_eq!(got, [Some(5), Some(7), None, None, None, None, Some(1)]);
+    }
+
+    /// A heterogeneous job's component in every shape: scontrol/squeue's `het_job_id` and
+    /// `het_job_offset` (plain on 22.05, `{set, number}` later), sacct's `het`; 0 is no het
+    /// job; an offset Slurm cannot give makes no component.
+    #[test]
+    fn het_components_in_every_shape() {
+        let het = |doc: &str| {
+            let j = &parse_jobs(&format!(r#"{{"jobs":[{doc}]}}"#)).unwrap()[0];
+            (j.het_job_id.clone(), j.het_job_offset)
+        };
+        let some = |l: &str, o| (Some(l.to_string()), Some(o));
+        assert_eq!(
+            het(r#"{"job_id":7,"het_job_id":6,"het_job_offset":1}"#),
+            some("6", 1)
+        );
+        assert_eq!(
+            het(
+                r#"{"job_id":7,"het_job_id":{"set":true,"number":6},"het_job_offset":{"set":true,"number":1}}"#
+            ),
+            some("6", 1)
+        );
+        assert_eq!(
+            het(
+                r#"{"job_id":6,"state":{"current":["RUNNING"]},"het":{"job_id":6,"job_offset":{"set":true,"number":0}}}"#
+            ),
+            some("6", 0)
+        );
+        assert_eq!(
+            het(
+                r#"{"job_id":5,"state":{"current":"COMPLETED"},"het":{"job_id":0,"job_offset":null}}"#
+            ),
+            (None, None)
+        );
+        for bad in [
+            r#"{"job_id":7,"het_job_id":6,"het_job_offset":128}"#,
+            r#"{"job_id":7,"het_job_id":6,"het_job_offset":-1}"#,
+            r#"{"job_id":7,"het_job_id":-6,"het_job_offset":1}"#,
+            r#"{"job_id":7,"het_job_id":99999999999,"het_job_offset":1}"#,
+        ] {
+            assert_eq!(het(bad), (None, None), "{bad}");
+        }
     }
 
     #[test]
