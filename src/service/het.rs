@@ -93,6 +93,13 @@ pub fn compose(job: &JobConfig, part: &HetPart, components: &[JobInfo]) -> Compo
         return Composed::Send(job.clone());
     };
     let mut out = job.clone();
+    // The job's name is its leader's (components may run in other partitions).
+    if !leader.name.is_empty() || leader.partition.is_some() {
+        out.name = Some(crate::payload::job_name(
+            &leader.name,
+            leader.partition.as_deref(),
+        ));
+    }
     if job.state == JobState::Running {
         if !runs(leader) {
             return Composed::Drop(format!(
@@ -214,16 +221,18 @@ mod tests {
             assert_eq!(j.state, JobState::Running);
             assert_eq!(j.start_time.as_deref(), Some("2023-11-14T22:13:20Z"));
         }
-        // A component that does not run adds no node.
+        // A component that does not run adds no node; the name is the leader's.
         let mut some = all.clone();
         some[2].state = "PENDING".into();
         some[2].states = vec!["PENDING".into()];
-        let c = compose(
-            &event(JobState::Running, &["n4"]),
-            &part("6", 0, false),
-            &some,
-        );
+        some[0].partition = Some("debug".into());
+        some[1].partition = Some("gpu".into());
+        let mut from_gpu = event(JobState::Running, &["n1"]);
+        from_gpu.name = Some("hetjob@gpu".into());
+        let c = compose(&from_gpu, &part("7", 1, false), &some);
         assert_eq!(nodes(&c), ["n4", "n1", "n2"]);
+        let Composed::Send(j) = c else { unreachable!() };
+        assert_eq!(j.name.as_deref(), Some("hetjob@debug"));
     }
 
     /// A component cancelled alone shrinks the job; the leader's end ends it, on the nodes that
