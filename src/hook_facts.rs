@@ -49,9 +49,9 @@ pub fn het_component(
             .then(|| s.parse::<u32>().ok())
             .flatten()
     };
-    if number(leader).filter(|n| *n > 0).is_none() {
+    let Some(leader_id) = number(leader).filter(|n| *n > 0) else {
         return Err(format!("SLURM_HET_JOB_ID={leader:?} is not a job number"));
-    }
+    };
     let Some(offset) = number(offset).filter(|o| *o < HET_MAX_COMPONENTS) else {
         return Err(format!(
             "SLURM_HET_JOB_OFFSET={offset:?} is not a component index (0 to {})",
@@ -64,7 +64,8 @@ pub fn het_component(
         ));
     }
     Ok(Some(HetComponent {
-        leader: leader.to_string(),
+        // As Slurm prints it (no leading zero): the key is the id users see.
+        leader: leader_id.to_string(),
         offset,
     }))
 }

@@ -678,6 +678,9 @@ mod tests {
         assert!(job.state.is_terminal());
         assert_eq!(end.rank, (0, 1));
         assert!(end.resolve.is_some() && !end.het.as_ref().unwrap().left);
+        // The leader's id as Slurm prints it, whatever the variable's leading zeros.
+        let env = HookEnv::from_vars(&het_vars("prolog_slurmctld", "7", "006", "1")).unwrap();
+        assert_eq!(env.key(), "6@c");
         // Not a het job: no mark, its own key.
         let mut plain = het_vars("prolog_slurmctld", "5", "6", "0");
         plain.remove("SLURM_HET_JOB_ID");
