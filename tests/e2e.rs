@@ -433,6 +433,136 @@ fn array_tasks_are_separate_jobs() {
     }
 }
 
+/// A heterogeneous job is one job: one JobConfig keyed by its leader, on the union of the
+/// nodes of its running components; a component cancelled alone shrinks it; one end. No
+/// record is keyed by a component's own id.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn het_job_is_one_job_keyed_by_its_leader() {
+    let (f, _g) = shared();
+    let leader = sbatch(&[
+        "-J",
+        "e2e-het",
+        "-N1",
+        "-x",
+        "n4",
+        ":",
+        "-N1",
+        "-x",
+        "n4",
+        ":",
+        "-N1",
+        "-x",
+        "n4",
+        "--wrap",
+        "sleep 300",
+    ]);
+    // Each component as squeue has it while it runs: (own id, nodes).
+    let components = || -> Vec<(String, Vec<String>)> {
+        let out = slurm("squeue", &["-h", "-j", &leader, "-t", "R", "-o", "%A|%N"]);
+        stdout(&out)
+            .lines()
+            .filter_map(|l| l.split_once('|'))
+            .map(|(id, n)| {
+                let nodes = cvslurm::internals::slurm::hostlist::expand(n.trim()).unwrap();
+                (id.trim().to_string(), nodes)
+            })
+            .collect()
+    };
+    let union = |c: &[(String, Vec<String>)]| {
+        let mut v: Vec<String> = c.iter().flat_map(|(_, n)| n.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let sorted = |v: &Value| {
+        let mut n = nodes_of(v);
+        n.sort();
+        n
+    };
+    let stored = || f.cv.stored_job(&key(&leader)).unwrap_or(Value::Null);
+    let mut all = Vec::new();
+    wait_until(
+        "the het job's three components to run",
+        Duration::from_secs(60),
+        || {
+            all = components();
+            all.len() == 3
+        },
+    );
+    let ids: Vec<String> = all.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(ids[0], leader, "{all:?}");
+    wait_until(
+        "CloudVision to hold the het job on all its nodes",
+        Duration::from_secs(30),
+        || {
+            let v = stored();
+            v["state"] == "JOB_STATE_RUNNING" && sorted(&v) == union(&all)
+        },
+    );
+    assert_eq!(stored()["name"], "e2e-het@debug");
+    // The second component cancelled alone: the job goes on, on fewer nodes.
+    assert!(slurm("scancel", &[&format!("{leader}+1")]).status.success());
+    let mut rest = Vec::new();
+    wait_until(
+        "the second component to end",
+        Duration::from_secs(30),
+        || {
+            rest = components();
+            rest.len() == 2
+        },
+    );
+    wait_until(
+        "CloudVision to drop its nodes",
+        Duration::from_secs(30),
+        || {
+            let v = stored();
+            v["state"] == "JOB_STATE_RUNNING" && sorted(&v) == union(&rest)
+        },
+    );
+    assert!(slurm("scancel", &[&leader]).status.success());
+    let done = wait_job(f, &leader, "JOB_STATE_CANCELLED", Duration::from_secs(90));
+    check_times(&done);
+    let (_, end) = sacct_times(&leader);
+    assert_eq!(done["end_time"].as_str(), Some(end.as_str()));
+    // The end is on the components that ran to the end: those that did not end before the
+    // leader, in Slurm's whole seconds (a component cancelled in the leader's second ran to
+    // the end as far as Slurm can tell).
+    let ends = stdout(&slurm(
+        "sacct",
+        &["-j", &leader, "-X", "-n", "-P", "--format=JobIDRaw,End"],
+    ));
+    let end_of = |id: &str| {
+        ends.lines()
+            .find_map(|l| l.strip_prefix(&format!("{id}|")).map(str::to_string))
+            .unwrap_or_else(|| panic!("no end of {id} in sacct: {ends}"))
+    };
+    let ran_to_end: Vec<(String, Vec<String>)> = all
+        .iter()
+        .filter(|(id, _)| end_of(id) >= end_of(&leader))
+        .cloned()
+        .collect();
+    assert_eq!(sorted(&done), union(&ran_to_end), "{ends}");
+    let states: Vec<Value> = job_events(f, &leader)
+        .iter()
+        .map(|j| j["state"].clone())
+        .collect();
+    let first_end = states
+        .iter()
+        .position(|s| s != "JOB_STATE_RUNNING")
+        .unwrap();
+    assert!(
+        states[first_end..].iter().all(|s| s != "JOB_STATE_RUNNING"),
+        "a RUNNING after the end: {states:?}"
+    );
+    for id in &ids[1..] {
+        assert!(
+            job_events(f, id).is_empty(),
+            "a record keyed by component {id}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn srun_and_salloc_jobs() {

@@ -26,7 +26,14 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(hostlist::expand(list).unwrap(), env.nodes);
             assert!(env.start.is_none_or(|t| t > 0));
             assert!(env.end.is_none_or(|t| t > 0));
-            assert_eq!(env.key(), format!("{}@{}", env.job_id, env.cluster));
+            // A heterogeneous job's component is keyed by its leader.
+            let id = env.het.as_ref().map_or(&env.job_id, |h| &h.leader);
+            assert_eq!(env.key(), format!("{id}@{}", env.cluster));
+            if let Some(h) = &env.het {
+                assert!(!h.leader.is_empty() && h.leader.bytes().all(|b| b.is_ascii_digit()));
+                assert!(h.offset < 128);
+                assert_eq!(h.offset == 0, h.leader == env.job_id);
+            }
             if let Some((e, sig)) = env.exit {
                 assert_eq!(parse_exit_code(&format!("{e}:{sig}")), Some((e, sig)));
             }

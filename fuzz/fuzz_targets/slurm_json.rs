@@ -23,6 +23,10 @@ fuzz_target!(|data: &[u8]| {
             }
             assert_ne!(j.nodelist.as_deref(), Some("None assigned"));
             assert_eq!(j.array_job_id.is_some(), j.array_task_id.is_some());
+            // A heterogeneous job's component: a leader's job number and an offset below 128.
+            assert_eq!(j.het_job_id.is_some(), j.het_job_offset.is_some());
+            assert!(j.het_job_offset.is_none_or(|o| o < 128));
+            assert!(j.het_job_id.as_ref().is_none_or(|h| valid_job_id(h) && h != "0"));
             if let Some(e) = &j.exit_code {
                 assert!(cvslurm::internals::job_end::parse_exit_code(e).is_some(), "{e}");
             }

@@ -10,6 +10,64 @@ use crate::state::queue::EndFacts;
 use crate::timefmt::{format_epoch, now_epoch};
 use std::collections::HashMap;
 
+pub use crate::slurm::HET_MAX_COMPONENTS;
+
+/// The hook runs for one component of a heterogeneous job (`SLURM_HET_JOB_ID`,
+/// `SLURM_HET_JOB_OFFSET`): slurmctld runs PrologSlurmctld and EpilogSlurmctld once per
+/// component, `SLURM_JOB_ID` being the component's own id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HetComponent {
+    /// `SLURM_HET_JOB_ID`: the leader's job id, the one users see and the job's key.
+    pub leader: String,
+    /// `SLURM_HET_JOB_OFFSET`: the component's index, 0 for the leader.
+    pub offset: u32,
+}
+
+/// Reads `SLURM_HET_JOB_ID`/`SLURM_HET_JOB_OFFSET` against the component's own `job_id`:
+/// `None` for a job that is not heterogeneous (neither set), an error naming the variable for
+/// anything else than a job number and an offset below [`HET_MAX_COMPONENTS`] that agree
+/// (offset 0 is the leader itself, any other offset another job id).
+pub fn het_component(
+    job_id: &str,
+    leader: Option<&str>,
+    offset: Option<&str>,
+) -> Result<Option<HetComponent>, String> {
+    let (leader, offset) = match (leader, offset) {
+        (None, None) => return Ok(None),
+        (Some(l), Some(o)) => (l, o),
+        (Some(_), None) => {
+            return Err("SLURM_HET_JOB_ID is set without SLURM_HET_JOB_OFFSET".into())
+        }
+        (None, Some(_)) => {
+            return Err("SLURM_HET_JOB_OFFSET is set without SLURM_HET_JOB_ID".into())
+        }
+    };
+    let number = |s: &str| {
+        (!s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<u32>().ok())
+            .flatten()
+    };
+    let Some(leader_id) = number(leader).filter(|n| *n > 0) else {
+        return Err(format!("SLURM_HET_JOB_ID={leader:?} is not a job number"));
+    };
+    let Some(offset) = number(offset).filter(|o| *o < HET_MAX_COMPONENTS) else {
+        return Err(format!(
+            "SLURM_HET_JOB_OFFSET={offset:?} is not a component index (0 to {})",
+            HET_MAX_COMPONENTS - 1
+        ));
+    };
+    if (offset == 0) != (leader == job_id) {
+        return Err(format!(
+            "SLURM_HET_JOB_ID={leader:?} and SLURM_HET_JOB_OFFSET={offset} disagree with SLURM_JOB_ID={job_id:?} (only the leader, offset 0, has the leader's id)"
+        ));
+    }
+    Ok(Some(HetComponent {
+        // As Slurm prints it (no leading zero): the key is the id users see.
+        leader: leader_id.to_string(),
+        offset,
+    }))
+}
+
 /// Which of the two hooks is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -42,6 +100,8 @@ pub struct HookEnv {
     pub exit: Option<(i32, i32)>,
     /// `SLURM_JOB_RESTART_COUNT` (a requeued job runs its hooks again under the same id).
     pub restart_count: u32,
+    /// Set when the job is one component of a heterogeneous job: the event is the leader's.
+    pub het: Option<HetComponent>,
 }
 
 impl HookEnv {
@@ -119,6 +179,21 @@ impl HookEnv {
                 }
             },
         };
+        let het = if bad.iter().any(|b| b.starts_with("SLURM_JOB_ID=")) || job_id.is_empty() {
+            None
+        } else {
+            match het_component(
+                &job_id,
+                get("SLURM_HET_JOB_ID"),
+                get("SLURM_HET_JOB_OFFSET"),
+            ) {
+                Ok(h) => h,
+                Err(e) => {
+                    bad.push(e);
+                    None
+                }
+            }
+        };
         let restart_count = get("SLURM_JOB_RESTART_COUNT")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
@@ -141,12 +216,15 @@ impl HookEnv {
             end,
             exit,
             restart_count,
+            het,
         })
     }
 
-    /// `<jobid>@<cluster>`.
+    /// `<jobid>@<cluster>`; for a component of a heterogeneous job, its leader's id: the
+    /// job users see, one record for all its components.
     pub fn key(&self) -> String {
-        crate::cloudvision::payload::job_key(&self.job_id, &self.cluster)
+        let id = self.het.as_ref().map_or(&self.job_id, |h| &h.leader);
+        crate::cloudvision::payload::job_key(id, &self.cluster)
     }
 }
 

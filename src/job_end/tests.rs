@@ -209,6 +209,7 @@ fn epilog_times_of_a_requeued_run_are_its_own() {
         end: None,
         exit: Some((0, 0)),
         restart_count: 0,
+        het: None,
     };
     let mut requeued = ctl("PENDING", "BeginTime", "0:0");
     requeued.restarts = Some(1);

@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::job_end::{epilog_state, epilog_times, final_state_named, HookEnv, Phase};
 use crate::slurm::runner::Slurm;
 use crate::slurm::{self, JobInfo};
+use crate::state::event::HetPart;
 use crate::state::queue::{EndFacts, Enqueued, Event, Item, Look};
 use crate::state::status::counter;
 use crate::state::wake;
@@ -44,9 +45,11 @@ pub struct Args {
 
 /// The environment variables the hook reads (nothing else is read: another variable with
 /// bytes that are not UTF-8 cannot matter).
-pub const HOOK_VARS: [&str; 10] = [
+pub const HOOK_VARS: [&str; 12] = [
     "SLURM_SCRIPT_CONTEXT",
     "SLURM_JOB_ID",
+    "SLURM_HET_JOB_ID",
+    "SLURM_HET_JOB_OFFSET",
     "SLURM_CLUSTER_NAME",
     "SLURM_JOB_NAME",
     "SLURM_JOB_PARTITION",
@@ -247,8 +250,9 @@ fn handle(
             // The start record stays until the service has the end on disk (it forgets it
             // then: `Queue::sync_files`): until then reconciliation can repair the end.
             log::info!(
-                "job {key}: {} queued for the service ({} ms)",
+                "job {key}: {}{} queued for the service ({} ms)",
                 event_state(&event),
+                het_note(&env),
                 t0.elapsed().as_millis()
             );
             return;
@@ -281,7 +285,7 @@ fn handle(
         return;
     };
     let state = job.state;
-    if env.phase == Phase::Epilog {
+    if env.phase == Phase::Epilog && state.is_terminal() {
         // Queued here means synced: the start record is no longer needed to repair the end.
         // An end that could not be queued keeps it until it is sent (below), so that
         // reconciliation sends the end if this hook cannot.
@@ -300,6 +304,16 @@ fn handle(
     if behind {
         // A drainer sends the earlier event of this job, then this one: sending it here
         // could put it before the earlier one.
+        return;
+    }
+    if let (Some(h), true) = (&env.het, queued) {
+        // Its record is the whole job's, composed from Slurm's record of every component,
+        // which only a drainer asks for (the service, or cvslurm flush).
+        log::info!(
+            "job {key}: {state} of component {} (offset {}) of the heterogeneous job kept in outbox for the service or cvslurm flush",
+            env.job_id,
+            h.offset
+        );
         return;
     }
     let what = if queued {
@@ -450,6 +464,22 @@ fn queue(
     (q, own)
 }
 
+/// ` (component 7 of the heterogeneous job, offset 1)` for a het component's event, for the
+/// log: its key is the leader's.
+fn het_note(env: &HookEnv) -> String {
+    match &env.het {
+        Some(h) if env.phase == Phase::Epilog && h.offset > 0 => format!(
+            " (component {} of the heterogeneous job, offset {}, ended: the job goes on without it)",
+            env.job_id, h.offset
+        ),
+        Some(h) => format!(
+            " (component {} of the heterogeneous job, offset {})",
+            env.job_id, h.offset
+        ),
+        None => String::new(),
+    }
+}
+
 fn event_state(ev: &Event) -> String {
     match &ev.item {
         Item::Job { job } => job.state.to_string(),
@@ -469,8 +499,16 @@ fn build_event(
     let now = now_epoch();
     let mut facts = None;
     let mut named_final = false;
+    // A component other than the leader that ends leaves the job, which goes on: a RUNNING
+    // of the job on fewer nodes (the leader's end is the job's).
+    let leaves = env.phase == Phase::Epilog && env.het.as_ref().is_some_and(|h| h.offset > 0);
     let (state, start, end) = match env.phase {
         Phase::Prolog => (JobState::Running, env.start.unwrap_or(now), None),
+        Phase::Epilog if leaves => (
+            JobState::Running,
+            env.start.or(start_rec).unwrap_or(now),
+            None,
+        ),
         Phase::Epilog => {
             let ctl = if for_service {
                 facts = Some(EndFacts {
@@ -505,9 +543,14 @@ fn build_event(
         nodes: Some(env.nodes.clone().into()),
         interfaces: None,
     };
-    let phase_rank = u8::from(env.phase == Phase::Epilog);
+    let phase_rank = u8::from(env.phase == Phase::Epilog && !leaves);
     let mut ev = Event::new(Item::Job { job }, (env.restart_count, phase_rank));
     ev.resolve = facts;
+    ev.het = env.het.as_ref().map(|h| HetPart {
+        component: env.job_id.clone(),
+        offset: h.offset,
+        left: leaves,
+    });
     (ev, named_final)
 }
 
@@ -556,6 +599,120 @@ mod tests {
     use super::*;
     use crate::job_end::finish_end;
     use crate::job_end::tests::{env_of, fixture};
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn het_vars(phase: &str, id: &str, leader: &str, offset: &str) -> HashMap<String, String> {
+        vars(&[
+            ("SLURM_SCRIPT_CONTEXT", phase),
+            ("SLURM_JOB_ID", id),
+            ("SLURM_CLUSTER_NAME", "c"),
+            ("SLURM_JOB_NAME", "hetjob"),
+            ("SLURM_JOB_PARTITION", "debug"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+            ("SLURM_JOB_START_TIME", "1700000000"),
+            ("SLURM_JOB_END_TIME", "1700000060"),
+            ("SLURM_JOB_EXIT_CODE2", "0:15"),
+            ("SLURM_HET_JOB_ID", leader),
+            ("SLURM_HET_JOB_OFFSET", offset),
+        ])
+    }
+
+    /// Every component's event is the leader's (`<SLURM_HET_JOB_ID>@<cluster>`), marked with
+    /// the component; a component other than the leader ending is a RUNNING of the job (it
+    /// shrinks), the leader's end is the job's end.
+    #[test]
+    fn a_het_component_is_its_leaders_job() {
+        let cfg = Config::default();
+        let far = Instant::now() + Duration::from_secs(5);
+        let build = |phase: &str, id: &str, offset: &str| {
+            let env = HookEnv::from_vars(&het_vars(phase, id, "6", offset)).unwrap();
+            assert_eq!(env.key(), "6@c");
+            build_event(&cfg, &env, None, true, far).0
+        };
+        for (id, offset) in [("6", "0"), ("7", "1")] {
+            let start = build("prolog_slurmctld", id, offset);
+            let Item::Job { job } = &start.item else {
+                panic!()
+            };
+            assert_eq!((job.key.id.as_str(), job.state), ("6@c", JobState::Running));
+            assert_eq!(start.rank, (0, 0));
+            let part = start.het.clone().unwrap();
+            assert_eq!((part.component.as_str(), part.left), (id, false));
+        }
+        let left = build("epilog_slurmctld", "7", "1");
+        let Item::Job { job } = &left.item else {
+            panic!()
+        };
+        assert_eq!(
+            (job.state, job.end_time.as_ref()),
+            (JobState::Running, None)
+        );
+        assert_eq!((left.rank, left.resolve), ((0, 0), None));
+        assert!(left.het.as_ref().unwrap().left);
+        let end = build("epilog_slurmctld", "6", "0");
+        let Item::Job { job } = &end.item else {
+            panic!()
+        };
+        assert!(job.state.is_terminal());
+        assert_eq!(end.rank, (0, 1));
+        assert!(end.resolve.is_some() && !end.het.as_ref().unwrap().left);
+        // The leader's id as Slurm prints it, whatever the variable's leading zeros.
+        let env = HookEnv::from_vars(&het_vars("prolog_slurmctld", "7", "006", "1")).unwrap();
+        assert_eq!(env.key(), "6@c");
+        // Not a het job: no mark, its own key.
+        let mut plain = het_vars("prolog_slurmctld", "5", "6", "0");
+        plain.remove("SLURM_HET_JOB_ID");
+        plain.remove("SLURM_HET_JOB_OFFSET");
+        let env = HookEnv::from_vars(&plain).unwrap();
+        assert_eq!((env.key().as_str(), env.het.is_none()), ("5@c", true));
+    }
+
+    /// Hostile values in the het variables name the variable, and no event is made.
+    #[test]
+    fn hostile_het_variables_are_refused_by_name() {
+        for (id, leader, offset, says) in [
+            (
+                "7",
+                "6x",
+                "1",
+                "SLURM_HET_JOB_ID=\"6x\" is not a job number",
+            ),
+            ("7", "0", "1", "SLURM_HET_JOB_ID=\"0\" is not a job number"),
+            (
+                "7",
+                "-6",
+                "1",
+                "SLURM_HET_JOB_ID=\"-6\" is not a job number",
+            ),
+            ("7", "99999999999", "1", "is not a job number"),
+            ("7", "6 ; rm", "1", "is not a job number"),
+            (
+                "7",
+                "6",
+                "128",
+                "SLURM_HET_JOB_OFFSET=\"128\" is not a component index (0 to 127)",
+            ),
+            ("7", "6", "+1", "is not a component index"),
+            ("7", "6", "0", "disagree with SLURM_JOB_ID=\"7\""),
+            ("6", "6", "1", "disagree"),
+            (
+                "7",
+                "6",
+                "",
+                "SLURM_HET_JOB_ID is set without SLURM_HET_JOB_OFFSET",
+            ),
+        ] {
+            let e =
+                HookEnv::from_vars(&het_vars("prolog_slurmctld", id, leader, offset)).unwrap_err();
+            assert!(e.contains(says), "{leader:?} {offset:?}: {e}");
+        }
+    }
 
     /// The service settles an epilog's provisional end with what slurmctld said (captured on
     /// real Slurm 22.05): a cancel that looked like a success, and Slurm's own times.

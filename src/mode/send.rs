@@ -133,9 +133,7 @@ pub fn run(a: Args) -> i32 {
             };
             let mut found = Vec::new();
             for id in &a.job_ids {
-                match slurm::lookup(&slurm, id)
-                    .and_then(|info| crate::cloudvision::payload::job_config(&info, &cluster))
-                {
+                match slurm::lookup(&slurm, id).and_then(|info| whole_job(&slurm, info, &cluster)) {
                     Ok(j) => {
                         // The one rule for what goes out: the way the job's first record
                         // went, else decided now (recorded, except in a dry run).
@@ -179,6 +177,35 @@ pub fn run(a: Args) -> i32 {
         }
     }
     i32::from(failed > 0)
+}
+
+/// The record of the job Slurm described as `info`; a heterogeneous job's is its leader's,
+/// on the nodes of its components ([`crate::service::het::compose`]), whichever component's
+/// id is given.
+fn whole_job(slurm: &Slurm, info: slurm::JobInfo, cluster: &str) -> Result<JobConfig, String> {
+    let info = match info.het_job_id.clone() {
+        Some(leader) if crate::service::het::is_follower(&info) => {
+            log::info!(
+                "job {} is a component of heterogeneous job {leader}: sending that job",
+                info.job_id
+            );
+            slurm::lookup(slurm, &leader)?
+        }
+        _ => info,
+    };
+    let job = crate::cloudvision::payload::job_config(&info, cluster)?;
+    let (Some(part), Some(leader)) = (crate::service::het::part_of(&info), &info.het_job_id) else {
+        return Ok(job);
+    };
+    let components = slurm::het_components(slurm, leader, slurm::COMMAND_TIMEOUT).map_err(|e| {
+        format!("job {leader}: its components could not be asked of slurmctld: {e}")
+    })?;
+    match crate::service::het::compose(&job, &part, &components) {
+        crate::service::het::Composed::Send(j) => Ok(j),
+        crate::service::het::Composed::Drop(why) => {
+            Err(format!("job {leader}: {why}; send it again"))
+        }
+    }
 }
 
 impl Args {

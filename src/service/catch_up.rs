@@ -196,7 +196,9 @@ impl CatchUp {
                 "catch-up: job {key} ended ({state}) while this host did not lead; sending its end from Slurm's record ({from}) in case the controller that led could not"
             );
             let rank = (info.restarts.unwrap_or(0), 1);
-            outbox.queue.enqueue(&Event::new(Item::Job { job }, rank))?;
+            let mut ev = Event::new(Item::Job { job }, rank);
+            ev.het = crate::service::het::part_of(info);
+            outbox.queue.enqueue(&ev)?;
             self.sent.insert(key);
             queued += 1;
         }
@@ -209,7 +211,8 @@ fn key_of(id: &str, cluster: &str) -> String {
 }
 
 /// The ended jobs of `ended` whose key is not in `known`, each once, at most `max` (by job
-/// id); and how many more there were.
+/// id); and how many more there were. A heterogeneous job's end is its leader's: its other
+/// components are never sent under their own ids.
 fn to_send<'a>(
     ended: &'a [JobInfo],
     cluster: &str,
@@ -219,7 +222,7 @@ fn to_send<'a>(
     let mut seen = HashSet::new();
     let mut v: Vec<&JobInfo> = ended
         .iter()
-        .filter(|j| j.ended())
+        .filter(|j| j.ended() && !crate::service::het::is_follower(j))
         .filter(|j| !known.contains(&key_of(&j.job_id, cluster)))
         .filter(|j| seen.insert(j.job_id.clone()))
         .collect();
@@ -242,6 +245,35 @@ mod tests {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(format!("tests/fixtures/slurm-{version}/{file}"));
         crate::slurm::json::parse_jobs(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    /// A heterogeneous job's components other than its leader are never caught up under
+    /// their own ids: `squeue --only-job-state` names them `<id>+<offset>`, sacct in `het`.
+    #[test]
+    fn a_het_job_is_caught_up_by_its_leader_only() {
+        let states = r#"{"jobs":[{"job_id":"6+0","state":["COMPLETED"]},{"job_id":"7+1","state":["CANCELLED"]},{"job_id":"8","state":["COMPLETED"]},{"job_id":"9+x","state":["COMPLETED"]},{"job_id":"3+4","state":["COMPLETED"]}]}"#;
+        let jobs = crate::slurm::json::parse_job_states(states).unwrap();
+        let ids: Vec<(&str, Option<&str>, Option<u32>)> = jobs
+            .iter()
+            .map(|j| (j.job_id.as_str(), j.het_job_id.as_deref(), j.het_job_offset))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("6", Some("6"), Some(0)),
+                ("7", Some("6"), Some(1)),
+                ("8", None, None)
+            ]
+        );
+        let (chosen, over) = to_send(&jobs, "c", &HashSet::new(), 10);
+        let chosen: Vec<&str> = chosen.iter().map(|j| j.job_id.as_str()).collect();
+        assert_eq!((chosen, over), (vec!["6", "8"], 0));
+        let part = crate::service::het::part_of(&jobs[0]).unwrap();
+        assert_eq!(
+            (part.component.as_str(), part.offset, part.left),
+            ("6", 0, false)
+        );
+        assert!(crate::service::het::part_of(&jobs[2]).is_none());
     }
 
     #[test]

@@ -30,6 +30,10 @@ use std::time::{Duration, Instant};
 /// The longest slurmctld may take to answer the batch end-state question.
 pub const END_STATE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long the sender asks Slurm for the components of a heterogeneous job at most
+/// ([`crate::slurm::het_components`]).
+pub const HET_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How often a refused token is logged as an error (it is kept at debug in between).
 const TOKEN_WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -594,8 +598,9 @@ impl Engine {
                     let Ok(end) = end else {
                         continue; // no nodes in Slurm's record: asked again later
                     };
-                    let new =
+                    let mut new =
                         Event::new(Item::Job { job: end }, (i.restarts.unwrap_or(ev.rank.0), 1));
+                    new.het = crate::service::het::part_of(i);
                     log::info!(
                         "outbox: {what} was queued before this host's role changed and the job has ended ({}): sending its end from Slurm's record instead",
                         i.state
@@ -689,6 +694,52 @@ impl Engine {
         true
     }
 
+    /// An event of one component of a heterogeneous job ([`Event::het`]), taken: its record
+    /// composed from Slurm's record of every component ([`crate::service::het::compose`],
+    /// asked by the leader's id within [`HET_TIMEOUT`]). `Err` with the outcome when there is
+    /// nothing to send (the event is finished as done). Any other event as it is.
+    fn compose_het(&self, taken: Event) -> Result<Event, Outcome> {
+        let (Some(part), Item::Job { job }) = (&taken.het, &taken.item) else {
+            return Ok(taken);
+        };
+        let components = match slurm::het_components(&self.slurm, job.job_id(), HET_TIMEOUT) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!(
+                    "job {}: cannot ask slurmctld for the components of the heterogeneous job ({e}); sending what component {} reported",
+                    job.key.id,
+                    part.component
+                );
+                Vec::new()
+            }
+        };
+        match crate::service::het::compose(job, part, &components) {
+            crate::service::het::Composed::Send(j) => {
+                log::debug!(
+                    "job {}: {} of component {} sent as the heterogeneous job's record ({} component(s) in Slurm)",
+                    j.key.id,
+                    j.state,
+                    part.component,
+                    components.len()
+                );
+                let mut t = taken;
+                t.item = Item::Job { job: j };
+                Ok(t)
+            }
+            crate::service::het::Composed::Drop(why) => {
+                log::info!(
+                    "outbox: {} (component {}) not sent: {why}",
+                    taken.item.describe(),
+                    part.component
+                );
+                if let Err(e) = self.outbox.queue.finish(&taken, Finish::Delivered) {
+                    log::error!("outbox: {e}");
+                }
+                Err(Outcome::Gone)
+            }
+        }
+    }
+
     /// The record of an item as it is sent: a job's by the one rule
     /// ([`crate::inventory::attribution::outgoing`]: its recorded representation, else decided now, with
     /// `JobInterfaces=gpu|auto` from the GPUs it holds, asked at send time, never in the hook).
@@ -728,6 +779,10 @@ impl Engine {
                 });
                 return Outcome::Broken(e);
             }
+        };
+        let taken = match self.compose_het(taken) {
+            Ok(t) => t,
+            Err(outcome) => return outcome,
         };
         let what = taken.item.describe();
         let outgoing = self.outgoing(&taken);

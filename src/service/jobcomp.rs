@@ -28,6 +28,7 @@
 use super::forward::{self, Spool, Target, MAX_BODY};
 use crate::cloudvision::payload::{job_name, JobConfig, JobState, Key};
 use crate::config::Config;
+use crate::state::event::HetPart;
 use crate::state::queue::{Enqueued, Event, Item};
 use crate::state::StateDir;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -64,6 +65,10 @@ pub enum Doc {
         name: String,
         /// The partition.
         partition: Option<String>,
+        /// A component of a heterogeneous job (`het_job_id`, `het_job_offset`): the record
+        /// is keyed by the leader; a component other than the leader leaving is a RUNNING
+        /// of the job ([`crate::service::het`]).
+        het: Option<HetPart>,
     },
     /// Nothing to send, and why (logged at debug).
     Nothing(String),
@@ -99,6 +104,24 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
             }
         }
     }
+    // A heterogeneous job's component: its end is the leader's job's (het_job_id 0: none).
+    let het_num = |k: &str| match o.get(k) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= u64::from(u32::MAX))
+            .map(|n| Some(n.to_string()))
+            .ok_or_else(|| format!("job {id}: {k} is not a number")),
+    };
+    let het = match (het_num("het_job_id")?, het_num("het_job_offset")?) {
+        (Some(leader), offset) if leader != "0" => crate::job_end::het_component(
+            &id.to_string(),
+            Some(&leader),
+            Some(offset.as_deref().unwrap_or("0")),
+        )
+        .map_err(|e| format!("job {id}: {e}"))?,
+        _ => None,
+    };
     let state = text("state")?;
     // A job that never ran has no nodes: "" on 22.05, no field from 24.11.
     let nodes = match o.get("nodes") {
@@ -129,15 +152,19 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
         .and_then(serde_json::Value::as_str)
         .unwrap_or("");
     let partition = o.get("partition").and_then(serde_json::Value::as_str);
+    let leaves = het.as_ref().is_some_and(|h| h.offset > 0);
     Ok(Doc::End {
         job: Box::new(JobConfig {
             key: Key {
-                id: crate::cloudvision::payload::job_key(id, cluster),
+                id: match &het {
+                    Some(h) => crate::cloudvision::payload::job_key(&h.leader, cluster),
+                    None => crate::cloudvision::payload::job_key(id, cluster),
+                },
             },
             name: Some(job_name(name, partition)),
-            state,
+            state: if leaves { JobState::Running } else { state },
             start_time: crate::timefmt::format_epoch(start),
-            end_time: crate::timefmt::format_epoch(end),
+            end_time: crate::timefmt::format_epoch(end).filter(|_| !leaves),
             location: Some(cluster.to_string()),
             job_type: None,
             nodes: Some(nodes.into()),
@@ -146,6 +173,11 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
         start,
         name: name.to_string(),
         partition: partition.map(str::to_string),
+        het: het.map(|h| HetPart {
+            component: id.to_string(),
+            offset: h.offset,
+            left: leaves,
+        }),
     })
 }
 
@@ -481,13 +513,14 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
         log::error!("job-completion receiver: a document of more than {} MiB dropped; reconciliation sends that job's end", MAX_BODY >> 20);
         return (200, "OK");
     };
-    let (job, start, name, partition) = match end_of(body, &shared.cluster) {
+    let (job, start, name, partition, het) = match end_of(body, &shared.cluster) {
         Ok(Doc::End {
             job,
             start,
             name,
             partition,
-        }) => (job, start, name, partition),
+            het,
+        }) => (job, start, name, partition, het),
         Ok(Doc::Nothing(why)) => {
             log::debug!("job-completion receiver: {why}: nothing to send");
             return (200, "OK");
@@ -515,7 +548,10 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
         None => 0,
     };
     let state = job.state;
-    let ev = Event::new(Item::Job { job: *job }, (restarts, 1));
+    // A component other than the leader leaving: a RUNNING of the job on fewer nodes.
+    let phase = u8::from(!het.as_ref().is_some_and(|h| h.left));
+    let mut ev = Event::new(Item::Job { job: *job }, (restarts, phase));
+    ev.het = het;
     match shared.outbox.queue.enqueue(&ev) {
         Ok(Enqueued::Superseded) => {
             log::info!("job {key}: {state} from Slurm's job-completion record superseded by a later event; not sent");
@@ -541,6 +577,43 @@ mod tests {
     /// Every document Slurm 22.05's jobcomp/elasticsearch posted for the captured cases
     /// (tests/fixtures/slurm-22.05/jobcomp/, `tests/cluster/capture-jobcomp.sh`) reads as
     /// the end it is, or as nothing to send.
+    #[test]
+    fn het_documents_are_their_leaders_job() {
+        for v in ["22.05", "24.11", "26.05"] {
+            let text = std::fs::read_to_string(format!(
+                "{}/tests/fixtures/slurm-{v}/jobcomp/requests.jsonl",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap();
+            let mut got = Vec::new();
+            for line in text.lines() {
+                let r: serde_json::Value = serde_json::from_str(line).unwrap();
+                let body = r["body"].as_str().unwrap();
+                if !body.contains("\"het_job_id\":10,") {
+                    continue;
+                }
+                let Doc::End { job, het, .. } = end_of(body.as_bytes(), "cvtest").unwrap() else {
+                    panic!("{v}: {body}");
+                };
+                let het = het.unwrap();
+                assert_eq!(job.key.id, "10@cvtest", "{v}: never the component's own id");
+                assert_eq!(job.validate(), Ok(()), "{v}: {job:?}");
+                got.push((
+                    het.component,
+                    het.offset,
+                    het.left,
+                    job.state.word().to_string(),
+                ));
+            }
+            // The leader's document is the job's end; the other component's leaves the job.
+            let want = [
+                ("10".to_string(), 0, false, "completed".to_string()),
+                ("11".to_string(), 1, true, "running".to_string()),
+            ];
+            assert_eq!(got, [want.clone(), want].concat(), "{v}");
+        }
+    }
+
     #[test]
     fn captured_documents() {
         for v in ["22.05", "24.11", "26.05"] {
@@ -590,6 +663,22 @@ mod tests {
         }
         // Hostile and foreign documents.
         for (doc, why) in [
+            (
+                "{\"jobid\":11,\"het_job_id\":\"10\",\"het_job_offset\":1,\"state\":\"COMPLETED\",\"nodes\":\"n1\"}",
+                "het_job_id is not a number",
+            ),
+            (
+                "{\"jobid\":11,\"het_job_id\":10,\"het_job_offset\":128,\"state\":\"COMPLETED\",\"nodes\":\"n1\"}",
+                "SLURM_HET_JOB_OFFSET=\"128\" is not a component index",
+            ),
+            (
+                "{\"jobid\":11,\"het_job_id\":10,\"het_job_offset\":0,\"state\":\"COMPLETED\",\"nodes\":\"n1\"}",
+                "disagree",
+            ),
+            (
+                "{\"jobid\":11,\"het_job_id\":99999999999,\"het_job_offset\":1,\"state\":\"COMPLETED\",\"nodes\":\"n1\"}",
+                "het_job_id is not a number",
+            ),
             ("[]", "not a JSON object"),
             ("{\"jobid\":1,\"cluster\":7}", "no \"cluster\" string"),
             ("{\"jobid\":1}", "no \"state\" string"),

@@ -9,6 +9,7 @@
 pub mod catch_up;
 pub mod engine;
 pub mod forward;
+pub mod het;
 pub mod jobcomp;
 pub mod leadership;
 pub mod monitor;

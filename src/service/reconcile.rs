@@ -231,9 +231,9 @@ pub fn verify_ends(slurm: &Slurm, outbox: &StateDir, ask_ctl: bool) -> Result<us
                     fixed.state = state;
                     fixed.start_time = start;
                     fixed.end_time = end;
-                    outbox
-                        .queue
-                        .enqueue(&Event::new(Item::Job { job: fixed }, (restarts, 2)))?;
+                    let mut ev = Event::new(Item::Job { job: fixed }, (restarts, 2));
+                    ev.het = crate::service::het::part_of(&info);
+                    outbox.queue.enqueue(&ev)?;
                     corrected += 1;
                 }
                 outbox.marks.verified(&job.key.id);
@@ -381,8 +381,10 @@ pub fn reconcile(
         .filter(|_| swept)
         .filter(|j| {
             let key = key_of(&j.job_id);
+            // A heterogeneous job is reported by its leader, on all its components' nodes.
             !(recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key))
                 && running_settled(j)
+                && !crate::service::het::is_follower(j)
         })
         .collect();
     // With states only, the unreported running jobs' records are asked by id (bounded: the
@@ -404,7 +406,7 @@ pub fn reconcile(
     };
     for j in &records_of_unreported {
         let key = key_of(&j.job_id);
-        if !running_settled(j) {
+        if !running_settled(j) || crate::service::het::is_follower(j) {
             continue;
         }
         if cfg.job_wanted(&j.name, j.partition.as_deref()).is_err() {
@@ -417,9 +419,9 @@ pub fn reconcile(
         let start = j.start.unwrap_or_else(crate::timefmt::now_epoch);
         let job = crate::cloudvision::payload::running_job(j, cluster, start, nodes);
         log::info!("reconcile: job {key} runs but no hook reported it; sending RUNNING");
-        outbox
-            .queue
-            .enqueue(&Event::new(Item::Job { job }, (j.restarts.unwrap_or(0), 0)))?;
+        let mut ev = Event::new(Item::Job { job }, (j.restarts.unwrap_or(0), 0));
+        ev.het = crate::service::het::part_of(j);
+        outbox.queue.enqueue(&ev)?;
         outbox
             .starts
             .save_run(&key, start, j.restarts.unwrap_or(0))?;
@@ -516,7 +518,9 @@ pub fn reconcile(
             }
         );
         let rank = (info.restarts.unwrap_or(0), 1);
-        outbox.queue.enqueue(&Event::new(Item::Job { job }, rank))?;
+        let mut ev = Event::new(Item::Job { job }, rank);
+        ev.het = crate::service::het::part_of(&info);
+        outbox.queue.enqueue(&ev)?;
         outbox.starts.forget(key);
         report.ended += 1;
     }

@@ -134,6 +134,8 @@ pub fn resend_running_on(
         let rank = (j.restarts.unwrap_or(0), 0);
         let mut ev = Event::new(Item::Job { job }, rank);
         ev.anew = true;
+        // A heterogeneous job's record is composed from every component as it is sent.
+        ev.het = crate::service::het::part_of(j);
         if outbox.queue.enqueue_resend(&ev)? {
             log::info!(
                 "job {key}: the inventory of {on} changed; RUNNING queued again for its interfaces"

@@ -81,7 +81,7 @@ fn job(j: &Value) -> Option<JobInfo> {
     let id = num(&j["job_id"]).filter(|n| *n > 0)?;
     // sacct nests state, times and array data; scontrol and squeue do not.
     let acct = j.get("state").is_some_and(Value::is_object);
-    let (states, reason, start, end, array_job, array_task) = if acct {
+    let (states, reason, start, end, array_job, array_task, het_job, het_offset) = if acct {
         let st = &j["state"];
         (
             states(&st["current"]),
@@ -90,6 +90,8 @@ fn job(j: &Value) -> Option<JobInfo> {
             epoch(&j["time"]["end"]),
             num(&j["array"]["job_id"]),
             num(&j["array"]["task_id"]),
+            num(&j["het"]["job_id"]),
+            num(&j["het"]["job_offset"]),
         )
     } else {
         (
@@ -99,9 +101,19 @@ fn job(j: &Value) -> Option<JobInfo> {
             epoch(&j["end_time"]),
             num(&j["array_job_id"]),
             num(&j["array_task_id"]),
+            num(&j["het_job_id"]),
+            num(&j["het_job_offset"]),
         )
     };
     let array = array_job.filter(|a| *a > 0).zip(array_task);
+    // 0 is "not a heterogeneous job"; a component's offset is below Slurm's 128 components.
+    let het = het_job
+        .filter(|h| *h > 0 && *h <= i64::from(u32::MAX))
+        .zip(match het_offset {
+            None => Some(0),
+            Some(o) => u32::try_from(o).ok(),
+        })
+        .filter(|(_, o)| *o < super::HET_MAX_COMPONENTS);
     Some(JobInfo {
         job_id: id.to_string(),
         name: j["name"].as_str().unwrap_or("").to_string(),
@@ -116,6 +128,8 @@ fn job(j: &Value) -> Option<JobInfo> {
         nodelist: text(&j["nodes"]).filter(|n| n != "None assigned"),
         array_job_id: array.map(|(a, _)| a.to_string()),
         array_task_id: array.map(|(_, t)| t.to_string()),
+        het_job_id: het.map(|(h, _)| h.to_string()),
+        het_job_offset: het.map(|(_, o)| o),
     })
 }
 
@@ -166,6 +180,16 @@ pub fn parse_job_states(output: &str) -> Result<Vec<JobInfo>, String> {
             };
             let digits =
                 |s: &str| !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit());
+            // A component of a heterogeneous job: `<own id>+<own id - leader's id>`.
+            let (own, het) = match own.split_once('+') {
+                Some((own, off)) if task.is_none() && digits(own) && digits(off) => {
+                    let (id, off) = (own.parse::<u32>().ok()?, off.parse::<u32>().ok()?);
+                    let leader = id.checked_sub(off).filter(|l| *l > 0)?;
+                    (own, Some((leader.to_string(), off)))
+                }
+                Some(_) => return None,
+                None => (own, None),
+            };
             if !digits(own) || own.bytes().all(|b| b == b'0') || task.is_some_and(|t| !digits(t)) {
                 return None;
             }
@@ -175,6 +199,8 @@ pub fn parse_job_states(output: &str) -> Result<Vec<JobInfo>, String> {
                 state: states.first().cloned().unwrap_or_default(),
                 states,
                 array_task_id: task.map(String::from),
+                het_job_offset: het.as_ref().map(|h| h.1),
+                het_job_id: het.map(|h| h.0),
                 ..JobInfo::default()
             })
         })
@@ -207,6 +233,48 @@ mod tests {
         .unwrap();
         let got: Vec<_> = v.as_array().unwrap().iter().map(num).collect();
         assert_eq!(got, [Some(5), Some(7), None, None, None, None, Some(1)]);
+    }
+
+    /// A heterogeneous job's component in every shape: scontrol/squeue's `het_job_id` and
+    /// `het_job_offset` (plain on 22.05, `{set, number}` later), sacct's `het`; 0 is no het
+    /// job; an offset Slurm cannot give makes no component.
+    #[test]
+    fn het_components_in_every_shape() {
+        let het = |doc: &str| {
+            let j = &parse_jobs(&format!(r#"{{"jobs":[{doc}]}}"#)).unwrap()[0];
+            (j.het_job_id.clone(), j.het_job_offset)
+        };
+        let some = |l: &str, o| (Some(l.to_string()), Some(o));
+        assert_eq!(
+            het(r#"{"job_id":7,"het_job_id":6,"het_job_offset":1}"#),
+            some("6", 1)
+        );
+        assert_eq!(
+            het(
+                r#"{"job_id":7,"het_job_id":{"set":true,"number":6},"het_job_offset":{"set":true,"number":1}}"#
+            ),
+            some("6", 1)
+        );
+        assert_eq!(
+            het(
+                r#"{"job_id":6,"state":{"current":["RUNNING"]},"het":{"job_id":6,"job_offset":{"set":true,"number":0}}}"#
+            ),
+            some("6", 0)
+        );
+        assert_eq!(
+            het(
+                r#"{"job_id":5,"state":{"current":"COMPLETED"},"het":{"job_id":0,"job_offset":null}}"#
+            ),
+            (None, None)
+        );
+        for bad in [
+            r#"{"job_id":7,"het_job_id":6,"het_job_offset":128}"#,
+            r#"{"job_id":7,"het_job_id":6,"het_job_offset":-1}"#,
+            r#"{"job_id":7,"het_job_id":-6,"het_job_offset":1}"#,
+            r#"{"job_id":7,"het_job_id":99999999999,"het_job_offset":1}"#,
+        ] {
+            assert_eq!(het(bad), (None, None), "{bad}");
+        }
     }
 
     #[test]

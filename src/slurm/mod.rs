@@ -6,6 +6,10 @@
 //! partitions (admin-defined names) are read from `sinfo --all` text. Every parser here is fed
 //! real Slurm output in its tests (`tests/fixtures/slurm-<version>/`).
 
+/// Slurm's bound on a heterogeneous job's components (`MAX_HET_JOB_COMPONENTS`, 128 in
+/// every supported release): a component's offset is below it.
+pub const HET_MAX_COMPONENTS: u32 = 128;
+
 pub mod bounds;
 pub mod conf;
 pub mod ctld_process;
@@ -59,6 +63,11 @@ pub struct JobInfo {
     pub array_job_id: Option<String>,
     /// For an array task: its task id.
     pub array_task_id: Option<String>,
+    /// For a component of a heterogeneous job: the leader's job id (`het_job_id`; the
+    /// leader's own id for the leader itself).
+    pub het_job_id: Option<String>,
+    /// For a component of a heterogeneous job: its index (`het_job_offset`; 0 for the leader).
+    pub het_job_offset: Option<u32>,
 }
 
 impl JobInfo {
@@ -464,6 +473,53 @@ pub fn sacct_jobs(slurm: &Slurm, ids: &[String], timeout: Duration) -> Result<An
             json_jobs(slurm, "sacct", &[reader.json_flag, "-j", &list], left)
         },
     )
+}
+
+/// Every component of the heterogeneous job led by `leader`, as Slurm holds them, in offset
+/// order: slurmctld by id (`scontrol --all --json show job <leader>` answers with every
+/// component; before 23.02 the one listing, as [`jobs_by_id`]), else accounting (`sacct
+/// --json -j <leader>` lists every component). Empty when neither holds the job; an error
+/// when slurmctld cannot be asked. One question of each at most, within `timeout`.
+pub fn het_components(
+    slurm: &Slurm,
+    leader: &str,
+    timeout: Duration,
+) -> Result<Vec<JobInfo>, String> {
+    if !valid_job_id(leader) || leader.contains('_') {
+        return Ok(Vec::new());
+    }
+    let started = Instant::now();
+    let (reader, left) = reader_within(slurm, timeout)?;
+    let ctl = if reader.ctl == Ctl::Squeue {
+        listing(slurm, reader, left)?
+    } else {
+        let args = ["--all", reader.json_flag, "show", "job", leader];
+        json_jobs(slurm, "scontrol", &args, left)?
+    };
+    let mine = |jobs: Vec<JobInfo>| {
+        let mut c: Vec<JobInfo> = jobs
+            .into_iter()
+            .filter(|j| j.het_job_id.as_deref() == Some(leader))
+            .collect();
+        c.sort_by_key(|j| j.het_job_offset);
+        // sacct lists a requeued job's runs in order: the last run of each component.
+        c.reverse();
+        c.dedup_by_key(|j| j.het_job_offset);
+        c.reverse();
+        c
+    };
+    let found = mine(ctl);
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    let left = timeout.saturating_sub(started.elapsed());
+    match json_jobs(slurm, "sacct", &[reader.json_flag, "-j", leader], left) {
+        Ok(jobs) => Ok(mine(jobs)),
+        Err(e) => {
+            log::debug!("accounting not asked about heterogeneous job {leader}: {e}");
+            Ok(Vec::new())
+        }
+    }
 }
 
 /// The final states asked of accounting by [`sacct_ended_within`] (`sacct --state`).

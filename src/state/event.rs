@@ -99,6 +99,12 @@ pub struct Event {
     /// ([`crate::inventory::attribution::outgoing`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub anew: bool,
+    /// Set on an event of one component of a heterogeneous job, keyed by the job's leader:
+    /// its record is composed from Slurm's record of every component as it is sent
+    /// ([`crate::service::het`]). A cvslurm that does not know the field sends the record as
+    /// queued (the leader's key, this component's nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub het: Option<HetPart>,
     /// What to send.
     #[serde(flatten)]
     pub item: Item,
@@ -119,6 +125,7 @@ impl Event {
             resolve: None,
             then: None,
             anew: false,
+            het: None,
             item,
         }
     }
@@ -133,6 +140,20 @@ impl Event {
         self.rank.0 > 0
             && matches!(&self.item, Item::Job { job } if job.state == crate::cloudvision::payload::JobState::Running)
     }
+}
+
+/// Which component of a heterogeneous job an event comes from (see [`Event::het`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HetPart {
+    /// The component's own job id (`SLURM_JOB_ID` in its hooks), for the log: no record is
+    /// ever sent under it.
+    pub component: String,
+    /// Its index (`SLURM_HET_JOB_OFFSET`), 0 for the leader.
+    pub offset: u32,
+    /// The component ended while the job goes on (its epilog, or its job-completion record,
+    /// with an offset above 0): the job's nodes shrink; the job's own end is its leader's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub left: bool,
 }
 
 /// What an epilog knew of a job's end without asking slurmctld (see [`Event::resolve`]).

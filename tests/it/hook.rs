@@ -177,6 +177,80 @@ fn missing_or_malformed_variables_send_nothing_and_say_what() {
     );
 }
 
+/// A heterogeneous job's components: hostile `SLURM_HET_JOB_*` send nothing and name the
+/// variable; without the service each component's event is kept under the leader's key, and
+/// `flush` sends one record of the whole job, composed from slurmctld's record of every
+/// component, never one keyed by a component's own id.
+#[test]
+fn het_components_go_as_one_job_and_hostile_values_are_refused() {
+    let cv = Standin::start();
+    let site = Site::new(&cv.server(), &cv.ca(), "");
+    for (leader, offset, says) in [
+        ("6;rm", "1", "SLURM_HET_JOB_ID=\"6;rm\" is not a job number"),
+        (
+            "6",
+            "999",
+            "SLURM_HET_JOB_OFFSET=\"999\" is not a component index (0 to 127)",
+        ),
+        (
+            "6",
+            "0",
+            "SLURM_HET_JOB_ID=\"6\" and SLURM_HET_JOB_OFFSET=0 disagree with SLURM_JOB_ID=\"7\"",
+        ),
+    ] {
+        let het = [
+            ("SLURM_HET_JOB_ID", leader),
+            ("SLURM_HET_JOB_OFFSET", offset),
+        ];
+        let (out, _) = site.hook(&job_env("prolog_slurmctld", "7", &het));
+        assert_eq!(out.status.code(), Some(0));
+        assert!(
+            site.log().contains(&format!("job 7: not sent: {says}")),
+            "{}",
+            site.log()
+        );
+    }
+    assert!(site.outbox().is_empty());
+    for (id, offset, nodes) in [("6", "0", "n1"), ("7", "1", "n[2-3]"), ("8", "2", "n3")] {
+        let het = [
+            ("SLURM_HET_JOB_ID", "6"),
+            ("SLURM_HET_JOB_OFFSET", offset),
+            ("SLURM_JOB_NODELIST", nodes),
+        ];
+        let (out, _) = site.hook(&job_env("prolog_slurmctld", id, &het));
+        assert_eq!(out.status.code(), Some(0));
+    }
+    assert!(cv.requests().is_empty(), "no component sent by its hook");
+    let outbox = site.outbox();
+    assert_eq!(outbox.len(), 1, "{outbox:?}");
+    assert_eq!(outbox[0]["job"]["key"]["id"], "6@hpc-cluster-west");
+    assert!(site.log().contains("job 6@hpc-cluster-west: RUNNING of component 8 (offset 2) of the heterogeneous job kept in outbox for the service or cvslurm flush"), "{}", site.log());
+    let comp = |id: u32, offset: u32, nodes: &str| {
+        json!({"job_id": id, "name": "gpt-training", "partition": "gpu", "job_state": ["RUNNING"],
+               "start_time": {"set": true, "infinite": false, "number": 1_700_000_000},
+               "nodes": nodes, "het_job_id": {"set": true, "infinite": false, "number": 6},
+               "het_job_offset": {"set": true, "infinite": false, "number": offset}})
+    };
+    let components = json!({"jobs": [comp(6, 0, "n1"), comp(7, 1, "n[2-3]"), comp(8, 2, "n3")]});
+    site.command(
+        "scontrol",
+        &format!(
+            "#!/bin/sh\ncase \"$*\" in\n*--version*) echo 'slurm 24.11.5' ;;\n\
+             *'show config'*) echo 'ClusterName = hpc-cluster-west' ;;\n\
+             *'show job 6') echo '{components}' ;;\n*) echo '{{\"jobs\": []}}' ;;\nesac\n"
+        ),
+    );
+    site.command("sacct", "#!/bin/sh\necho '{\"jobs\": []}'\n");
+    let out = site.run(&["flush", "--no-reconcile"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let jobs = cv.accepted("JobConfig");
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0]["key"]["id"], "6@hpc-cluster-west");
+    assert_eq!(jobs[0]["state"], "JOB_STATE_RUNNING");
+    assert_eq!(jobs[0]["nodes"]["values"], json!(["n1", "n2", "n3"]));
+    assert_eq!(jobs[0]["start_time"], "2023-11-14T22:13:20Z");
+}
+
 #[test]
 fn filtered_jobs_send_nothing() {
     let cv = Standin::start();
