@@ -111,7 +111,16 @@ fn fixture() -> &'static Fixture {
         .unwrap();
         let hook = work.join("cvslurm-hook");
         let t0 = Instant::now();
-        up(NODES, &[("CVSLURM_HOOK", hook.to_str().unwrap()), ("WITH_DBD", "1")]);
+        // Backfill every 5 s (Slurm's default is 30): heterogeneous jobs start only at a
+        // backfill pass, and a test holds the cluster while it waits for one.
+        up(
+            NODES,
+            &[
+                ("CVSLURM_HOOK", hook.to_str().unwrap()),
+                ("WITH_DBD", "1"),
+                ("BF_INTERVAL", "5"),
+            ],
+        );
         let service = start_service(&bin).unwrap();
         let time_limit_job = sbatch(&[
             "-J",

@@ -55,6 +55,9 @@
 #   MAX_JOB_COUNT        default 10000, Slurm's (MaxJobCount: the most jobs slurmctld holds;
 #                        tests/bench/array.py --held raises it)
 #   MAX_ARRAY_SIZE       default 1001, Slurm's (MaxArraySize)
+#   BF_INTERVAL          seconds between backfill passes (default: Slurm's, 30). Heterogeneous
+#                        jobs are started only by backfill, as is a pending job no other event
+#                        schedules before the periodic pass (60 s)
 #   JOBCOMP_LOC          a URL: JobCompType=jobcomp/elasticsearch, JobCompLoc=that URL (default
 #                        jobcomp/none)
 #   SLURMD_TIMEOUT       default 30 (seconds until a silent slurmd makes its node DOWN). Not
@@ -820,7 +823,7 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0${BF_INTERVAL:+,bf_interval=$BF_INTERVAL}
 SlurmdParameters=config_overrides
 MaxNodeCount=64
 TreeWidth=65533
@@ -911,7 +914,7 @@ up_description() { # nnodes
     printf 'CVSLURM_HOOKS=%s\nMIN_JOB_AGE=%s\nSLURMD_TIMEOUT=%s\nSLURMCTLD_DEBUG=%s\n' \
         "${CVSLURM_HOOKS:-both}" "${MIN_JOB_AGE:-5}" "${SLURMD_TIMEOUT:-30}" "${SLURMCTLD_DEBUG:-info}"
     printf 'CVSLURM_SHARE=%s\nREPO=%s\n' "${CVSLURM_SHARE:-}" "$REPO"
-    printf 'MAX_JOB_COUNT=%s\nMAX_ARRAY_SIZE=%s\nJOBCOMP_LOC=%s\n' "${MAX_JOB_COUNT:-10000}" "${MAX_ARRAY_SIZE:-1001}" "${JOBCOMP_LOC:-}"
+    printf 'MAX_JOB_COUNT=%s\nMAX_ARRAY_SIZE=%s\nJOBCOMP_LOC=%s\nBF_INTERVAL=%s\n' "${MAX_JOB_COUNT:-10000}" "${MAX_ARRAY_SIZE:-1001}" "${JOBCOMP_LOC:-}" "${BF_INTERVAL:-}"
     if ((NCTL > 1)); then printf 'CONTROLLERS=%s\n' "$NCTL"; fi
 }
 
