@@ -537,10 +537,24 @@ fn het_job_is_one_job_keyed_by_its_leader() {
     // The end is on the components that ran to the end: those that did not end before the
     // leader, in Slurm's whole seconds (a component cancelled in the leader's second ran to
     // the end as far as Slurm can tell).
-    let ends = stdout(&slurm(
-        "sacct",
-        &["-j", &leader, "-X", "-n", "-P", "--format=JobIDRaw,End"],
-    ));
+    // Accounting records each component's end on its own (slurmdbd may lag behind).
+    let mut ends = String::new();
+    wait_until(
+        "every component's end in sacct",
+        Duration::from_secs(60),
+        || {
+            ends = stdout(&slurm(
+                "sacct",
+                &["-j", &leader, "-X", "-n", "-P", "--format=JobIDRaw,End"],
+            ));
+            all.iter().all(|(id, _)| {
+                ends.lines().any(|l| {
+                    l.strip_prefix(&format!("{id}|"))
+                        .is_some_and(|e| !e.is_empty() && e != "Unknown")
+                })
+            })
+        },
+    );
     let end_of = |id: &str| {
         ends.lines()
             .find_map(|l| l.strip_prefix(&format!("{id}|")).map(str::to_string))
@@ -1416,8 +1430,9 @@ fn reconciliation_reports_what_no_hook_did() {
     // A running job no hook reported (as if cvslurm was installed mid-job).
     let running = sbatch(&["-J", "e2e-nohook", "--wrap", "sleep 300"]);
     wait_job(f, &running, "JOB_STATE_RUNNING", Duration::from_secs(30));
-    // CloudVision forgets both (a reset), then the records say what no hook did.
-    f.cv.reset();
+    // CloudVision forgets both (their records only: the other tests' stay), then the
+    // records say what no hook did.
+    f.cv.forget_jobs(&[key(&ended), key(&running)]);
     let record = f.state_dir.join(layout::JOBS).join(key(&ended));
     fs::write(&record, "1700000000\n").unwrap();
     chown_slurm(&record);

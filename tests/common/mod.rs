@@ -191,6 +191,12 @@ impl Standin {
         self.control("POST", "reset", Some(serde_json::json!({})));
     }
 
+    /// Forgets these jobs' records (keys), as if deleted; every other record and the
+    /// request log stay.
+    pub fn forget_jobs(&self, keys: &[String]) {
+        self.control("POST", "forget", Some(serde_json::json!({ "jobs": keys })));
+    }
+
     /// Switches some of the stand-in's behaviours away from the contract (see
     /// tests/standin/README.md, "Behaviours"); a test that does so says why.
     pub fn set_behaviour(&self, behaviour: Value) {

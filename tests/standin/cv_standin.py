@@ -847,6 +847,17 @@ class Handler(BaseHTTPRequestHandler):
                 st.reset(everything=bool(isinstance(body, dict)
                                          and (body.get("all") or body.get("everything"))))
                 self.answer(200, {"ok": True})
+            elif name == "forget" and m == "POST":
+                # {"jobs": [key, ...], "nodes": [key, ...]}: those records are gone, as if
+                # deleted; the request log and every other record stay
+                if not isinstance(body, dict):
+                    raise Invalid("forget takes {\"jobs\": [...], \"nodes\": [...]}")
+                with st.lock:
+                    for k in body.get("jobs") or []:
+                        st.jobs.pop(k, None)
+                    for k in body.get("nodes") or []:
+                        st.nodes.pop(k, None)
+                self.answer(200, {"ok": True})
             elif name == "behaviour" and m == "POST":
                 self.answer(200, st.set_behaviour(body))
             elif name == "behaviour" and m == "GET":
