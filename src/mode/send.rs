@@ -171,9 +171,6 @@ pub fn run(a: Args) -> i32 {
     for out in &jobs {
         if !deliver(client.as_ref(), cfg, out, &outbox.job_reps) {
             failed += 1;
-        } else if client.is_some() && out.job.state.is_terminal() {
-            // The job's end is out: its record of how it goes ends with it.
-            outbox.job_reps.forget(&out.job.key.id);
         }
     }
     i32::from(failed > 0)
@@ -266,8 +263,10 @@ pub fn print_dry_run(job: &JobConfig, cfg: &Config) {
     );
 }
 
-/// Sends (or, without a client, prints) one JobConfig, deleting CloudVision's stored record
-/// of the job first where [`Outgoing::forget`] says so; returns whether it went out.
+/// Sends (or, without a client, prints) one JobConfig the engine's way
+/// ([`crate::service::engine::post_outgoing`]: CloudVision's stored record of the job deleted
+/// first where [`Outgoing::forget`] says so; an end taken or refused ends the job's record of
+/// how it goes); returns whether it went out.
 pub fn deliver(
     client: Option<&Client>,
     cfg: &Config,
