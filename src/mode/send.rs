@@ -134,14 +134,15 @@ pub fn run(a: Args) -> i32 {
             let mut found = Vec::new();
             for id in &a.job_ids {
                 match slurm::lookup(&slurm, id).and_then(|info| whole_job(&slurm, info, &cluster)) {
-                    Ok(j) => {
+                    Ok((j, restarts)) => {
                         // The one rule for what goes out: the way the job's first record
-                        // went, else decided now (recorded, except in a dry run).
+                        // went, else decided now (recorded, except in a dry run); a re-run's
+                        // RUNNING deletes the earlier run's record first, as the engine's.
                         let out = crate::inventory::attribution::outgoing(
                             cfg.job_interfaces,
                             &outbox.job_reps,
                             &j,
-                            crate::inventory::attribution::Why::Plain,
+                            crate::inventory::attribution::Why::of_run(&j, restarts),
                             Some((&slurm, &outbox)),
                             !a.dry_run,
                         );
@@ -176,10 +177,14 @@ pub fn run(a: Args) -> i32 {
     i32::from(failed > 0)
 }
 
-/// The record of the job Slurm described as `info`; a heterogeneous job's is its leader's,
-/// on the nodes of its components ([`crate::service::het::compose`]), whichever component's
-/// id is given.
-fn whole_job(slurm: &Slurm, info: slurm::JobInfo, cluster: &str) -> Result<JobConfig, String> {
+/// The record of the job Slurm described as `info`, and the restart count of its run; a
+/// heterogeneous job's is its leader's, on the nodes of its components
+/// ([`crate::service::het::compose`]), whichever component's id is given.
+fn whole_job(
+    slurm: &Slurm,
+    info: slurm::JobInfo,
+    cluster: &str,
+) -> Result<(JobConfig, u32), String> {
     let info = match info.het_job_id.clone() {
         Some(leader) if crate::service::het::is_follower(&info) => {
             log::info!(
@@ -191,14 +196,15 @@ fn whole_job(slurm: &Slurm, info: slurm::JobInfo, cluster: &str) -> Result<JobCo
         _ => info,
     };
     let job = crate::cloudvision::payload::job_config(&info, cluster)?;
+    let restarts = info.restarts.unwrap_or(0);
     let (Some(part), Some(leader)) = (crate::service::het::part_of(&info), &info.het_job_id) else {
-        return Ok(job);
+        return Ok((job, restarts));
     };
     let components = slurm::het_components(slurm, leader, slurm::COMMAND_TIMEOUT).map_err(|e| {
         format!("job {leader}: its components could not be asked of slurmctld: {e}")
     })?;
     match crate::service::het::compose(&job, &part, &components) {
-        crate::service::het::Composed::Send(j) => Ok(j),
+        crate::service::het::Composed::Send(j) => Ok((j, restarts)),
         crate::service::het::Composed::Drop(why) => {
             Err(format!("job {leader}: {why}; send it again"))
         }

@@ -139,3 +139,78 @@ fn a_one_shot_inventory_retries_a_nodeconfig_as_the_service_does() {
     );
     assert_eq!(methods(&cv), ["POST 400"]);
 }
+
+/// `send` of a requeued job's RUNNING (Slurm's restart count 1) goes as the engine sends a
+/// re-run's RUNNING: the earlier run's stored record is deleted first, once, so the record
+/// holds no `end_time` of that run; a second `send` of the same run deletes nothing. Before,
+/// `send` posted it as a plain record, and CloudVision's Set kept the earlier run's end.
+#[test]
+fn send_of_a_reruns_running_deletes_the_earlier_runs_record_as_the_engine_does() {
+    use cvslurm::cloudvision::payload::{JobConfig, JobState, Key};
+    use cvslurm::cloudvision::{Client, ClientOptions};
+    let cv = Standin::start();
+    let site = Site::with_standin(&cv, "");
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/slurm-24.11");
+    let rerun = site.dir.path().join("job5.json");
+    let running =
+        std::fs::read_to_string(format!("{fixtures}/scontrol-json-show-job-running.json")).unwrap();
+    assert!(running.contains("\"restart_cnt\": 0"));
+    std::fs::write(
+        &rerun,
+        running.replace("\"restart_cnt\": 0", "\"restart_cnt\": 1"),
+    )
+    .unwrap();
+    site.command(
+        "scontrol",
+        &format!(
+            "#!/bin/sh\ncase \"$*\" in\n\
+             *--version*) echo 'slurm 24.11.5' ;;\n\
+             *'show config'*) echo 'ClusterName = cvlab-trixie' ;;\n\
+             *'show job 5') cat {} ;;\n\
+             *) echo '{{\"jobs\": []}}' ;;\nesac\n",
+            rerun.display()
+        ),
+    );
+    site.command("sacct", "#!/bin/sh\necho '{\"jobs\": []}'\n");
+    // The earlier run's end, as CloudVision holds it.
+    let client = Client::new(ClientOptions {
+        server: cv.server(),
+        token: cvslurm::config::Token::new(TOKEN),
+        ca_file: Some(cv.ca()),
+        pins: Vec::new(),
+        insecure: false,
+        timeout: std::time::Duration::from_secs(10),
+    })
+    .unwrap();
+    let key = "5@cvlab-trixie";
+    let ended = JobConfig {
+        key: Key { id: key.into() },
+        name: Some("earlier@debug".into()),
+        state: JobState::Completed,
+        start_time: Some("2025-12-05T10:30:00Z".into()),
+        end_time: Some("2025-12-05T10:31:00Z".into()),
+        location: Some("cvlab-trixie".into()),
+        job_type: None,
+        nodes: Some(vec!["n1".to_string()].into()),
+        interfaces: None,
+    };
+    client.post_job(&ended, None).unwrap();
+    cv.reset();
+    client.post_job(&ended, None).unwrap();
+    let out = site.run(&["send", "5"]);
+    assert_exit_0(&out);
+    let stored = cv.stored_job(key).unwrap();
+    assert_eq!(stored["state"], "JOB_STATE_RUNNING", "{stored}");
+    assert!(
+        stored.get("end_time").is_none(),
+        "the earlier run's end stayed: {stored}"
+    );
+    assert_eq!(methods(&cv), ["POST 200", "DELETE 200", "POST 200"]);
+    let out = site.run(&["send", "5"]);
+    assert_exit_0(&out);
+    assert_eq!(
+        methods(&cv),
+        ["POST 200", "DELETE 200", "POST 200", "POST 200"],
+        "a resend of the same run deletes nothing"
+    );
+}
