@@ -1,6 +1,8 @@
-//! Sending many requests: bounded concurrency over one pooled client with a shared pause on
-//! HTTP 429 (the one-shot `inventory` and `send` modes), and the backoff the service's sender
-//! uses. The outbox is delivered by [`crate::service::engine`].
+//! Sending many requests: bounded concurrency over one pooled client with a shared pause,
+//! and the one retry policy: which failures are worth another try ([`verdict`]) and how long
+//! to wait before it ([`retry_wait`]), for the service's engine and sender and for the
+//! one-shot `inventory` ([`retry_without_outbox`]). The outbox is delivered by
+//! [`crate::service::engine`].
 
 use crate::cloudvision::SendError;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -52,49 +54,18 @@ pub fn parallel_map<T: Sync, R: Send>(
         .collect()
 }
 
-/// How [`send_all`] treats HTTP 429 (CloudVision asking the client to slow down).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateLimitPolicy {
-    /// Rate-limited retries of one item before its 429 is returned as its result.
-    pub max_retries: u32,
-    /// The pause when a 429 carries no usable `Retry-After`.
-    pub default_wait: Duration,
-    /// The longest pause honoured (a larger `Retry-After` is cut to this).
-    pub max_wait: Duration,
-}
-
-impl Default for RateLimitPolicy {
-    fn default() -> Self {
-        RateLimitPolicy {
-            max_retries: 5,
-            default_wait: Duration::from_secs(1),
-            max_wait: Duration::from_secs(60),
-        }
-    }
-}
-
-/// [`send_all_with`] with the default [`RateLimitPolicy`]: at most 5 retries per item, pauses
-/// of `Retry-After` (1 s when absent), at most 60 s each.
-pub fn send_all<T: Sync, R: Send>(
-    items: &[T],
-    concurrency: usize,
-    f: impl Fn(&T) -> Result<R, SendError> + Sync,
-) -> Vec<Result<R, SendError>> {
-    send_all_with(items, concurrency, &RateLimitPolicy::default(), None, f)
-}
-
 /// Sends every item with `f` on at most `concurrency` threads (each keeps its pooled
 /// keep-alive connection); results come back in input order.
 ///
-/// A 429 pauses *every* worker until its `Retry-After` has passed (CloudVision asks the
-/// client, not one request, to slow down), then the item is sent again, at most
-/// `policy.max_retries` times. Other errors are returned as they are: retrying those is the
-/// outbox's job. When `stop` is set, items not yet sent get [`SendError::Timeout`].
-pub fn send_all_with<T: Sync, R: Send>(
+/// After each failure `retry(error, retries so far)` is the pause before the item is sent
+/// again, or `None` to return the error as the item's result ([`retry_without_outbox`]). A
+/// pause holds *every* worker (a 429 asks the client, not one request, to slow down). When
+/// `stop` is set, items not yet sent get [`SendError::Timeout`].
+pub fn send_all_by<T: Sync, R: Send>(
     items: &[T],
     concurrency: usize,
-    policy: &RateLimitPolicy,
     stop: Option<&AtomicBool>,
+    retry: impl Fn(&SendError, u32) -> Option<Duration> + Sync,
     f: impl Fn(&T) -> Result<R, SendError> + Sync,
 ) -> Vec<Result<R, SendError>> {
     let resume_at: Mutex<Option<Instant>> = Mutex::new(None);
@@ -114,28 +85,100 @@ pub fn send_all_with<T: Sync, R: Send>(
             if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
                 return Err(SendError::Timeout("stopped before sending".into()));
             }
-            match f(item) {
-                Err(SendError::RateLimited { retry_after }) if retries < policy.max_retries => {
-                    retries += 1;
-                    let wait = retry_after
-                        .unwrap_or(policy.default_wait)
-                        .min(policy.max_wait);
-                    let until = Instant::now() + wait;
-                    let mut g = resume_at.lock().unwrap_or_else(|e| e.into_inner());
-                    if g.is_none_or(|t| t < until) {
-                        if g.is_none_or(|t| t <= Instant::now()) {
-                            log::warn!(
-                                "CloudVision is rate limiting (HTTP 429); pausing all requests for {:.1} s",
-                                wait.as_secs_f64()
-                            );
-                        }
-                        *g = Some(until);
-                    }
+            let e = match f(item) {
+                Err(e) => e,
+                ok => return ok,
+            };
+            let Some(wait) = retry(&e, retries) else {
+                return Err(e);
+            };
+            retries += 1;
+            let until = Instant::now() + wait;
+            let mut g = resume_at.lock().unwrap_or_else(|e| e.into_inner());
+            if g.is_none_or(|t| t < until) {
+                if g.is_none_or(|t| t <= Instant::now()) {
+                    log::warn!("{e}; pausing all requests for {:.1} s", wait.as_secs_f64());
                 }
-                other => return other,
+                *g = Some(until);
             }
         }
     })
+}
+
+/// What the delivery policy does with a request that failed: the one classification for the
+/// service's engine ([`crate::service::engine`]) and the one-shot `inventory`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Try again later: it may pass with time (CloudVision unreachable or busy, rate
+    /// limiting, the token refused, no server configured, a server not answering as
+    /// CloudVision).
+    Keep {
+        /// A 429's `Retry-After`.
+        retry_after: Option<Duration>,
+        /// CloudVision refused the token: nothing goes through until it is replaced.
+        token_refused: bool,
+    },
+    /// CloudVision will never take it as it is.
+    Reject,
+}
+
+/// Classifies a failed request ([`Verdict`]).
+pub fn verdict(e: &SendError) -> Verdict {
+    if e.retryable()
+        || matches!(
+            e,
+            SendError::NotConfigured(_)
+                | SendError::TokenRefused { .. }
+                | SendError::NotCloudVision { .. }
+        )
+    {
+        Verdict::Keep {
+            retry_after: match e {
+                SendError::RateLimited { retry_after } => *retry_after,
+                _ => None,
+            },
+            token_refused: matches!(e, SendError::TokenRefused { .. }),
+        }
+    } else {
+        Verdict::Reject
+    }
+}
+
+/// The longest pause between tries ([`retry_wait`]).
+pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
+
+/// The pause after the `failures`-th failure in a row: [`backoff`] up to [`BACKOFF_CAP`], or
+/// a 429's `Retry-After` (cut to [`BACKOFF_CAP`]) when that is longer. The service's sender
+/// pauses every worker this long on a kept event.
+pub fn retry_wait(failures: u32, retry_after: Option<Duration>) -> Duration {
+    let wait = backoff(failures, BACKOFF_CAP);
+    match retry_after {
+        Some(ra) => wait.max(ra.min(BACKOFF_CAP)),
+        None => wait,
+    }
+}
+
+/// How many times a request is tried again where no outbox keeps it (the one-shot
+/// `inventory`'s NodeConfigs) before its error is final: the pauses of [`retry_wait`] add up
+/// to about 14 s, an admin's command ends while the admin still waits for it.
+pub const RETRIES_WITHOUT_OUTBOX: u32 = 3;
+
+/// The service's retry policy where no outbox keeps what fails (the one-shot `inventory`'s
+/// NodeConfigs): after the `retries`-th retry (0: the first try) failed with `e`, the pause
+/// before the request is sent again, or `None` when `e` is final. [`verdict`] decides what
+/// is worth another try and [`retry_wait`] how long to wait, as in the service; without an
+/// outbox a request is given up after [`RETRIES_WITHOUT_OUTBOX`] retries, and at once when
+/// CloudVision refuses the token (as `flush` stops): no retry passes before it is replaced.
+pub fn retry_without_outbox(e: &SendError, retries: u32) -> Option<Duration> {
+    match verdict(e) {
+        Verdict::Reject => None,
+        Verdict::Keep { token_refused, .. }
+            if token_refused || retries >= RETRIES_WITHOUT_OUTBOX =>
+        {
+            None
+        }
+        Verdict::Keep { retry_after, .. } => Some(retry_wait(retries + 1, retry_after)),
+    }
 }
 
 /// Capped exponential backoff with jitter: 1 s, 2 s, 4 s … up to `cap`, each ±25 %.
@@ -164,18 +207,23 @@ mod tests {
     }
 
     #[test]
-    fn send_all_honours_retry_after_and_is_bounded() {
+    fn send_all_by_honours_retry_after_and_is_bounded() {
         use std::sync::atomic::AtomicU32;
-        let policy = RateLimitPolicy {
-            max_retries: 3,
-            default_wait: Duration::from_millis(10),
-            max_wait: Duration::from_millis(300),
+        // A 429 is retried at most 3 times, after its Retry-After (10 ms without one, at
+        // most 300 ms); nothing else is.
+        let policy = |e: &SendError, retries: u32| match e {
+            SendError::RateLimited { retry_after } if retries < 3 => Some(
+                retry_after
+                    .unwrap_or(Duration::from_millis(10))
+                    .min(Duration::from_millis(300)),
+            ),
+            _ => None,
         };
         // Item 3 is rate limited twice (Retry-After 0.2 s), item 5 always.
         let tries: Vec<AtomicU32> = (0..8).map(|_| AtomicU32::new(0)).collect();
         let items: Vec<usize> = (0..8).collect();
         let t0 = Instant::now();
-        let got = send_all_with(&items, 4, &policy, None, |&i| {
+        let got = send_all_by(&items, 4, None, policy, |&i| {
             let n = tries[i].fetch_add(1, Ordering::Relaxed);
             match i {
                 3 if n < 2 => Err(SendError::RateLimited {
@@ -199,7 +247,7 @@ mod tests {
         }
         // Other errors are not retried here.
         let once = AtomicU32::new(0);
-        let got = send_all(&[1], 2, |_| -> Result<(), SendError> {
+        let got = send_all_by(&[1], 2, None, policy, |_| -> Result<(), SendError> {
             once.fetch_add(1, Ordering::Relaxed);
             Err(SendError::Server {
                 status: 503,
@@ -210,8 +258,58 @@ mod tests {
         assert_eq!(once.load(Ordering::Relaxed), 1);
         // A stop request ends it.
         let stop = AtomicBool::new(true);
-        let got = send_all_with(&[1, 2], 2, &policy, Some(&stop), |_| Ok(()));
+        let got = send_all_by(&[1, 2], 2, Some(&stop), policy, |_| Ok(()));
         assert!(got.iter().all(|r| matches!(r, Err(SendError::Timeout(_)))));
+    }
+
+    /// Without an outbox a NodeConfig is retried as the service's engine would keep it
+    /// (unreachable, 5xx, 429), after the service's backoff (a longer Retry-After honoured),
+    /// at most [`RETRIES_WITHOUT_OUTBOX`] times; what the engine rejects, and a refused token
+    /// (as `flush` stops), are final at once.
+    #[test]
+    fn a_nodeconfig_is_retried_as_the_service_keeps_it() {
+        let server = SendError::Server {
+            status: 503,
+            message: String::new(),
+        };
+        let refused = SendError::Rejected {
+            status: 400,
+            message: String::new(),
+        };
+        let token = SendError::TokenRefused {
+            status: 401,
+            message: String::new(),
+        };
+        let unreachable = SendError::Unreachable("connection refused".into());
+        for e in [&server, &unreachable] {
+            assert!(matches!(verdict(e), Verdict::Keep { .. }), "{e}");
+            for retries in 0..RETRIES_WITHOUT_OUTBOX {
+                let wait = retry_without_outbox(e, retries).expect("retried");
+                let base = Duration::from_secs(1u64 << (retries + 1));
+                assert!(
+                    wait >= base.mul_f64(0.75) && wait <= base.mul_f64(1.25),
+                    "{e} {retries}: {wait:?}"
+                );
+            }
+            assert_eq!(retry_without_outbox(e, RETRIES_WITHOUT_OUTBOX), None, "{e}");
+        }
+        let limited = SendError::RateLimited {
+            retry_after: Some(Duration::from_secs(120)),
+        };
+        assert_eq!(
+            retry_without_outbox(&limited, 0),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(verdict(&refused), Verdict::Reject);
+        assert_eq!(retry_without_outbox(&refused, 0), None);
+        assert!(matches!(
+            verdict(&token),
+            Verdict::Keep {
+                token_refused: true,
+                ..
+            }
+        ));
+        assert_eq!(retry_without_outbox(&token, 0), None);
     }
 
     #[test]

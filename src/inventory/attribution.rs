@@ -250,6 +250,17 @@ pub enum Why {
 }
 
 impl Why {
+    /// Why a record of `job` goes out that no event carries (`send`'s, from Slurm's record of
+    /// the run with restart count `restarts`): a re-run's RUNNING, else as it is, as
+    /// [`Why::of`] says for an event of that run.
+    pub fn of_run(job: &crate::cloudvision::payload::JobConfig, restarts: u32) -> Why {
+        if crate::state::event::starts_a_rerun(job, restarts) {
+            Why::Rerun(restarts)
+        } else {
+            Why::Plain
+        }
+    }
+
     /// Why `ev`'s record goes out: a re-run's RUNNING, a RUNNING resent for its nodes' new
     /// inventory ([`crate::state::event::Event::anew`]), or as queued.
     pub fn of(ev: &crate::state::event::Event) -> Why {

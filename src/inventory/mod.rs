@@ -99,9 +99,15 @@ impl Inventory<'_> {
                 }
             }
             Some(c) => {
-                let results = batch::send_all(&ok_nodes, self.cfg.max_concurrent_requests, |n| {
-                    c.post_node(n, None)
-                });
+                // The service's retry policy, given up where the service would keep a
+                // NodeConfig in the outbox.
+                let results = batch::send_all_by(
+                    &ok_nodes,
+                    self.cfg.max_concurrent_requests,
+                    None,
+                    batch::retry_without_outbox,
+                    |n| c.post_node(n, None),
+                );
                 for (n, r) in ok_nodes.iter().zip(results) {
                     match r {
                         Ok(_) => sent += 1,

@@ -372,9 +372,6 @@ fn handle(
             if env.phase == Phase::Epilog && !queued {
                 outbox.starts.forget(&key);
             }
-            if state.is_terminal() {
-                outbox.job_reps.forget(&key);
-            }
             if let Some(own) = own.as_deref().filter(|_| queued) {
                 // Its own file only, without a lock: if a drainer took it in meanwhile, it is
                 // sent once more.

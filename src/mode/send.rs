@@ -134,14 +134,15 @@ pub fn run(a: Args) -> i32 {
             let mut found = Vec::new();
             for id in &a.job_ids {
                 match slurm::lookup(&slurm, id).and_then(|info| whole_job(&slurm, info, &cluster)) {
-                    Ok(j) => {
+                    Ok((j, restarts)) => {
                         // The one rule for what goes out: the way the job's first record
-                        // went, else decided now (recorded, except in a dry run).
+                        // went, else decided now (recorded, except in a dry run); a re-run's
+                        // RUNNING deletes the earlier run's record first, as the engine's.
                         let out = crate::inventory::attribution::outgoing(
                             cfg.job_interfaces,
                             &outbox.job_reps,
                             &j,
-                            crate::inventory::attribution::Why::Plain,
+                            crate::inventory::attribution::Why::of_run(&j, restarts),
                             Some((&slurm, &outbox)),
                             !a.dry_run,
                         );
@@ -171,18 +172,19 @@ pub fn run(a: Args) -> i32 {
     for out in &jobs {
         if !deliver(client.as_ref(), cfg, out, &outbox.job_reps) {
             failed += 1;
-        } else if client.is_some() && out.job.state.is_terminal() {
-            // The job's end is out: its record of how it goes ends with it.
-            outbox.job_reps.forget(&out.job.key.id);
         }
     }
     i32::from(failed > 0)
 }
 
-/// The record of the job Slurm described as `info`; a heterogeneous job's is its leader's,
-/// on the nodes of its components ([`crate::service::het::compose`]), whichever component's
-/// id is given.
-fn whole_job(slurm: &Slurm, info: slurm::JobInfo, cluster: &str) -> Result<JobConfig, String> {
+/// The record of the job Slurm described as `info`, and the restart count of its run; a
+/// heterogeneous job's is its leader's, on the nodes of its components
+/// ([`crate::service::het::compose`]), whichever component's id is given.
+fn whole_job(
+    slurm: &Slurm,
+    info: slurm::JobInfo,
+    cluster: &str,
+) -> Result<(JobConfig, u32), String> {
     let info = match info.het_job_id.clone() {
         Some(leader) if crate::service::het::is_follower(&info) => {
             log::info!(
@@ -194,14 +196,15 @@ fn whole_job(slurm: &Slurm, info: slurm::JobInfo, cluster: &str) -> Result<JobCo
         _ => info,
     };
     let job = crate::cloudvision::payload::job_config(&info, cluster)?;
+    let restarts = info.restarts.unwrap_or(0);
     let (Some(part), Some(leader)) = (crate::service::het::part_of(&info), &info.het_job_id) else {
-        return Ok(job);
+        return Ok((job, restarts));
     };
     let components = slurm::het_components(slurm, leader, slurm::COMMAND_TIMEOUT).map_err(|e| {
         format!("job {leader}: its components could not be asked of slurmctld: {e}")
     })?;
     match crate::service::het::compose(&job, &part, &components) {
-        crate::service::het::Composed::Send(j) => Ok(j),
+        crate::service::het::Composed::Send(j) => Ok((j, restarts)),
         crate::service::het::Composed::Drop(why) => {
             Err(format!("job {leader}: {why}; send it again"))
         }
@@ -266,8 +269,10 @@ pub fn print_dry_run(job: &JobConfig, cfg: &Config) {
     );
 }
 
-/// Sends (or, without a client, prints) one JobConfig, deleting CloudVision's stored record
-/// of the job first where [`Outgoing::forget`] says so; returns whether it went out.
+/// Sends (or, without a client, prints) one JobConfig the engine's way
+/// ([`crate::service::engine::post_outgoing`]: CloudVision's stored record of the job deleted
+/// first where [`Outgoing::forget`] says so; an end taken or refused ends the job's record of
+/// how it goes); returns whether it went out.
 pub fn deliver(
     client: Option<&Client>,
     cfg: &Config,

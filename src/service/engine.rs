@@ -5,13 +5,14 @@
 //!   ran, judged from exit codes only) are settled against slurmctld, a batch in one question
 //!   ([`end_states`]); their records are fixed and written back, and an end slurmctld did not
 //!   name as final is marked for verification against Slurm's final record.
-//! - [`Engine::deliver`]: takes one event, adds the interface MACs `JobInterfaces=gpu|auto`
+//! - [`Engine::deliver_if`]: takes one event, adds the interface MACs `JobInterfaces=gpu|auto`
 //!   asks for ([`crate::inventory::attribution::enrich`]), sends it, classifies the answer ([`Outcome`])
 //!   and finishes it in the outbox (delivered, kept for a retry, or rejected).
 //!
 //! What the callers decide is only when to send: the service pauses every worker on a kept
 //! event (backoff), `flush` goes through the outbox once and stops at a refused token.
 
+use crate::cloudvision::batch::{verdict, Verdict};
 use crate::cloudvision::{Answer, Client, SendError};
 use crate::config::JobInterfaces;
 pub use crate::inventory::attribution::Forget;
@@ -400,7 +401,9 @@ fn forget_stored_job(
 
 /// Posts a job's record as [`crate::inventory::attribution::outgoing`] decided it: CloudVision's stored
 /// record of the job deleted first where it says so ([`forget_stored_job`]), then the record.
-/// The one way a job's record is sent (the engine, the hook's own send, `send`).
+/// An end CloudVision took, or refused for good ([`Verdict::Reject`]), ends the job's record
+/// of how it goes (`reps`). The one way a job's record is sent (the engine, the hook's own
+/// send, `send`).
 pub fn post_outgoing(
     client: &Client,
     out: &crate::inventory::attribution::Outgoing,
@@ -417,7 +420,17 @@ pub fn post_outgoing(
             }
         }
     }
-    client.post_job(&out.job, deadline)
+    let result = client.post_job(&out.job, deadline);
+    // Before the key is free again: a job's record of how it goes ends with its end, once
+    // CloudVision took the end or refused it for good (a kept end goes the same way again).
+    let answered = match &result {
+        Ok(_) => true,
+        Err(e) => verdict(e) == Verdict::Reject,
+    };
+    if answered && out.job.state.is_terminal() {
+        reps.forget(&out.job.key.id);
+    }
+    result
 }
 
 /// The one delivery policy (see the module documentation). Shared by reference between
@@ -798,7 +811,7 @@ impl Engine {
         };
         let class = answer_class(&result);
         self.account(|r| r.answers[class] += 1);
-        let (finish, outcome) = match result {
+        let (finish, outcome) = match result.map_err(|e| (verdict(&e), e)) {
             Ok(a) => {
                 let delay = now_nanos().saturating_sub(taken.seq) / 1_000_000;
                 self.account(|r| {
@@ -819,20 +832,13 @@ impl Engine {
                 }
                 (Finish::Delivered, Outcome::Delivered)
             }
-            Err(e)
-                if e.retryable()
-                    || matches!(
-                        e,
-                        SendError::NotConfigured(_)
-                            | SendError::TokenRefused { .. }
-                            | SendError::NotCloudVision { .. }
-                    ) =>
-            {
-                let retry_after = match e {
-                    SendError::RateLimited { retry_after } => retry_after,
-                    _ => None,
-                };
-                let token_refused = matches!(e, SendError::TokenRefused { .. });
+            Err((
+                Verdict::Keep {
+                    retry_after,
+                    token_refused,
+                },
+                e,
+            )) => {
                 if token_refused {
                     let mut at = self
                         .token_warned_at
@@ -861,7 +867,7 @@ impl Engine {
                     },
                 )
             }
-            Err(e) => {
+            Err((Verdict::Reject, e)) => {
                 let why = e.to_string();
                 self.account(|r| {
                     r.rejected += 1;
@@ -871,12 +877,8 @@ impl Engine {
                 (Finish::Reject(why), Outcome::Rejected)
             }
         };
-        // Before the key is free again: a job's record of how it goes ends with its end.
+        // A job's record of how it goes ended with its end, in post_outgoing.
         if let Item::Job { job } = &taken.item {
-            if job.state.is_terminal() && matches!(outcome, Outcome::Delivered | Outcome::Rejected)
-            {
-                self.outbox.job_reps.forget(&job.key.id);
-            }
             // On a pair: so that a later catch-up here never sends it again.
             if job.state.is_terminal() && outcome == Outcome::Delivered && self.gate.pair() {
                 if let Err(e) = self.outbox.ends_sent.record(&job.key.id) {

@@ -17,7 +17,7 @@
 //!   batch.
 //! - The workers share one client, so at most that many keep-alive TLS connections are open
 //!   whatever the number of hooks. One key is never in two workers: a job's events go out in
-//!   order. Each worker delivers with the one engine `flush` uses too ([`Engine::deliver`]:
+//!   order. Each worker delivers with the one engine `flush` uses too ([`Engine::deliver_if`]:
 //!   enrich, send, classify, finish); a kept event pauses every worker (growing backoff;
 //!   429's `Retry-After` honoured).
 //!
@@ -26,7 +26,7 @@
 
 use super::engine::{record_drain, running_head, DrainReport, Engine, Outcome};
 use super::leadership::Gate;
-use crate::cloudvision::batch::backoff;
+use crate::cloudvision::batch::retry_wait;
 use crate::cloudvision::Client;
 use crate::state::index::Index;
 use crate::state::queue::{Event, Item};
@@ -833,10 +833,7 @@ fn pause(sh: &Shared, retry_after: Option<Duration>, why: &str) {
     if st.paused_until.is_none_or(|p| p <= Instant::now()) {
         st.failures += 1;
     }
-    let mut wait = backoff(st.failures, Duration::from_secs(300));
-    if let Some(ra) = retry_after {
-        wait = wait.max(ra.min(Duration::from_secs(300)));
-    }
+    let wait = retry_wait(st.failures, retry_after);
     let until = Instant::now() + wait;
     if st.paused_until.is_none_or(|p| p < until) {
         if st.paused_until.is_none_or(|p| p <= Instant::now()) {

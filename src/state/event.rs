@@ -137,9 +137,14 @@ impl Event {
     /// would keep, so the record is deleted before this is sent
     /// ([`crate::service::engine::post_outgoing`]).
     pub fn starts_a_rerun(&self) -> bool {
-        self.rank.0 > 0
-            && matches!(&self.item, Item::Job { job } if job.state == crate::cloudvision::payload::JobState::Running)
+        matches!(&self.item, Item::Job { job } if starts_a_rerun(job, self.rank.0))
     }
+}
+
+/// True when `job`'s record, of the run with Slurm's restart count `restarts`, is the
+/// RUNNING of a requeued job's later run ([`Event::starts_a_rerun`]).
+pub fn starts_a_rerun(job: &crate::cloudvision::payload::JobConfig, restarts: u32) -> bool {
+    restarts > 0 && job.state == crate::cloudvision::payload::JobState::Running
 }
 
 /// Which component of a heterogeneous job an event comes from (see [`Event::het`]).

@@ -126,6 +126,7 @@ impl JobReps {
     /// RUNNING (a retry after a failed POST, reconciliation's, a new inventory's) must not
     /// delete the live record again. Removed with the job's record ([`JobReps::forget`]).
     pub fn note_rerun_deleted(&self, key: &str, run: u32) -> Result<(), String> {
+        durable::ensure_dirs(&self.root, self.owner)?;
         durable::replace(
             &self.rerun_path(key),
             format!("{run}\n").as_bytes(),

@@ -16,6 +16,7 @@ mod hardening;
 mod hook;
 mod metrics;
 mod node_keys;
+mod one_path;
 mod outbox;
 mod representation;
 mod service;
