@@ -649,10 +649,11 @@ const MAX_GPU_INDEX: u32 = 1023;
 ///
 /// A MIG instance's index is its own GRES index (see
 /// [`crate::discovery::topology::Topology::slurm_indices`]). Shares of a GPU (`shard`, `mps`)
-/// give the indices of the GPUs they are on: `shard:2(IDX:0)` before Slurm 23.11, and from
+/// give the indices of the GPUs they are on: `shard:2(IDX:0)` before Slurm 23.11.2, and from
 /// then one `<held>/<available>` per GPU of the node, in GRES index order, `shard:3(0/4,3/4)`
 /// holding shares of GPU 1 (`_build_shared_gres_details`, `gres_stepmgr.c:1844-1908` and
-/// `:1986-1994@slurm-24-11-6-1`, Slurm commit 05ffde3e96).
+/// `:1986-1994@slurm-24-11-6-1`, Slurm commit 05ffde3e96; slurmd makes one shared record per
+/// GPU record, in the GPUs' order: `_merge_lists`, `gres_c_s.c:112-185`).
 pub fn parse_gres_gpus(gres: &str) -> Result<std::collections::BTreeSet<u32>, String> {
     let mut out = std::collections::BTreeSet::new();
     let mut depth = 0i32;
@@ -1080,7 +1081,7 @@ mod tests {
         );
     }
 
-    /// GPU shares (`shard`, `mps`) name the GPUs they are on: by index before Slurm 23.11,
+    /// GPU shares (`shard`, `mps`) name the GPUs they are on: by index before Slurm 23.11.2,
     /// by one `<held>/<available>` per GPU since (`gres_stepmgr.c:1986-1994@slurm-24-11-6-1`).
     #[test]
     fn shards_and_mps_name_their_gpus() {
