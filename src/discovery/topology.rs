@@ -80,6 +80,30 @@ pub struct NicTopology {
     pub near: Nearness,
 }
 
+/// The most MIG instances one GPU may report (an A100 or H100 splits into at most 7).
+pub const MAX_MIGS_PER_GPU: usize = 8;
+/// The largest GPU instance, compute instance or capability minor number accepted.
+const MAX_MIG_NUMBER: u32 = 1 << 20;
+
+/// One MIG instance: a compute instance of a GPU instance of an NVIDIA GPU in MIG mode. To
+/// Slurm (gres.conf `AutoDetect=nvml`) each is a GPU of its own, whose `File` is the parent's
+/// `/dev/nvidia<minor>` and the capability devices `/dev/nvidia-caps/nvidia-cap<gi_cap>`,
+/// `/dev/nvidia-caps/nvidia-cap<ci_cap>`; its GRES index comes from [`Topology::slurm_indices`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mig {
+    /// The parent GPU's index (its device minor).
+    pub gpu: u32,
+    /// The GPU instance id.
+    pub gi: u32,
+    /// The compute instance id within the GPU instance.
+    pub ci: u32,
+    /// The GPU instance's capability minor (`/proc/driver/nvidia-caps/mig-minors`).
+    pub gi_cap: u32,
+    /// The compute instance's capability minor.
+    pub ci_cap: u32,
+}
+
 /// A node's GPUs and the GPU nearness of its reported NICs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,6 +112,9 @@ pub struct Topology {
     pub gpus: Vec<Gpu>,
     /// The reported interfaces that are PCI devices, by name.
     pub nics: Vec<NicTopology>,
+    /// The MIG instances of the GPUs in MIG mode (absent when none is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migs: Vec<Mig>,
 }
 
 impl Topology {
@@ -123,7 +150,65 @@ impl Topology {
                 return Err(format!("topology: NIC {} names an unknown GPU", n.name));
             }
         }
+        let mut per_gpu: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut ids = BTreeSet::new();
+        let mut caps = BTreeSet::new();
+        for m in &self.migs {
+            let n = per_gpu.entry(m.gpu).or_default();
+            *n += 1;
+            if !idx.contains(&m.gpu) || *n > MAX_MIGS_PER_GPU {
+                return Err(format!(
+                    "topology: MIG instance of unknown GPU {}, or more than {MAX_MIGS_PER_GPU} on it",
+                    m.gpu
+                ));
+            }
+            if [m.gi, m.ci, m.gi_cap, m.ci_cap]
+                .iter()
+                .any(|v| *v >= MAX_MIG_NUMBER)
+                || !ids.insert((m.gpu, m.gi, m.ci))
+                || !caps.insert(m.ci_cap)
+            {
+                return Err(format!(
+                    "topology: bad or repeated MIG instance gpu{}/gi{}/ci{}",
+                    m.gpu, m.gi, m.ci
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Slurm's GRES index of each GPU it schedules on this node → the index of the physical
+    /// GPU it is (or, for a MIG instance, is part of).
+    ///
+    /// Without MIG instances, the GPUs' own indices (device minors). With them, the order
+    /// in which slurmd (`AutoDetect=nvml`, Slurm 23.02.7 and later) lists the node's GPUs,
+    /// which is the GRES index: records sorted by `File` in natural order, then by their
+    /// `Links` position with records without links last (`gres_gpu.c:609-614` and
+    /// `_sort_gpu_by_links_order`, `:354-372@slurm-24-11-6-1`). Whole GPUs have links
+    /// (NVML's enumeration order, which is PCI address order) and come first; MIG instances
+    /// have none (`gpu_nvml.c:1492-1519@slurm-24-11-6-1`) and follow, in the natural order of
+    /// their `File` `/dev/nvidia<parent>,/dev/nvidia-caps/nvidia-cap<gi_cap>,…<ci_cap>`:
+    /// by parent minor, then capability minors.
+    pub fn slurm_indices(&self) -> BTreeMap<u32, u32> {
+        if self.migs.is_empty() {
+            return self.gpus.iter().map(|g| (g.index, g.index)).collect();
+        }
+        let parents: BTreeSet<u32> = self.migs.iter().map(|m| m.gpu).collect();
+        let mut whole: Vec<&Gpu> = self
+            .gpus
+            .iter()
+            .filter(|g| !parents.contains(&g.index))
+            .collect();
+        whole.sort_by(|a, b| a.pci.cmp(&b.pci));
+        let mut migs: Vec<&Mig> = self.migs.iter().collect();
+        migs.sort_by_key(|m| (m.gpu, m.gi_cap, m.ci_cap));
+        whole
+            .iter()
+            .map(|g| g.index)
+            .chain(migs.iter().map(|m| m.gpu))
+            .enumerate()
+            .map(|(i, g)| (i as u32, g))
+            .collect()
     }
 
     /// The nearness entry of interface `name`.
@@ -228,6 +313,99 @@ fn read_small(p: &Path) -> Option<String> {
         .read_to_string(&mut s)
         .ok()?;
     Some(s.trim().to_string())
+}
+
+/// The most bytes read of `/proc/driver/nvidia-caps/mig-minors` (the driver's table is a few
+/// tens of kB for 8 GPUs).
+const MAX_MIG_MINORS_BYTES: u64 = 1 << 20;
+
+/// The most entries looked at in one `capabilities` directory.
+const MAX_CAP_ENTRIES: usize = 64;
+
+/// The MIG instances of the NVIDIA GPUs with device minors `minors`: each compute instance
+/// directory `<proc>/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/ci<C>` (present only
+/// for instances that exist), with the capability minors Slurm gives it from
+/// `<proc>/driver/nvidia-caps/mig-minors` (`gpu<minor>/gi<G>/access <n>`,
+/// `gpu<minor>/gi<G>/ci<C>/access <n>`; `gpu_nvml.c:1074-1140@slurm-24-11-6-1`). An instance
+/// whose minors the table lacks is an error: its GRES index could not be known.
+fn migs(proc_root: &Path, minors: &[u32]) -> Result<Vec<Mig>, String> {
+    let numbered = |name: &str, prefix: &str| -> Option<u32> {
+        let v = name.strip_prefix(prefix)?;
+        (!v.is_empty() && v.len() <= 7 && v.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| v.parse().ok())
+            .flatten()
+            .filter(|n| *n < MAX_MIG_NUMBER)
+    };
+    let list = |dir: &Path, prefix: &str| -> Result<Vec<u32>, String> {
+        let rd = match fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(format!("cannot list {}: {e}", dir.display())),
+        };
+        let mut out: Vec<u32> = rd
+            .flatten()
+            .take(MAX_CAP_ENTRIES)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| numbered(&e.file_name().to_string_lossy(), prefix))
+            .collect();
+        out.sort_unstable();
+        Ok(out)
+    };
+    let mut found = Vec::new();
+    for &m in minors {
+        let dir = proc_root.join(format!("driver/nvidia/capabilities/gpu{m}/mig"));
+        let mut n = 0;
+        for gi in list(&dir, "gi")? {
+            for ci in list(&dir.join(format!("gi{gi}")), "ci")? {
+                n += 1;
+                if n > MAX_MIGS_PER_GPU {
+                    return Err(format!(
+                        "GPU {m}: more than {MAX_MIGS_PER_GPU} MIG instances in {}",
+                        dir.display()
+                    ));
+                }
+                found.push((m, gi, ci));
+            }
+        }
+    }
+    if found.is_empty() {
+        return Ok(Vec::new());
+    }
+    let table_path = proc_root.join("driver/nvidia-caps/mig-minors");
+    let mut table = String::new();
+    fs::File::open(&table_path)
+        .and_then(|f| f.take(MAX_MIG_MINORS_BYTES).read_to_string(&mut table))
+        .map_err(|e| {
+            format!(
+                "MIG instances, but cannot read {}: {e}",
+                table_path.display()
+            )
+        })?;
+    let minors: BTreeMap<&str, u32> = table
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k, v.trim().parse().ok().filter(|n| *n < MAX_MIG_NUMBER)?))
+        })
+        .collect();
+    found
+        .into_iter()
+        .map(|(m, gi, ci)| {
+            let cap = |k: String| {
+                minors
+                    .get(k.as_str())
+                    .copied()
+                    .ok_or_else(|| format!("MIG instance: no {k} in {}", table_path.display()))
+            };
+            Ok(Mig {
+                gpu: m,
+                gi,
+                ci,
+                gi_cap: cap(format!("gpu{m}/gi{gi}/access"))?,
+                ci_cap: cap(format!("gpu{m}/gi{gi}/ci{ci}/access"))?,
+            })
+        })
+        .collect()
 }
 
 fn read_hex(p: &Path) -> Option<u32> {
@@ -389,6 +567,15 @@ pub fn read(
     if gpus.is_empty() {
         return Ok(None);
     }
+    let nvidia: Vec<u32> = gpus
+        .iter()
+        .filter(|g| {
+            driver_of(&roots.sys.join("bus/pci/devices").join(&g.0.pci)).as_deref()
+                == Some("nvidia")
+        })
+        .map(|g| g.0.index)
+        .collect();
+    let migs = migs(&roots.proc, &nvidia)?;
     let mut nics = Vec::new();
     for name in names {
         let dev = sys_class_net.join(name).join("device");
@@ -428,6 +615,7 @@ pub fn read(
     let t = Topology {
         gpus: gpus.into_iter().map(|g| g.0).collect(),
         nics,
+        migs,
     };
     t.validate(&names.iter().copied().collect())?;
     Ok(Some(t))
@@ -733,6 +921,196 @@ mod tests {
             "{}",
             a.rule
         );
+    }
+
+    /// MIG instances: read from the driver's capability tree with the minors of its
+    /// `mig-minors` table, numbered as slurmd numbers them (whole GPUs first in PCI order,
+    /// then MIG instances by parent and capability minors), each mapped to its parent GPU's
+    /// NICs. The expected sets are worked out by hand from gen.sh's two-socket tree:
+    ///
+    /// | GRES index | what (caps)              | GPU | NICs                 |
+    /// |------------|--------------------------|-----|----------------------|
+    /// | 0          | whole GPU 31:00.0        | 1   | eno1, ens3f0, ens3f1 |
+    /// | 1          | whole GPU 98:00.0        | 2   | ens7f0, ens7f1       |
+    /// | 2          | gpu0/gi1/ci0 (12, 13)    | 0   | eno1, ens3f0, ens3f1 |
+    /// | 3          | gpu0/gi2/ci0 (21, 22)    | 0   | eno1, ens3f0, ens3f1 |
+    /// | 4          | gpu3/gi1/ci0 (417, 418)  | 3   | ens7f0, ens7f1       |
+    /// | 5          | gpu3/gi1/ci1 (417, 419)  | 3   | ens7f0, ens7f1       |
+    #[test]
+    fn mig_instances_map_to_their_parent_gpus_nics() {
+        use crate::config::JobInterfaces::{Auto, Gpu};
+        use crate::inventory::attribution::attribute;
+        let rec = fixtures::record_with(
+            "mig1",
+            "two-socket",
+            "02:dd:00:05",
+            &[("MIG", "0:1/0 0:2/0 3:1/0 3:1/1")],
+        );
+        let t = rec.topology.as_ref().unwrap();
+        let m = |gpu, gi, ci, gi_cap, ci_cap| Mig {
+            gpu,
+            gi,
+            ci,
+            gi_cap,
+            ci_cap,
+        };
+        assert_eq!(
+            t.migs,
+            [
+                m(0, 1, 0, 12, 13),
+                m(0, 2, 0, 21, 22),
+                m(3, 1, 0, 417, 418),
+                m(3, 1, 1, 417, 419)
+            ]
+        );
+        assert_eq!(
+            t.slurm_indices(),
+            BTreeMap::from([(0, 1), (1, 2), (2, 0), (3, 0), (4, 3), (5, 3)])
+        );
+        let records = BTreeMap::from([("mig1".to_string(), rec)]);
+        let socket0 = [
+            "02:dd:00:05:04:00",
+            "02:dd:00:05:4b:00",
+            "02:dd:00:05:4b:01",
+        ];
+        let socket1 = ["02:dd:00:05:ca:00", "02:dd:00:05:ca:01"];
+        let both = [socket0.as_slice(), &socket1].concat();
+        let table: [(&[u32], Option<&[&str]>); 8] = [
+            (&[0], Some(&socket0)),
+            (&[1], Some(&socket1)),
+            (&[2], Some(&socket0)),
+            (&[3], Some(&socket0)),
+            (&[4], Some(&socket1)),
+            (&[5], Some(&socket1)),
+            (&[2, 5], Some(&both)),
+            // Every GPU of the node: by node name.
+            (&[0, 1, 2, 3, 4, 5], None),
+        ];
+        for (held, want) in table {
+            let gpus = BTreeMap::from([("mig1".to_string(), held.iter().copied().collect())]);
+            for mode in [Gpu, Auto] {
+                let a = attribute(mode, &["mig1".to_string()], &gpus, &records);
+                let mut want: Option<Vec<String>> =
+                    want.map(|w| w.iter().map(|s| s.to_string()).collect());
+                if let Some(w) = &mut want {
+                    w.sort();
+                }
+                assert_eq!(a.macs, want, "{held:?}: {}", a.rule);
+            }
+        }
+        let a = attribute(
+            Gpu,
+            &["mig1".to_string()],
+            &BTreeMap::from([("mig1".to_string(), BTreeSet::from([4]))]),
+            &records,
+        );
+        assert_eq!(
+            a.rule,
+            "interfaces (gpu): mig1: GPUs 4 (on GPUs 3) -> ens7f0,ens7f1 (same NUMA node)"
+        );
+        // An index the node does not have (index 6 would be a GPU's minor plus MIG count).
+        let a = attribute(
+            Gpu,
+            &["mig1".to_string()],
+            &BTreeMap::from([("mig1".to_string(), BTreeSet::from([6]))]),
+            &records,
+        );
+        assert_eq!(a.macs, None);
+    }
+
+    /// On a DGX A100 with only GPU 5 in MIG mode, GRES indices 5 and 6 are GPUs 6 and 7 and
+    /// the two MIG instances are 7 and 8: a job on MIG index 7 gets GPU 5's NICs (its switch's
+    /// two compute NICs and the socket's storage NIC), not those of a GPU with minor 7.
+    #[test]
+    fn mig_index_is_not_the_device_minor() {
+        let rec =
+            fixtures::record_with("dgx1", "dgx-a100", "02:dd:00:01", &[("MIG", "5:1/0 5:2/0")]);
+        let t = rec.topology.as_ref().unwrap();
+        assert_eq!(
+            t.slurm_indices(),
+            BTreeMap::from([
+                (0, 0),
+                (1, 1),
+                (2, 2),
+                (3, 3),
+                (4, 4),
+                (5, 6),
+                (6, 7),
+                (7, 5),
+                (8, 5)
+            ])
+        );
+        let records = BTreeMap::from([("dgx1".to_string(), rec)]);
+        let on = |idx: u32| {
+            let gpus = BTreeMap::from([("dgx1".to_string(), BTreeSet::from([idx]))]);
+            let a = crate::inventory::attribution::attribute(
+                crate::config::JobInterfaces::Gpu,
+                &["dgx1".to_string()],
+                &gpus,
+                &records,
+            );
+            a.macs.unwrap()
+        };
+        // Switch 3 (GPUs 4-5): buses 8d, 94; switch 4 (GPUs 6-7): ba, cc; storage e1.
+        let storage = ["02:dd:00:01:e1:00", "02:dd:00:01:e1:01"];
+        assert_eq!(
+            on(7),
+            [
+                ["02:dd:00:01:8d:00", "02:dd:00:01:94:00"].as_slice(),
+                &storage
+            ]
+            .concat()
+        );
+        assert_eq!(on(8), on(7));
+        assert_eq!(
+            on(5),
+            [
+                ["02:dd:00:01:ba:00", "02:dd:00:01:cc:00"].as_slice(),
+                &storage
+            ]
+            .concat()
+        );
+        // A record without MIG instances is as before (no "migs" key at all).
+        let plain = fixtures::record("dgx1", "dgx-a100", "02:dd:00:01");
+        assert!(!serde_json::to_string(&plain).unwrap().contains("migs"));
+    }
+
+    /// MIG instances the driver's minor table does not list, or too many, are an error.
+    #[test]
+    fn mig_instances_that_cannot_be_numbered_are_an_error() {
+        let dir = fixtures::tree_with("two-socket", "02:dd:00:06", &[("MIG", "1:1/0")]);
+        let roots = Roots::under(&dir);
+        let net = roots.sys.join("class/net");
+        let table = roots.proc.join("driver/nvidia-caps/mig-minors");
+        let text = fs::read_to_string(&table).unwrap();
+        fs::write(
+            &table,
+            text.replace("gpu1/gi1/ci0/access", "gpu1/gi1/ci9/access"),
+        )
+        .unwrap();
+        let e = read(&roots, &net, &["ens3f0"]).unwrap_err();
+        assert!(e.contains("no gpu1/gi1/ci0/access in"), "{e}");
+        fs::remove_file(&table).unwrap();
+        let e = read(&roots, &net, &["ens3f0"]).unwrap_err();
+        assert!(e.contains("MIG instances, but cannot read"), "{e}");
+        fs::write(&table, text).unwrap();
+        let gi = roots.proc.join("driver/nvidia/capabilities/gpu1/mig/gi1");
+        for c in 1..9 {
+            fs::create_dir_all(gi.join(format!("ci{c}"))).unwrap();
+        }
+        let e = read(&roots, &net, &["ens3f0"]).unwrap_err();
+        assert!(e.contains("more than 8 MIG instances"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+        // Hostile records: a MIG instance of an unknown GPU, or repeated.
+        let mut rec =
+            fixtures::record_with("mig1", "two-socket", "02:dd:00:05", &[("MIG", "0:1/0")]);
+        rec.topology.as_mut().unwrap().migs[0].gpu = 9;
+        assert!(rec.validate().is_err());
+        let mut rec =
+            fixtures::record_with("mig1", "two-socket", "02:dd:00:05", &[("MIG", "0:1/0")]);
+        let t = rec.topology.as_mut().unwrap();
+        t.migs.push(t.migs[0].clone());
+        assert!(rec.validate().is_err());
     }
 
     #[test]

@@ -89,7 +89,9 @@ pub fn attribute(
                 format_indices(held)
             ));
         };
-        let node_gpus: BTreeSet<u32> = topo.gpus.iter().map(|g| g.index).collect();
+        // Slurm's GRES index → physical GPU (a MIG instance's parent).
+        let slurm_gpus = topo.slurm_indices();
+        let node_gpus: BTreeSet<u32> = slurm_gpus.keys().copied().collect();
         if let Some(g) = held.iter().find(|g| !node_gpus.contains(g)) {
             return by_nodes(format!(
                 "nodes ({m}): the job holds GPU {g} on {node}, which its topology does not list"
@@ -115,23 +117,31 @@ pub fn attribute(
             continue;
         }
         shared = true;
+        let physical: BTreeSet<u32> = held.iter().map(|i| slurm_gpus[i]).collect();
+        let held_words = if topo.migs.is_empty() {
+            format_indices(held)
+        } else {
+            format!(
+                "{} (on GPUs {})",
+                format_indices(held),
+                format_indices(&physical)
+            )
+        };
         let mut near: Vec<&crate::discovery::topology::NicTopology> = topo
             .nics
             .iter()
-            .filter(|n| n.gpus.iter().any(|g| held.contains(g)))
+            .filter(|n| n.gpus.iter().any(|g| physical.contains(g)))
             .collect();
         near.sort_by(|a, b| a.name.cmp(&b.name));
         if near.is_empty() {
             if mode == JobInterfaces::Auto {
                 return by_nodes(format!(
-                    "nodes (auto): no NIC is near GPUs {} of {node}",
-                    format_indices(held)
+                    "nodes (auto): no NIC is near GPUs {held_words} of {node}"
                 ));
             }
             macs.extend(all_macs);
             parts.push(format!(
-                "{node}: GPUs {} have no near NIC, all {} NIC(s)",
-                format_indices(held),
+                "{node}: GPUs {held_words} have no near NIC, all {} NIC(s)",
                 rec.interfaces.len()
             ));
             continue;
@@ -143,8 +153,7 @@ pub fn attribute(
             }
         }
         parts.push(format!(
-            "{node}: GPUs {} -> {} ({})",
-            format_indices(held),
+            "{node}: GPUs {held_words} -> {} ({})",
             near.iter()
                 .map(|n| n.name.as_str())
                 .collect::<Vec<_>>()
@@ -166,6 +175,40 @@ pub fn attribute(
     Attribution {
         rule: format!("interfaces ({m}): {}", parts.join("; ")),
         macs: Some(macs.into_iter().collect()),
+    }
+}
+
+/// The first Slurm release whose slurmd lists MIG instances without `Links` (commit
+/// 3345d44ae2, "gpu/nvml - Remove links for MIG gres devices"), the order
+/// [`crate::discovery::topology::Topology::slurm_indices`] rebuilds.
+pub const MIG_ORDER_SINCE: crate::slurm::version::Version = crate::slurm::version::Version {
+    major: 23,
+    minor: 2,
+    micro: 7,
+};
+
+/// Node names when one of the nodes has MIG instances and Slurm (`version`, `None` when
+/// unknown) is older than [`MIG_ORDER_SINCE`]: its slurmd ordered MIG instances by their
+/// position within their GPU as NVML enumerates them, which the driver's files do not show.
+pub fn mig_order_unknown(
+    mode: JobInterfaces,
+    records: &BTreeMap<String, DiscoverRecord>,
+    version: Option<crate::slurm::version::Version>,
+) -> Option<Attribution> {
+    let node = records
+        .iter()
+        .find(|(_, r)| r.topology.as_ref().is_some_and(|t| !t.migs.is_empty()))?
+        .0;
+    match version {
+        Some(v) if v >= MIG_ORDER_SINCE => None,
+        v => Some(by_nodes(format!(
+            "nodes ({}): {node} has MIG instances, whose GRES indices Slurm {} numbers in an order not known here (known from {}.{:02}.{})",
+            mode.word(),
+            v.map_or("(version unknown)".into(), |v| format!("{}.{:02}.{}", v.major, v.minor, v.micro)),
+            MIG_ORDER_SINCE.major,
+            MIG_ORDER_SINCE.minor,
+            MIG_ORDER_SINCE.micro
+        ))),
     }
 }
 
@@ -193,25 +236,35 @@ pub fn enrich(
                 "nodes ({}): the job's GPUs are unknown: {e}",
                 mode.word()
             )),
-            Ok(gpus) => match gpus.keys().find(|n| !nodes.contains(n)) {
-                Some(n) => by_nodes(format!(
-                    "nodes ({}): slurmctld lists GPUs on {n}, not a node of the job",
-                    mode.word()
-                )),
-                None => {
-                    let mut records = BTreeMap::new();
-                    for n in &nodes {
-                        match outbox.nodes.load(n) {
-                            Ok(Some(r)) => {
-                                records.insert(n.clone(), r);
+            // Every NIC of its nodes is the job's: no per-GPU lookup.
+            Ok(g) if g.exclusive => by_nodes(format!(
+                "nodes ({}): the job has its nodes to itself (OverSubscribe=NO)",
+                mode.word()
+            )),
+            Ok(crate::slurm::JobGres { gpus, .. }) => {
+                match gpus.keys().find(|n| !nodes.contains(n)) {
+                    Some(n) => by_nodes(format!(
+                        "nodes ({}): slurmctld lists GPUs on {n}, not a node of the job",
+                        mode.word()
+                    )),
+                    None => {
+                        let mut records = BTreeMap::new();
+                        for n in &nodes {
+                            match outbox.nodes.load(n) {
+                                Ok(Some(r)) => {
+                                    records.insert(n.clone(), r);
+                                }
+                                Ok(None) => {}
+                                Err(e) => log::warn!("node {n}: inventory record ignored: {e}"),
                             }
-                            Ok(None) => {}
-                            Err(e) => log::warn!("node {n}: inventory record ignored: {e}"),
+                        }
+                        match mig_order_unknown(mode, &records, crate::slurm::version(slurm).ok()) {
+                            Some(a) => a,
+                            None => attribute(mode, &nodes, &gpus, &records),
                         }
                     }
-                    attribute(mode, &nodes, &gpus, &records)
                 }
-            },
+            }
         }
     };
     log::debug!("job {}: {}", job.key.id, a.rule);
@@ -794,6 +847,41 @@ mod tests {
             &recs,
         );
         assert!(a.rule.contains("holds GPU 8 on dgx2"), "{}", a.rule);
+    }
+
+    /// MIG instances are numbered as Slurm 23.02.7 and later number them; older or unknown
+    /// versions send by node names when a node of the job has any.
+    #[test]
+    fn mig_order_needs_slurm_23_02_7() {
+        use crate::slurm::version::Version;
+        let v = |major, minor, micro| {
+            Some(Version {
+                major,
+                minor,
+                micro,
+            })
+        };
+        let mut recs = dgx_cluster();
+        for version in [v(22, 5, 11), v(23, 2, 6), None, v(26, 5, 3)] {
+            assert_eq!(mig_order_unknown(JobInterfaces::Gpu, &recs, version), None);
+        }
+        let mig = crate::discovery::topology::fixtures::record_with(
+            "dgx2",
+            "dgx-a100",
+            "02:dd:00:02",
+            &[("MIG", "5:1/0")],
+        );
+        recs.insert("dgx2".into(), mig);
+        for version in [v(23, 2, 7), v(24, 11, 6), v(26, 5, 3)] {
+            assert_eq!(mig_order_unknown(JobInterfaces::Gpu, &recs, version), None);
+        }
+        let a = mig_order_unknown(JobInterfaces::Auto, &recs, v(22, 5, 11)).unwrap();
+        assert_eq!(a.macs, None);
+        assert_eq!(
+            a.rule,
+            "nodes (auto): dgx2 has MIG instances, whose GRES indices Slurm 22.05.11 numbers in an order not known here (known from 23.02.7)"
+        );
+        assert!(mig_order_unknown(JobInterfaces::Auto, &recs, None).is_some());
     }
 
     /// Two sockets: a job on socket 1's GPUs gets socket 1's NICs only.

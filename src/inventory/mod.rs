@@ -192,10 +192,12 @@ pub fn no_interface(node: &str, cfg: &Config) -> String {
 pub fn save_record(outbox: &StateDir, rec: &DiscoverRecord) {
     if let Some(t) = &rec.topology {
         log::debug!(
-            "node {}: {} GPU(s); nearest GPUs per NIC: {:?}",
+            "node {}: {} GPU(s), {} MIG instance(s); nearest GPUs per NIC: {:?}; Slurm GPU index -> GPU: {:?}",
             rec.node_name,
             t.gpus.len(),
-            crate::discovery::topology::nic_map(t)
+            t.migs.len(),
+            crate::discovery::topology::nic_map(t),
+            t.slurm_indices()
         );
     }
     if let Err(e) = outbox.nodes.save(rec) {

@@ -646,6 +646,14 @@ const MAX_GPU_INDEX: u32 = 1023;
 /// The GPU indices of one GRES string as slurmctld prints it per node (`GRES=` of
 /// `scontrol show job -d`, an entry of squeue's JSON `gres_detail`):
 /// `gpu:4(IDX:0-3)`, `gpu:a100:2(IDX:0,2)`, `gpu:2(IDX:0-1),nic:1(IDX:0)`, or empty.
+///
+/// A MIG instance's index is its own GRES index (see
+/// [`crate::discovery::topology::Topology::slurm_indices`]). Shares of a GPU (`shard`, `mps`)
+/// give the indices of the GPUs they are on: `shard:2(IDX:0)` before Slurm 23.11.2, and from
+/// then one `<held>/<available>` per GPU of the node, in GRES index order, `shard:3(0/4,3/4)`
+/// holding shares of GPU 1 (`_build_shared_gres_details`, `gres_stepmgr.c:1844-1908` and
+/// `:1986-1994@slurm-24-11-6-1`, Slurm commit 05ffde3e96; slurmd makes one shared record per
+/// GPU record, in the GPUs' order: `_merge_lists`, `gres_c_s.c:112-185`).
 pub fn parse_gres_gpus(gres: &str) -> Result<std::collections::BTreeSet<u32>, String> {
     let mut out = std::collections::BTreeSet::new();
     let mut depth = 0i32;
@@ -677,7 +685,9 @@ pub fn parse_gres_gpus(gres: &str) -> Result<std::collections::BTreeSet<u32>, St
             ),
             None => (e, None),
         };
-        if head.split(':').next() != Some("gpu") {
+        let name = head.split(':').next();
+        let shared = matches!(name, Some("shard" | "mps"));
+        if name != Some("gpu") && !shared {
             continue;
         }
         let Some(idx) = idx else {
@@ -685,6 +695,25 @@ pub fn parse_gres_gpus(gres: &str) -> Result<std::collections::BTreeSet<u32>, St
                 "GRES {e:?} has no IDX list: ask with scontrol show job -d"
             ));
         };
+        if shared && !idx.starts_with("IDX:") {
+            // One `<held>/<available>` per GPU of the node, in GRES index order.
+            let counts: Vec<&str> = idx.split(',').collect();
+            if counts.len() > MAX_GPU_INDEX as usize + 1 {
+                return Err(format!("too many GPUs in GRES {e:?}"));
+            }
+            for (i, c) in counts.into_iter().enumerate() {
+                let held = c
+                    .split_once('/')
+                    .and_then(|(h, a)| Some((h.parse::<u64>().ok()?, a.parse::<u64>().ok()?)))
+                    .filter(|(h, a)| h <= a)
+                    .map(|(h, _)| h)
+                    .ok_or_else(|| format!("bad share count {c:?} in GRES {e:?}"))?;
+                if held > 0 {
+                    out.insert(i as u32);
+                }
+            }
+            continue;
+        }
         let list = idx
             .strip_prefix("IDX:")
             .ok_or_else(|| format!("bad GRES entry {e:?}"))?;
@@ -753,14 +782,50 @@ pub fn parse_job_gpus(record: &str) -> Result<JobGpus, String> {
     Ok(out)
 }
 
-/// The GPUs per node of a running job, asked of slurmctld (`scontrol show job -d -o`).
-pub fn job_gpus(slurm: &Slurm, job_id: &str, timeout: Duration) -> Result<JobGpus, String> {
+/// Whether a job record (`scontrol show job -d`) says the job has its nodes to itself.
+/// From Slurm 26.05 the record has `Exclusive=NO|NODE|USER|MCS|TOPO` beside `OverSubscribe=`
+/// (`info_job.c:740-744`, `job_exclusive_display_string`, `slurm_protocol_defs.c:2873@slurm-26-05-3-1`),
+/// and `Exclusive=NODE` says so; `OverSubscribe=NO` there is no node exclusivity (a shared
+/// job's real 26.05 record has it). Before, `OverSubscribe=NO` says so: scontrol prints it for
+/// `--exclusive` or a partition's `OverSubscribe=EXCLUSIVE` (`get_job_share_value`,
+/// `slurm_protocol_defs.c:6386-6400`, `info_job.c:708@slurm-24-11-6-1`; `USER`, `MCS` and
+/// `TOPO` share nodes with other jobs). A word that appears more than once (a job name can
+/// hold it) is not taken as exclusive.
+pub fn parse_job_exclusive(record: &str) -> bool {
+    let values = |key: &str| -> Vec<&str> {
+        record
+            .split_whitespace()
+            .filter_map(|t| t.strip_prefix(key))
+            .collect()
+    };
+    let exclusive = values("Exclusive=");
+    if !exclusive.is_empty() {
+        return exclusive == ["NODE"];
+    }
+    values("OverSubscribe=") == ["NO"]
+}
+
+/// What slurmctld says of a running job's GPUs ([`job_gpus`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobGres {
+    /// The GRES indices of the GPUs (or GPU shares) it holds, per node.
+    pub gpus: JobGpus,
+    /// The job has its nodes to itself ([`parse_job_exclusive`]).
+    pub exclusive: bool,
+}
+
+/// The GPUs per node of a running job, and whether it has its nodes to itself, asked of
+/// slurmctld (`scontrol show job -d -o`).
+pub fn job_gpus(slurm: &Slurm, job_id: &str, timeout: Duration) -> Result<JobGres, String> {
     let out = slurm.run("scontrol", &["show", "job", "-d", "-o", job_id], timeout)?;
     // The record starts with its own `JobId=`; a second such line is a job name's newline.
     let head = format!("JobId={job_id} ");
     let lines: Vec<&str> = out.lines().filter(|l| l.starts_with(&head)).collect();
     match lines[..] {
-        [line] => parse_job_gpus(line),
+        [line] => Ok(JobGres {
+            gpus: parse_job_gpus(line)?,
+            exclusive: parse_job_exclusive(line),
+        }),
         [] => Err(format!("job {job_id} not found in slurmctld")),
         _ => Err(format!(
             "job {job_id}: {} records in scontrol's answer (a job name with a newline); GPUs not read",
@@ -1014,6 +1079,65 @@ mod tests {
                 vec![2, 3, 4, 5, 6, 7]
             ]
         );
+    }
+
+    /// GPU shares (`shard`, `mps`) name the GPUs they are on: by index before Slurm 23.11.2,
+    /// by one `<held>/<available>` per GPU since (`gres_stepmgr.c:1986-1994@slurm-24-11-6-1`).
+    #[test]
+    fn shards_and_mps_name_their_gpus() {
+        let set = |v: &[u32]| {
+            v.iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<u32>>()
+        };
+        let table: [(&str, &[u32]); 6] = [
+            ("shard:2(IDX:0)", &[0]),
+            ("shard:3(0/4,3/4)", &[1]),
+            ("shard:a100:6(2/4,0/4,4/4)", &[0, 2]),
+            ("mps:50(50/100,0/100)", &[0]),
+            ("gpu:1(IDX:3),shard:1(1/4,0/4,0/4,0/4)", &[0, 3]),
+            ("mps:0(0/100,0/100)", &[]),
+        ];
+        for (gres, want) in table {
+            assert_eq!(parse_gres_gpus(gres), Ok(set(want)), "{gres}");
+        }
+        for bad in [
+            "shard:1(5/4)",
+            "shard:1(x/4)",
+            "shard:1(1)",
+            "mps:1(1/-1)",
+            "shard:1(IDX:a)",
+        ] {
+            assert!(parse_gres_gpus(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Before 26.05 `OverSubscribe=NO` says the job has its nodes to itself; from 26.05,
+    /// `Exclusive=NODE` does (the real shared job's 26.05 record says `OverSubscribe=NO
+    /// Exclusive=NO`); a repeated word is not taken as exclusive.
+    #[test]
+    fn exclusive_jobs() {
+        for form in ["scontrol-job-d-o-", "scontrol-job-d-"] {
+            for (version, from, to) in [
+                ("22.05", " OverSubscribe=OK ", " OverSubscribe=NO "),
+                ("24.11", " OverSubscribe=OK ", " OverSubscribe=NO "),
+                ("26.05", " Exclusive=NO ", " Exclusive=NODE "),
+            ] {
+                let rec = gres_fixture(version, &format!("{form}share-a.txt"));
+                assert!(rec.contains(from), "{version}");
+                assert!(!parse_job_exclusive(&rec), "{version}");
+                let excl = rec.replace(from, to);
+                assert!(parse_job_exclusive(&excl), "{version}");
+                // A job name holding the word: not taken as exclusive.
+                let named = excl.replacen("JobName=", &format!("JobName=x{to}"), 1);
+                assert!(!parse_job_exclusive(&named), "{version}");
+                let key = from.trim().split('=').next().unwrap();
+                for other in ["USER", "MCS", "TOPO", "YES"] {
+                    let r = rec.replace(from, &format!(" {key}={other} "));
+                    assert!(!parse_job_exclusive(&r), "{version} {other}");
+                }
+            }
+        }
     }
 
     #[test]
