@@ -149,6 +149,9 @@ fn pair() -> &'static Pair {
                 // ended jobs stay in slurmctld for the checks (accounting can lose some)
                 ("MIN_JOB_AGE", "600"),
                 ("CLUSTER_NAME", CLUSTER),
+                // backfill every 5 s: jobs submitted just after a takeover wait for the next
+                // scheduling pass (Slurm's default: 30 s)
+                ("BF_INTERVAL", "5"),
             ],
         );
         eprintln!("[e2e] pair of controllers up in {:.1} s; stand-in at 10.99.0.1:{}", t.elapsed().as_secs_f64(), cv.port);

@@ -118,7 +118,9 @@ fn readme_install_order_names_the_standby_to_restart() {
     let t = Instant::now();
     cluster_sh(
         &["up", "--controllers", "2", "1"],
-        &[("CLUSTER_NAME", CLUSTER)],
+        // backfill every 5 s: a job submitted just after a takeover waits for the next
+        // scheduling pass (Slurm's default: 30 s)
+        &[("CLUSTER_NAME", CLUSTER), ("BF_INTERVAL", "5")],
     );
     eprintln!("[e2e] pair up in {:.1} s", t.elapsed().as_secs_f64());
     let (major, minor) = slurm_version();
