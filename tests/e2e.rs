@@ -2846,7 +2846,7 @@ fn resized_and_suspended_jobs_follow_slurm() {
     );
     let c = current();
     assert_eq!(c["state"], "JOB_STATE_RUNNING", "{c}");
-    assert_eq!(nodes_of(&c), [now.clone()]);
+    assert_eq!(nodes_of(&c), std::slice::from_ref(&now));
 
     assert_exit_0(&slurm("scontrol", &["resume", &id]));
     wait_until(

@@ -759,12 +759,13 @@ mod tests {
         let v = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         let sent = Some(Shape::of(&v(&["n1", "n2"]), false));
         assert_eq!(reshaped(&job("7", "RUNNING", "n[1-2]"), "c", 1, sent), None);
-        let (cv, now) = reshaped(&job("7", "RUNNING", "n1"), "c", 1, sent).unwrap();
+        // The start is the prolog's (slurmctld's moves to a resize).
+        let (cv, now) = reshaped(&job("7", "RUNNING", "n1"), "c", 50, sent).unwrap();
         assert_eq!(cv.nodes.unwrap().values, ["n1"]);
         assert_eq!(cv.state, JobState::Running);
         assert_eq!(cv.name.as_deref(), Some("j@p"));
         assert_eq!(cv.key.id, "7@c");
-        assert_eq!(cv.start_time.as_deref(), format_epoch(100).as_deref());
+        assert_eq!(cv.start_time.as_deref(), format_epoch(50).as_deref());
         assert_eq!(now, Shape::of(&v(&["n1"]), false));
         assert_eq!(
             reshaped(&job("7", "RUNNING", "n1"), "c", 1, Some(now)),
