@@ -215,12 +215,18 @@ fn reshaped(
         return None;
     }
     let mut job = crate::cloudvision::payload::running_job(j, cluster, start, nodes);
-    if suspended {
+    mark_suspended(&mut job, j);
+    Some((job, now))
+}
+
+/// Marks the RUNNING record `job` of Slurm's job `j` as suspended ([`SUSPENDED_MARK`] after
+/// its name) while Slurm holds the job SUSPENDED.
+pub(crate) fn mark_suspended(job: &mut crate::cloudvision::payload::JobConfig, j: &JobInfo) {
+    if j.state == "SUSPENDED" {
         if let Some(n) = job.name.as_mut() {
             n.push_str(SUSPENDED_MARK);
         }
     }
-    Some((job, now))
 }
 
 /// Sends anew each recorded running job whose node set or suspension differs from what
@@ -273,6 +279,17 @@ fn follow_shapes(
     let mut n = 0;
     for j in &records {
         let key = key_of(&j.job_id);
+        if crate::service::het::part_of(j).is_some() {
+            // Not followed here (its record is composed from every component as it is sent):
+            // noted, so that the same suspension is not asked about again.
+            if let Ok(nodes) = j.nodes() {
+                let now = crate::state::starts::Shape::of(&nodes, j.state == "SUSPENDED");
+                if sent.shapes.get(&key) != Some(&now) && sent.recorded.contains(&key) {
+                    outbox.starts.save_shape(&key, now)?;
+                }
+            }
+            continue;
+        }
         let Some((job, now)) = reshaped(
             j,
             cluster,
@@ -285,16 +302,20 @@ fn follow_shapes(
         ) else {
             continue;
         };
-        log::info!(
-            "reconcile: job {key} is {} on {} node(s) in Slurm, not as CloudVision was last sent; sending its record anew",
-            j.state,
-            job.nodes.as_ref().map_or(0, |v| v.values.len())
-        );
+        let count = job.nodes.as_ref().map_or(0, |v| v.values.len());
         let mut ev = Event::new(Item::Job { job }, (j.restarts.unwrap_or(0), 0));
-        ev.anew = true; // its interfaces, where it goes by them, follow its nodes
-        outbox.queue.enqueue(&ev)?;
-        outbox.starts.save_shape(&key, now)?;
-        n += 1;
+        // Its interfaces, where it goes by them, follow its nodes.
+        ev.anew = true;
+        // Queued only while it cannot reach CloudVision after the job's end (checked under
+        // the outbox lock); else the next pass looks again, or the job has ended.
+        if outbox.queue.enqueue_resend(&ev)? {
+            log::info!(
+                "reconcile: job {key} is {} on {count} node(s) in Slurm, not as CloudVision was last sent; sending its record anew",
+                j.state
+            );
+            outbox.starts.save_shape(&key, now)?;
+            n += 1;
+        }
     }
     Ok(n)
 }
