@@ -2821,3 +2821,95 @@ fn min_job_age_2_ends_from_hooks_and_from_accounting() {
         t.elapsed().as_secs_f64()
     );
 }
+
+/// A resize (`scontrol update NumNodes=`) and a suspend/resume run no hook: reconciliation
+/// sends the job's new node set within `ReconcileInterval` (3 s here) + 5 s, marks the
+/// suspended job's name while it stays RUNNING on its nodes, and sends its plain name again
+/// on resume; its end is Slurm's, on its nodes as Slurm has them.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn resized_and_suspended_jobs_follow_slurm() {
+    let (f, _g) = shared();
+    let id = sbatch(&["-J", "e2e-resize", "-N2", "--wrap", "sleep 300"]);
+    let running = wait_job(f, &id, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    assert_eq!(nodes_of(&running).len(), 2, "{running}");
+    let current = || f.cv().state()["jobs"][key(&id)].clone();
+
+    let job = format!("JobId={id}");
+    assert_exit_0(&slurm("scontrol", &["update", &job, "NumNodes=1"]));
+    let now = stdout(&slurm("squeue", &["-h", "-j", &id, "-o", "%N"]))
+        .trim()
+        .to_string();
+    assert!(
+        nodes_of(&running).contains(&now),
+        "{now:?} not in {running}"
+    );
+    wait_until(
+        "CloudVision to hold the resized job on its one node",
+        Duration::from_secs(3 + 5),
+        || {
+            let c = current();
+            c["state"] == "JOB_STATE_RUNNING" && nodes_of(&c) == [now.clone()]
+        },
+    );
+
+    assert_exit_0(&slurm("scontrol", &["suspend", &id]));
+    wait_until(
+        "CloudVision to hold the suspended job RUNNING, its name marked",
+        Duration::from_secs(3 + 5),
+        || current()["name"] == "e2e-resize@debug (suspended)",
+    );
+    let c = current();
+    assert_eq!(c["state"], "JOB_STATE_RUNNING", "{c}");
+    assert_eq!(nodes_of(&c), std::slice::from_ref(&now));
+
+    assert_exit_0(&slurm("scontrol", &["resume", &id]));
+    wait_until(
+        "CloudVision to hold the resumed job under its plain name",
+        Duration::from_secs(3 + 5),
+        || current()["name"] == "e2e-resize@debug",
+    );
+    assert_eq!(current()["state"], "JOB_STATE_RUNNING");
+
+    assert_exit_0(&slurm("scancel", &[&id]));
+    let done = wait_job(f, &id, "JOB_STATE_CANCELLED", Duration::from_secs(60));
+    assert_eq!(done["name"], "e2e-resize@debug");
+    assert_eq!(nodes_of(&done), [now]);
+    // Accounting has a record per size: RESIZING (the 2-node part), then the final one.
+    // The job's start is its first record's, its end its last's.
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    wait_until(
+        &format!("sacct to record job {id}'s end"),
+        Duration::from_secs(60),
+        || {
+            let out = slurm(
+                "sacct",
+                &[
+                    "-j",
+                    &id,
+                    "-X",
+                    "-n",
+                    "-P",
+                    "-o",
+                    "JobIDRaw,State,Start,End",
+                ],
+            );
+            rows = stdout(&out)
+                .lines()
+                .filter(|l| l.starts_with(&format!("{id}|")))
+                .map(|l| l.split('|').map(str::to_string).collect())
+                .collect();
+            rows.last()
+                .is_some_and(|r| r.len() == 4 && r[1].starts_with("CANCELLED") && r[3] != "Unknown")
+        },
+    );
+    assert!(rows.len() >= 2 && rows[0][1] == "RESIZING", "{rows:?}");
+    let iso = |s: &str| cvslurm::internals::timefmt::format_epoch(s.parse().unwrap()).unwrap();
+    assert_eq!(done["start_time"].as_str(), Some(iso(&rows[0][2]).as_str()));
+    let last = rows.last().unwrap();
+    assert_eq!(
+        done["end_time"].as_str(),
+        Some(iso(&last[3]).as_str()),
+        "{rows:?}"
+    );
+}

@@ -231,6 +231,11 @@ fn handle(
         {
             log::error!("job {key}: cannot record its start time: {e}");
         }
+        // What CloudVision is sent, for reconciliation to notice a resize or a suspend.
+        let shape = crate::state::starts::Shape::of(&env.nodes, false);
+        if let Err(e) = outbox.starts.save_shape(&key, shape) {
+            log::warn!("job {key}: cannot note its node set (reconciliation sends it anew): {e}");
+        }
     }
     let start_rec = match env.phase {
         Phase::Prolog => None,

@@ -121,6 +121,203 @@ pub struct Report {
     pub unknown: usize,
     /// Ends corrected after Slurm recorded a different final state than the epilog saw.
     pub corrected: usize,
+    /// Running jobs sent anew: resized, suspended or resumed since their last record.
+    pub reshaped: usize,
+}
+
+/// The most running jobs whose records (node lists) one pass asks slurmctld for by id, on
+/// Slurm 24.11 and later (whose sweep gives states only), to find resized jobs: the recorded
+/// running jobs take turns, so a resize shows within ⌈running jobs / this⌉ passes. Jobs
+/// whose suspension changed are asked besides (within [`crate::slurm::jobs_by_id`]'s bound).
+pub const RESIZE_CHECKS_PER_PASS: usize = 16;
+
+/// Where the turns of [`RESIZE_CHECKS_PER_PASS`] stopped: the last job id checked.
+static RESIZE_CURSOR: std::sync::Mutex<Option<(u64, String)>> = std::sync::Mutex::new(None);
+
+/// The name CloudVision shows for a suspended job: its name with this after it.
+pub const SUSPENDED_MARK: &str = " (suspended)";
+
+/// What the pass knows of the jobs' records, for [`follow_shapes`].
+struct Shapes<'a> {
+    /// The shape notes read with the start records.
+    shapes: &'a HashMap<String, crate::state::starts::Shape>,
+    /// The jobs still recorded after the listing.
+    recorded: &'a HashSet<String>,
+    /// The jobs with an event waiting in the outbox.
+    pending: &'a HashSet<String>,
+    /// The jobs whose end this process delivered lately.
+    ended: &'a HashSet<String>,
+    /// The start each job's prolog recorded.
+    starts: &'a HashMap<String, i64>,
+}
+
+/// The recorded running jobs whose records to ask by id this pass (24.11 and later): every
+/// one whose suspension differs from what its note says was sent, then up to `turns` others
+/// in id order from where the last pass stopped (`cursor`), wrapping. Returns the ids and
+/// the new cursor.
+fn pick_checks(
+    running: &[(&JobInfo, Option<crate::state::starts::Shape>)],
+    turns: usize,
+    cursor: Option<&(u64, String)>,
+) -> (Vec<String>, Option<(u64, String)>) {
+    let order = |j: &JobInfo| {
+        (
+            j.job_id.parse::<u64>().unwrap_or(u64::MAX),
+            j.job_id.clone(),
+        )
+    };
+    let mut ids: Vec<String> = Vec::new();
+    let mut rest: Vec<(u64, String)> = Vec::new();
+    for (j, shape) in running {
+        let suspended = j.state == "SUSPENDED";
+        if shape.is_none_or(|s| s.suspended != suspended) {
+            ids.push(j.job_id.clone());
+        } else {
+            rest.push(order(j));
+        }
+    }
+    rest.sort();
+    let split = cursor.map_or(0, |c| rest.partition_point(|o| o <= c));
+    let turn: Vec<(u64, String)> = rest[split..]
+        .iter()
+        .chain(rest[..split].iter())
+        .take(turns)
+        .cloned()
+        .collect();
+    let next = turn.last().cloned().or_else(|| cursor.cloned());
+    ids.extend(turn.into_iter().map(|(_, id)| id));
+    (ids, next)
+}
+
+/// The record CloudVision should hold now for running job `j` (its record from Slurm, with
+/// nodes), if it differs from what was last sent (`was`): its nodes as Slurm has them now,
+/// its start as its prolog recorded it (`start`: slurmctld moves a resized job's start to
+/// the resize),
+/// RUNNING, and while Slurm holds it SUSPENDED its name marked [`SUSPENDED_MARK`]
+/// (CloudVision's JobConfig has no suspended state). `None` when nothing changed or the job
+/// is not one this pass follows (a heterogeneous job, no nodes, not settled on its nodes).
+fn reshaped(
+    j: &JobInfo,
+    cluster: &str,
+    start: i64,
+    was: Option<crate::state::starts::Shape>,
+) -> Option<(
+    crate::cloudvision::payload::JobConfig,
+    crate::state::starts::Shape,
+)> {
+    if !running_settled(j) || crate::service::het::part_of(j).is_some() {
+        return None;
+    }
+    let nodes = j.nodes().ok().filter(|n| !n.is_empty())?;
+    let suspended = j.state == "SUSPENDED";
+    let now = crate::state::starts::Shape::of(&nodes, suspended);
+    if was == Some(now) {
+        return None;
+    }
+    let mut job = crate::cloudvision::payload::running_job(j, cluster, start, nodes);
+    mark_suspended(&mut job, j);
+    Some((job, now))
+}
+
+/// Marks the RUNNING record `job` of Slurm's job `j` as suspended ([`SUSPENDED_MARK`] after
+/// its name) while Slurm holds the job SUSPENDED.
+pub(crate) fn mark_suspended(job: &mut crate::cloudvision::payload::JobConfig, j: &JobInfo) {
+    if j.state == "SUSPENDED" {
+        if let Some(n) = job.name.as_mut() {
+            n.push_str(SUSPENDED_MARK);
+        }
+    }
+}
+
+/// Sends anew each recorded running job whose node set or suspension differs from what
+/// CloudVision was last sent for it (the job's shape note): a resize (`scontrol update
+/// NumNodes=`/`NodeList=`), a suspend or a resume runs no hook. From a full listing (before
+/// 24.11) every running job is compared; from a sweep of states, the records of the jobs
+/// [`pick_checks`] names are asked by id. Returns how many were sent.
+fn follow_shapes(
+    slurm: &Slurm,
+    cluster: &str,
+    outbox: &StateDir,
+    running: &[&JobInfo],
+    full: bool,
+    sent: &Shapes,
+) -> Result<usize, String> {
+    let key_of = |id: &str| crate::cloudvision::payload::job_key(id, cluster);
+    let followed: Vec<(&JobInfo, Option<crate::state::starts::Shape>)> = running
+        .iter()
+        .copied()
+        .filter(|j| {
+            let key = key_of(&j.job_id);
+            sent.recorded.contains(&key)
+                && !sent.pending.contains(&key)
+                && !sent.ended.contains(&key)
+                && !crate::service::het::is_follower(j)
+        })
+        .map(|j| (j, sent.shapes.get(&key_of(&j.job_id)).copied()))
+        .collect();
+    if followed.is_empty() {
+        return Ok(0);
+    }
+    let records: Vec<JobInfo> = if full {
+        followed.iter().map(|(j, _)| (*j).clone()).collect()
+    } else {
+        let mut cursor = RESIZE_CURSOR.lock().unwrap_or_else(|e| e.into_inner());
+        let (ids, next) = pick_checks(&followed, RESIZE_CHECKS_PER_PASS, cursor.as_ref());
+        *cursor = next;
+        drop(cursor);
+        match crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT) {
+            Ok(a) => a.found.into_values().collect(),
+            Err(e) => {
+                log::warn!(
+                    "reconcile: slurmctld could not be asked for the nodes of {} running job(s) (resized or suspended jobs are looked at next pass): {e}",
+                    ids.len()
+                );
+                return Ok(0);
+            }
+        }
+    };
+    let mut n = 0;
+    for j in &records {
+        let key = key_of(&j.job_id);
+        if crate::service::het::part_of(j).is_some() {
+            // Not followed here (its record is composed from every component as it is sent):
+            // noted, so that the same suspension is not asked about again.
+            if let Ok(nodes) = j.nodes() {
+                let now = crate::state::starts::Shape::of(&nodes, j.state == "SUSPENDED");
+                if sent.shapes.get(&key) != Some(&now) && sent.recorded.contains(&key) {
+                    outbox.starts.save_shape(&key, now)?;
+                }
+            }
+            continue;
+        }
+        let Some((job, now)) = reshaped(
+            j,
+            cluster,
+            sent.starts
+                .get(&key)
+                .copied()
+                .or(j.start)
+                .unwrap_or_else(crate::timefmt::now_epoch),
+            sent.shapes.get(&key).copied(),
+        ) else {
+            continue;
+        };
+        let count = job.nodes.as_ref().map_or(0, |v| v.values.len());
+        let mut ev = Event::new(Item::Job { job }, (j.restarts.unwrap_or(0), 0));
+        // Its interfaces, where it goes by them, follow its nodes.
+        ev.anew = true;
+        // Queued only while it cannot reach CloudVision after the job's end (checked under
+        // the outbox lock); else the next pass looks again, or the job has ended.
+        if outbox.queue.enqueue_resend(&ev)? {
+            log::info!(
+                "reconcile: job {key} is {} on {count} node(s) in Slurm, not as CloudVision was last sent; sending its record anew",
+                j.state
+            );
+            outbox.starts.save_shape(&key, now)?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// How long after the epilog Slurm's final state of a job is trusted to be recorded.
@@ -303,7 +500,7 @@ pub fn reconcile(
     // the outbox) while the listing was taken has reported it, and a second RUNNING from
     // here could reach CloudVision after the job's end. A job that ended since the listing
     // (its end delivered, its record gone) is in `recently_ended`.
-    let records = outbox.starts.started_jobs();
+    let (records, shapes) = outbox.starts.started_jobs_and_shapes(GIVE_UP_AFTER);
     // slurmctld's view. A sweep: every job's id and state (24.11 and later, cheap), else
     // every job's whole record (one listing, whose size grows with the queue). Between the
     // sweeps of a big queue (24.11 and later): the states of the recorded jobs, by id.
@@ -417,6 +614,7 @@ pub fn reconcile(
             _ => continue, // not placed yet
         };
         let start = j.start.unwrap_or_else(crate::timefmt::now_epoch);
+        let shape = crate::state::starts::Shape::of(&nodes, false);
         let job = crate::cloudvision::payload::running_job(j, cluster, start, nodes);
         log::info!("reconcile: job {key} runs but no hook reported it; sending RUNNING");
         let mut ev = Event::new(Item::Job { job }, (j.restarts.unwrap_or(0), 0));
@@ -425,7 +623,21 @@ pub fn reconcile(
         outbox
             .starts
             .save_run(&key, start, j.restarts.unwrap_or(0))?;
+        outbox.starts.save_shape(&key, shape)?;
         report.started += 1;
+    }
+
+    if !no_listing {
+        let starts: HashMap<String, i64> =
+            records.iter().map(|(k, s, _)| (k.clone(), *s)).collect();
+        let sent = Shapes {
+            starts: &starts,
+            shapes: &shapes,
+            recorded: &recorded_after,
+            pending: &pending,
+            ended: &ended,
+        };
+        report.reshaped = follow_shapes(slurm, cluster, outbox, &running, full, &sent)?;
     }
 
     let listed: std::collections::HashSet<String> =
@@ -544,6 +756,88 @@ mod tests {
             env!("CARGO_MANIFEST_DIR")
         );
         crate::slurm::json::parse_jobs(&std::fs::read_to_string(&p).unwrap()).unwrap()
+    }
+
+    fn job(id: &str, state: &str, nodelist: &str) -> JobInfo {
+        JobInfo {
+            job_id: id.into(),
+            name: "j".into(),
+            partition: Some("p".into()),
+            state: state.into(),
+            states: vec![state.into()],
+            start: Some(100),
+            nodelist: Some(nodelist.into()),
+            ..JobInfo::default()
+        }
+    }
+
+    /// A resized job's record differs from the note of what was sent: its new nodes go
+    /// out; the same nodes send nothing; a suspended job keeps its nodes, RUNNING, its name
+    /// marked; resumed, its plain name again; a heterogeneous job is not followed here.
+    #[test]
+    fn resized_and_suspended_jobs_are_sent_anew() {
+        use crate::state::starts::Shape;
+        let v = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let sent = Some(Shape::of(&v(&["n1", "n2"]), false));
+        assert_eq!(reshaped(&job("7", "RUNNING", "n[1-2]"), "c", 1, sent), None);
+        // The start is the prolog's (slurmctld's moves to a resize).
+        let (cv, now) = reshaped(&job("7", "RUNNING", "n1"), "c", 50, sent).unwrap();
+        assert_eq!(cv.nodes.unwrap().values, ["n1"]);
+        assert_eq!(cv.state, JobState::Running);
+        assert_eq!(cv.name.as_deref(), Some("j@p"));
+        assert_eq!(cv.key.id, "7@c");
+        assert_eq!(cv.start_time.as_deref(), format_epoch(50).as_deref());
+        assert_eq!(now, Shape::of(&v(&["n1"]), false));
+        assert_eq!(
+            reshaped(&job("7", "RUNNING", "n1"), "c", 1, Some(now)),
+            None
+        );
+        // No note: sent anew.
+        assert!(reshaped(&job("7", "RUNNING", "n1"), "c", 1, None).is_some());
+        let (cv, sus) = reshaped(&job("7", "SUSPENDED", "n1"), "c", 1, Some(now)).unwrap();
+        assert_eq!(cv.state, JobState::Running);
+        assert_eq!(cv.nodes.unwrap().values, ["n1"]);
+        assert_eq!(cv.name.as_deref(), Some("j@p (suspended)"));
+        assert!(sus.suspended);
+        assert_eq!(
+            reshaped(&job("7", "SUSPENDED", "n1"), "c", 1, Some(sus)),
+            None
+        );
+        let (cv, back) = reshaped(&job("7", "RUNNING", "n1"), "c", 1, Some(sus)).unwrap();
+        assert_eq!(cv.name.as_deref(), Some("j@p"));
+        assert_eq!(back, now);
+        // Not followed: ending, no nodes, heterogeneous.
+        let mut ending = job("7", "COMPLETING", "n1");
+        ending.states.push("COMPLETING".into());
+        assert_eq!(reshaped(&ending, "c", 1, sent), None);
+        assert_eq!(reshaped(&job("7", "RUNNING", ""), "c", 1, sent), None);
+        let mut het = job("7", "RUNNING", "n1");
+        het.het_job_id = Some("7".into());
+        assert_eq!(reshaped(&het, "c", 1, sent), None);
+    }
+
+    /// From a sweep of states, the jobs whose suspension changed are always asked; the
+    /// others take turns, [`RESIZE_CHECKS_PER_PASS`]-like, in id order, wrapping.
+    #[test]
+    fn resize_checks_take_turns() {
+        use crate::state::starts::Shape;
+        let run = Some(Shape::of(&["n1".to_string()], false));
+        let jobs: Vec<JobInfo> = (1..=5)
+            .map(|i| job(&i.to_string(), "RUNNING", "n1"))
+            .chain([job("9", "SUSPENDED", "n1"), job("10", "RUNNING", "n1")])
+            .collect();
+        let mut with: Vec<(&JobInfo, Option<Shape>)> = jobs.iter().map(|j| (j, run)).collect();
+        with[6].1 = None; // no note: asked
+        let (ids, c) = pick_checks(&with, 2, None);
+        assert_eq!(ids, ["9", "10", "1", "2"]);
+        let (ids, c) = pick_checks(&with, 2, c.as_ref());
+        assert_eq!(ids, ["9", "10", "3", "4"]);
+        let (ids, c) = pick_checks(&with, 2, c.as_ref());
+        assert_eq!(ids, ["9", "10", "5", "1"]);
+        assert_eq!(c, Some((1, "1".to_string())));
+        let (ids, _) = pick_checks(&with, 100, c.as_ref());
+        assert_eq!(ids, ["9", "10", "2", "3", "4", "5", "1"]);
+        assert!(pick_checks(&[], 2, c.as_ref()).0.is_empty());
     }
 
     /// A small queue is swept at every pass; a big one at most every [`SWEEP_EVERY`], the

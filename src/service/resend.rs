@@ -130,7 +130,8 @@ pub fn resend_running_on(
             continue;
         }
         let on = on.join(",");
-        let job = crate::cloudvision::payload::running_job(j, cluster, start, job_nodes);
+        let mut job = crate::cloudvision::payload::running_job(j, cluster, start, job_nodes);
+        crate::service::reconcile::mark_suspended(&mut job, j);
         let rank = (j.restarts.unwrap_or(0), 0);
         let mut ev = Event::new(Item::Job { job }, rank);
         ev.anew = true;

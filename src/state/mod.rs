@@ -8,6 +8,8 @@
 //!   being sent, and refused ([`queue`]).
 //! - `nodes/<node>.json` — the inventory's latest record of each node ([`nodes`]).
 //! - `jobs/<jobid>@<cluster>` — the start time a prolog saw ([`starts`]).
+//! - `jobs/<jobid>@<cluster>%shape` — what CloudVision was last sent for a running job: its
+//!   node set's fingerprint, suspended or not ([`starts::Shape`]).
 //! - `verify/<jobid>@<cluster>` — an epilog's end to check against Slurm later ([`marks`]).
 //! - `reps/<jobid>@<cluster>` — how a job's records go: node names or MACs ([`job_reps`]).
 //! - `sent/<jobid>@<cluster>` — the ends this host delivered lately, on a pair ([`ends_sent`]).
