@@ -7,7 +7,7 @@
 //!
 //! Needs root and the cluster to itself; run by `tests/run-all.sh`, or by hand:
 //! `SLURM=24.11 PATH=/var/tmp/cvslurm-cluster/bin:$PATH cargo test --release --test e2e_gpu -- --ignored`.
-//! With `CVSLURM_E2E_REUSE=1` (as in tests/e2e.rs) a running two-node GPU cluster of the same
+//! With `CVSLURM_E2E_REUSE=1` (as in tests/e2e/) a running two-node GPU cluster of the same
 //! version is used as it is (jobs cancelled, each slurmd restarted: the DGX trees mounted in
 //! its namespace are gone) and left up at the end instead of taken down.
 

@@ -1,5 +1,5 @@
 //! The real Slurm cluster of the end-to-end tests (`tests/cluster/cluster.sh`), shared by
-//! `tests/e2e.rs` and `tests/e2e_gpu.rs` (each includes it as `mod cluster` beside
+//! `tests/e2e/` and `tests/e2e_gpu.rs` (each includes it as `mod cluster` beside
 //! `mod common`): bringing it up or reusing a running one (`CVSLURM_E2E_REUSE=1`), the
 //! version's Slurm commands, submitting and watching jobs, and what CloudVision got of them.
 #![allow(dead_code)]

@@ -3,7 +3,7 @@
 //! the cluster, consistently, and a delete never touches a node another cluster holds.
 //!
 //! The NodeConfig events here are written into the outbox as the service's monitor queues
-//! them (its polls need a Slurm cluster: tests/e2e.rs), and `cvslurm flush` sends them with
+//! them (its polls need a Slurm cluster: tests/e2e/inventory.rs), and `cvslurm flush` sends them with
 //! the service's engine.
 
 use crate::common::*;
