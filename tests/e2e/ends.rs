@@ -343,9 +343,7 @@ fn prolog_only_set_up_ends_come_from_reconciliation() {
     }
 }
 
-/// slurm.conf's text without its `EpilogSlurmctld=` lines (the PrologSlurmctld-only set-up);
-/// the cluster must have one to take away.
-/// Issue 30, the `--jobcomp` set-up on a real cluster: no EpilogSlurmctld, slurm.conf's
+/// The `--jobcomp` set-up on a real cluster: no EpilogSlurmctld, slurm.conf's
 /// `JobCompType=jobcomp/elasticsearch` posting to the service's receiver. Each job's end
 /// reaches CloudVision from Slurm's job-completion record, after its RUNNING, with sacct's
 /// state and times; a requeued run ends FAILED and the job's next run is shown running.
@@ -437,6 +435,8 @@ fn jobcomp_set_up_ends_come_from_slurms_job_completion_plugin() {
     }
 }
 
+/// slurm.conf's text without its `EpilogSlurmctld=` lines (the PrologSlurmctld-only set-up);
+/// the cluster must have one to take away.
 fn without_epilog(conf: &str) -> String {
     let without: String = conf
         .lines()
