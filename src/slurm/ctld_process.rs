@@ -397,8 +397,11 @@ x y z 0A",
         assert!(owns_listening(1, me, at));
         // neither held by pid 1 nor owned by another uid
         assert!(!owns_listening(1, other, at) || std::process::id() == 1);
+        // no listener on that address: the same port on another loopback address (read
+        // while this one is held, so no other socket can have taken the port meanwhile)
+        let elsewhere = std::net::SocketAddr::from(([127, 0, 0, 2], at.port()));
+        assert!(!owns_listening(std::process::id(), me, elsewhere));
         drop(l);
-        assert!(!owns_listening(std::process::id(), me, at));
     }
 
     /// A process any user starts under the name `slurmctld` (a copy of `sleep`) is found by
