@@ -267,6 +267,7 @@ pub fn compress<S: AsRef<str>>(names: &[S]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::fixture;
     use super::*;
 
     #[test]
@@ -477,5 +478,37 @@ mod tests {
         assert_eq!(expand("n[1-2][1-2][1-3][1-2][13-211]").unwrap().len(), 4776);
         let long = format!("{}[1-9]", "x".repeat(200));
         assert_eq!(expand(&long).unwrap().len(), 9);
+    }
+
+    /// The expander agrees with `scontrol show hostnames` wherever Slurm 22.05 answers, and
+    /// rejects what it rejects — except suffixes after `]`, which Slurm accepts from 23.11.
+    #[test]
+    fn hostlist_agrees_with_scontrol_show_hostnames() {
+        let table = fixture("hostnames.tsv");
+        // Slurm 22.05 prints nonsense for these; we call them malformed.
+        let malformed_here = ["n[1-2", "n1-2]", "n[ 1-2]"];
+        // Slurm 22.05 rejects suffixes; 23.11 and later expand them, and so do we.
+        let suffixes = ["node[1-2].example.com", "gpu[01-02]-ib", "n[1-3]-ib,n5"];
+        let mut compared = 0;
+        for line in table.lines() {
+            let mut cols = line.splitn(3, '\t');
+            let (expr, _code, out) = (
+                cols.next().unwrap(),
+                cols.next().unwrap(),
+                cols.next().unwrap_or(""),
+            );
+            let ours = crate::slurm::hostlist::expand(expr);
+            if malformed_here.contains(&expr) {
+                assert!(ours.is_err(), "{expr:?}");
+            } else if suffixes.contains(&expr) {
+                assert!(ours.is_ok(), "{expr:?}");
+            } else if out.is_empty() && !expr.trim().is_empty() {
+                assert!(ours.is_err(), "Slurm rejects {expr:?}, we gave {ours:?}");
+            } else {
+                assert_eq!(ours.unwrap().join(" "), out, "{expr:?}");
+                compared += 1;
+            }
+        }
+        assert!(compared >= 20, "only {compared} expressions compared");
     }
 }
