@@ -129,13 +129,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
 
     // Inventory: NodeConfigs as always (no topology in the payload), records in StateDir.
     let out = site.run(&["inventory"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    assert_exit_0(&out);
     for body in cv.accepted("NodeConfig") {
         assert!(body.get("topology").is_none(), "{body}");
     }
@@ -204,13 +198,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
 
     // Sent for real: CloudVision holds disjoint MAC sets, and the whole-node job by name.
     let out = site.run(&["send", &a, &b, &c]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    assert_exit_0(&out);
     let text = stdout(&out);
     assert!(
         text.contains(&format!(

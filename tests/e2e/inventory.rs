@@ -22,13 +22,7 @@ fn inventory_sends_each_nodes_own_interfaces() {
         .args(["inventory", "--dry-run"])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    assert_exit_0(&out);
     let text = stdout(&out);
     assert!(
         text.contains(&format!(
@@ -39,13 +33,7 @@ fn inventory_sends_each_nodes_own_interfaces() {
     // Real run: one NodeConfig per node with that node's own MACs and IPs.
     let before = f.cv.requests().len();
     let out = Command::new(&f.bin).args(["inventory"]).output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    assert_exit_0(&out);
     let sent: Vec<Value> = f.cv.requests()[before..]
         .iter()
         .filter(|r| r["method"] == "POST" && r["path"].as_str().unwrap().ends_with("NodeConfig"))
@@ -148,13 +136,7 @@ fn arista_rules_take_every_record_and_a_node_without_nics_is_not_posted() {
     assert_eq!(nodes_of(&done).len(), 1);
     assert!(done.get("interfaces").is_none(), "{done}");
     let out = Command::new(&f.bin).args(["inventory"]).output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    assert_exit_0(&out);
     assert!(
         stdout(&out).contains(&format!("{NODES} sent, 0 failed, 0 unavailable")),
         "{}",
@@ -192,13 +174,7 @@ fn arista_rules_take_every_record_and_a_node_without_nics_is_not_posted() {
         .args(["inventory", "--config", path.to_str().unwrap()])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    assert_exit_0(&out);
     assert!(
         stdout(&out).contains(&format!(
             "0 sent, 0 failed, 0 unavailable, {NODES} without an interface (n1, n2, n3, n4)"
@@ -346,13 +322,7 @@ fn inventory_qualifies_node_keys_with_the_cluster() {
         .args(["inventory", "--config", path.to_str().unwrap()])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    assert_exit_0(&out);
     let client = Client::new(ClientOptions {
         server: f.cv.server(),
         token: cvslurm::config::Token::new(TOKEN),
