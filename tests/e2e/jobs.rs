@@ -444,6 +444,13 @@ fn resized_and_suspended_jobs_follow_slurm() {
     assert_eq!(nodes_of(&running).len(), 2, "{running}");
     let current = || f.cv().state()["jobs"][key(&id)].clone();
 
+    // Accounting keys a job's record by (id, submit time) and files the resized part under
+    // the resize's second (as_mysql_job.c:385-388@22.05): a resize in the submit's own second
+    // folds both into one row. Resize in a later second, so Slurm keeps a row per size.
+    let submitted_by = epoch_now();
+    while epoch_now() <= submitted_by {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let job = format!("JobId={id}");
     assert_exit_0(&slurm("scontrol", &["update", &job, "NumNodes=1"]));
     let now = stdout(&slurm("squeue", &["-h", "-j", &id, "-o", "%N"]))
@@ -521,4 +528,12 @@ fn resized_and_suspended_jobs_follow_slurm() {
         Some(iso(&last[3]).as_str()),
         "{rows:?}"
     );
+}
+
+/// Seconds since the epoch, as Slurm's records count them.
+fn epoch_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs()
 }
