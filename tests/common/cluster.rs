@@ -231,10 +231,12 @@ pub fn slurm_version() -> (u32, u32) {
     (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
-/// Slurm's own Start and End of an ended job (sacct, epoch seconds), once accounting has the
-/// final state.
+/// Slurm's own Start and End of an ended job's last run (sacct, epoch seconds), once
+/// accounting has the final state. Accounting keeps a row per run (`-D`: an earlier run's row
+/// ends `REQUEUED`, `NODE_FAIL`, …) and, within a run, a row per size (a resize ends a row
+/// `RESIZING` and opens the next): the run's start is its first row's, its end the last row's.
 pub fn sacct_times(id: &str) -> (String, String) {
-    let mut row = String::new();
+    let mut rows: Vec<Vec<String>> = Vec::new();
     wait_until(
         &format!("sacct to record job {id}'s end"),
         Duration::from_secs(60),
@@ -246,23 +248,34 @@ pub fn sacct_times(id: &str) -> (String, String) {
                     "-j",
                     id,
                     "-X",
+                    "-D",
                     "-n",
                     "-P",
                     "--format=JobIDRaw,State,Start,End",
                 ],
             );
-            row = stdout(&out)
+            let all: Vec<Vec<String>> = stdout(&out)
                 .lines()
-                .find(|l| l.starts_with(&format!("{id}|")))
-                .unwrap_or("")
-                .to_string();
-            let f: Vec<&str> = row.split('|').collect();
-            f.len() == 4 && !matches!(f[1], "RUNNING" | "PENDING" | "REQUEUED") && f[3] != "Unknown"
+                .filter(|l| l.starts_with(&format!("{id}|")))
+                .map(|l| l.split('|').map(str::to_string).collect::<Vec<_>>())
+                .filter(|f| f.len() == 4)
+                .collect();
+            // A row that ends other than `RESIZING` ends a run (`REQUEUED`, `NODE_FAIL`, …).
+            let run_from = all[..all.len().saturating_sub(1)]
+                .iter()
+                .rposition(|f| f[1] != "RESIZING")
+                .map_or(0, |i| i + 1);
+            rows = all[run_from..].to_vec();
+            rows.last().is_some_and(|f| {
+                !matches!(
+                    f[1].as_str(),
+                    "RUNNING" | "PENDING" | "REQUEUED" | "RESIZING"
+                ) && f[3] != "Unknown"
+            })
         },
     );
-    let f: Vec<&str> = row.split('|').collect();
     let iso = |s: &str| cvslurm::internals::timefmt::format_epoch(s.parse().unwrap()).unwrap();
-    (iso(f[2]), iso(f[3]))
+    (iso(&rows[0][2]), iso(&rows[rows.len() - 1][3]))
 }
 
 /// A job's key in CloudVision (`ID@CLUSTER`).

@@ -492,42 +492,19 @@ fn resized_and_suspended_jobs_follow_slurm() {
     assert_eq!(done["name"], "e2e-resize@debug");
     assert_eq!(nodes_of(&done), [now]);
     // Accounting has a record per size: RESIZING (the 2-node part), then the final one.
-    // The job's start is its first record's, its end its last's.
-    let mut rows: Vec<Vec<String>> = Vec::new();
-    wait_until(
-        &format!("sacct to record job {id}'s end"),
-        Duration::from_secs(60),
-        || {
-            let out = slurm(
-                "sacct",
-                &[
-                    "-j",
-                    &id,
-                    "-X",
-                    "-n",
-                    "-P",
-                    "-o",
-                    "JobIDRaw,State,Start,End",
-                ],
-            );
-            rows = stdout(&out)
-                .lines()
-                .filter(|l| l.starts_with(&format!("{id}|")))
-                .map(|l| l.split('|').map(str::to_string).collect())
-                .collect();
-            rows.last()
-                .is_some_and(|r| r.len() == 4 && r[1].starts_with("CANCELLED") && r[3] != "Unknown")
-        },
-    );
-    assert!(rows.len() >= 2 && rows[0][1] == "RESIZING", "{rows:?}");
-    let iso = |s: &str| cvslurm::internals::timefmt::format_epoch(s.parse().unwrap()).unwrap();
-    assert_eq!(done["start_time"].as_str(), Some(iso(&rows[0][2]).as_str()));
-    let last = rows.last().unwrap();
+    // The job's start is its first record's, its end its last's (sacct_times).
+    let (start, end) = sacct_times(&id);
+    let states = stdout(&slurm(
+        "sacct",
+        &["-j", &id, "-X", "-n", "-P", "-o", "JobIDRaw,State"],
+    ));
+    assert!(states.starts_with(&format!("{id}|RESIZING\n")), "{states}");
     assert_eq!(
-        done["end_time"].as_str(),
-        Some(iso(&last[3]).as_str()),
-        "{rows:?}"
+        done["start_time"].as_str(),
+        Some(start.as_str()),
+        "{states}"
     );
+    assert_eq!(done["end_time"].as_str(), Some(end.as_str()), "{states}");
 }
 
 /// Seconds since the epoch, as Slurm's records count them.
