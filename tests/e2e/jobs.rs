@@ -278,6 +278,146 @@ fn het_job_is_one_job_keyed_by_its_leader() {
     }
 }
 
+/// Heterogeneous jobs in numbers, as the other shapes of their life: five `-N1 : -N1 : -N1`
+/// jobs at once (Slurm gives a het job's components distinct nodes: three of n1-n3), two with their second component cancelled alone mid-run, one requeued as a
+/// whole. CloudVision ends with one record per het job, keyed by its leader, equal to
+/// accounting's last run of it (start, end, the nodes of the components that ran to the end),
+/// no record keyed by a component's own id, and no RUNNING after a run's end.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn het_jobs_cancelled_alone_and_requeued_stay_one_job_each() {
+    let (f, _g) = shared();
+    // Each run waits for its own gate file (`het-go-<leader>-<restart count>`, 2 minutes at
+    // most), so that a job is still running when the test cancels a part of it or requeues it,
+    // however slowly the machine goes.
+    let gate = |leader: &str, run: u32| PathBuf::from(WORK).join(format!("het-go-{leader}-{run}"));
+    let script = format!(
+        "g={WORK}/het-go-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}; i=0; \
+         while [ ! -e $g ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done"
+    );
+    // n4 is left to the tests that disturb a node; 5 jobs × 3 CPUs leave n1-n3 9 CPUs free.
+    let submit = |name: &str| {
+        sbatch(&[
+            "-J", name, "-N1", "-x", "n4", ":", "-N1", "-x", "n4", ":", "-N1", "-x", "n4",
+            "--wrap", &script,
+        ])
+    };
+    let plain: Vec<String> = (0..2).map(|_| submit("e2e-het-many")).collect();
+    let split: Vec<String> = (0..2).map(|_| submit("e2e-het-split")).collect();
+    let requeued = submit("e2e-het-requeue");
+    for leader in &plain {
+        fs::write(gate(leader, 0), "").unwrap();
+    }
+    let running = |leader: &str| {
+        let out = slurm("squeue", &["-h", "-j", leader, "-t", "R", "-o", "%A"]);
+        stdout(&out).lines().count()
+    };
+    for leader in split.iter().chain([&requeued]) {
+        wait_until(
+            &format!("het job {leader}'s three components to run"),
+            Duration::from_secs(90),
+            || running(leader) == 3,
+        );
+    }
+    for leader in &split {
+        let part = format!("{leader}+1");
+        assert_exit_0(&slurm("scancel", &[&part]));
+        // The rest ends in a later second than the part (Slurm's times are whole seconds).
+        let mut ended = 0;
+        wait_until(
+            &format!("sacct to record {part}'s end"),
+            Duration::from_secs(60),
+            || {
+                let out = slurm("sacct", &["-j", &part, "-X", "-n", "-P", "-o", "End"]);
+                ended = stdout(&out).trim().parse().unwrap_or(0);
+                ended > 0
+            },
+        );
+        while epoch_now() <= ended {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        fs::write(gate(leader, 0), "").unwrap();
+    }
+    // The requeue once CloudVision has the first run, so that run is one to end; the first
+    // run's gate never opens (the requeue ends it), the second's is open from the start.
+    wait_job(f, &requeued, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    fs::write(gate(&requeued, 1), "").unwrap();
+    assert_exit_0(&slurm("scontrol", &["requeue", &requeued]));
+
+    let mut all: Vec<&String> = plain.iter().chain(&split).collect();
+    all.push(&requeued);
+    for leader in &all {
+        let done = wait_job(f, leader, "JOB_STATE_COMPLETED", Duration::from_secs(120));
+        // Accounting's last run of each component: JobID `L+O`, raw id, state, end, nodes.
+        let (start, end) = sacct_times(leader);
+        let mut rows = String::new();
+        wait_until(
+            &format!("sacct to record every component of {leader}"),
+            Duration::from_secs(60),
+            || {
+                rows = stdout(&slurm(
+                    "sacct",
+                    &[
+                        "-j",
+                        leader,
+                        "-X",
+                        "-n",
+                        "-P",
+                        "--format=JobID,JobIDRaw,State,End,NodeList",
+                    ],
+                ));
+                let f: Vec<Vec<&str>> = rows.lines().map(|l| l.split('|').collect()).collect();
+                f.len() == 3 && f.iter().all(|r| r.len() == 5 && r[3] != "Unknown")
+            },
+        );
+        let comps: Vec<Vec<&str>> = rows.lines().map(|l| l.split('|').collect()).collect();
+        assert_eq!(comps[0][0], format!("{leader}+0"), "{rows}");
+        assert_eq!(comps[0][1], leader.as_str(), "{rows}");
+        let leader_end = comps[0][3];
+        let mut nodes: Vec<String> = comps
+            .iter()
+            .filter(|c| c[3] >= leader_end)
+            .flat_map(|c| cvslurm::internals::slurm::hostlist::expand(c[4]).unwrap())
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        let mut got = nodes_of(&done);
+        got.sort();
+        assert_eq!(got, nodes, "job {leader}: {done}\n{rows}");
+        assert_eq!(done["start_time"].as_str(), Some(start.as_str()), "{rows}");
+        assert_eq!(done["end_time"].as_str(), Some(end.as_str()), "{rows}");
+        if split.contains(leader) {
+            // Cancelled alone, before the rest: its nodes are not the end's.
+            assert!(comps[1][2].starts_with("CANCELLED"), "{rows}");
+            assert!(comps[1][3] < leader_end, "{rows}");
+        }
+        for c in &comps[1..] {
+            assert!(
+                job_events(f, c[1]).is_empty(),
+                "a record keyed by component {} of {leader}",
+                c[1]
+            );
+        }
+        // Every run's events in order: no RUNNING after that run's end.
+        let states: Vec<String> = job_events(f, leader)
+            .iter()
+            .map(|j| j["state"].as_str().unwrap_or("").to_string())
+            .collect();
+        let ends = states.iter().filter(|s| *s != "JOB_STATE_RUNNING").count();
+        let want_ends = if leader == &&requeued { 2 } else { 1 };
+        assert!(ends >= want_ends, "job {leader}: {states:?}");
+        let last_end = states
+            .iter()
+            .rposition(|s| s != "JOB_STATE_RUNNING")
+            .unwrap();
+        assert_eq!(
+            last_end,
+            states.len() - 1,
+            "a RUNNING after the end: {states:?}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn srun_and_salloc_jobs() {
