@@ -302,9 +302,9 @@ fn het_jobs_cancelled_alone_and_requeued_stay_one_job_each() {
             "--wrap", &script,
         ])
     };
+    let requeued = submit("e2e-het-requeue");
     let plain: Vec<String> = (0..2).map(|_| submit("e2e-het-many")).collect();
     let split: Vec<String> = (0..2).map(|_| submit("e2e-het-split")).collect();
-    let requeued = submit("e2e-het-requeue");
     for leader in &plain {
         fs::write(gate(leader, 0), "").unwrap();
     }
@@ -312,14 +312,22 @@ fn het_jobs_cancelled_alone_and_requeued_stay_one_job_each() {
         let out = slurm("squeue", &["-h", "-j", leader, "-t", "R", "-o", "%A"]);
         stdout(&out).lines().count()
     };
-    for leader in split.iter().chain([&requeued]) {
+    let run_all_three = |leader: &str| {
         wait_until(
             &format!("het job {leader}'s three components to run"),
             Duration::from_secs(90),
             || running(leader) == 3,
-        );
-    }
+        )
+    };
+    // The requeue first (Slurm holds a requeued job 16 s here: the others go on meanwhile),
+    // once CloudVision has the first run, so that run is one to end; the first run's gate
+    // never opens (the requeue ends it), the second's is open from the start.
+    run_all_three(&requeued);
+    wait_job(f, &requeued, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    fs::write(gate(&requeued, 1), "").unwrap();
+    assert_exit_0(&slurm("scontrol", &["requeue", &requeued]));
     for leader in &split {
+        run_all_three(leader);
         let part = format!("{leader}+1");
         assert_exit_0(&slurm("scancel", &[&part]));
         // The rest ends in a later second than the part (Slurm's times are whole seconds).
@@ -338,11 +346,6 @@ fn het_jobs_cancelled_alone_and_requeued_stay_one_job_each() {
         }
         fs::write(gate(leader, 0), "").unwrap();
     }
-    // The requeue once CloudVision has the first run, so that run is one to end; the first
-    // run's gate never opens (the requeue ends it), the second's is open from the start.
-    wait_job(f, &requeued, "JOB_STATE_RUNNING", Duration::from_secs(30));
-    fs::write(gate(&requeued, 1), "").unwrap();
-    assert_exit_0(&slurm("scontrol", &["requeue", &requeued]));
 
     let mut all: Vec<&String> = plain.iter().chain(&split).collect();
     all.push(&requeued);
@@ -645,6 +648,101 @@ fn resized_and_suspended_jobs_follow_slurm() {
         "{states}"
     );
     assert_eq!(done["end_time"].as_str(), Some(end.as_str()), "{states}");
+}
+
+/// A preemption with `PreemptMode=SUSPEND,GANG` (the test cluster's `urgent` partition on n4,
+/// PriorityTier 2): the job in its way is suspended while the urgent job runs on its node and
+/// resumed after. CloudVision holds the suspended job RUNNING under its marked name beside the
+/// urgent job (README: no suspended state in CloudVision), its plain name again once resumed,
+/// and each job's final record is accounting's.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
+    let (f, _g) = exclusive();
+    // Each job runs until the test opens its gate (2 minutes at most).
+    let gate = |tag: &str| PathBuf::from(WORK).join(format!("go-{tag}"));
+    let script = |tag: &str| {
+        let g = gate(tag);
+        let _ = fs::remove_file(&g);
+        format!(
+            "i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done",
+            g.display()
+        )
+    };
+    let victim = sbatch(&[
+        "-J",
+        "e2e-victim",
+        "-p",
+        "debug",
+        "-w",
+        "n4",
+        "-n",
+        "8",
+        "--wrap",
+        &script("victim"),
+    ]);
+    wait_job(f, &victim, "JOB_STATE_RUNNING", Duration::from_secs(30));
+    let urgent = sbatch(&[
+        "-J",
+        "e2e-urgent",
+        "-p",
+        "urgent",
+        "-w",
+        "n4",
+        "-n",
+        "8",
+        "--wrap",
+        &script("urgent"),
+    ]);
+    let state = |id: &str| {
+        stdout(&slurm("squeue", &["-h", "-j", id, "-o", "%T"]))
+            .trim()
+            .to_string()
+    };
+    wait_until(
+        "Slurm to suspend the victim and run the urgent job",
+        Duration::from_secs(60),
+        || state(&victim) == "SUSPENDED" && state(&urgent) == "RUNNING",
+    );
+    let current = |id: &str| f.cv().state()["jobs"][key(id)].clone();
+    wait_until(
+        "CloudVision to hold the victim marked suspended beside the urgent job",
+        Duration::from_secs(3 + 5),
+        || {
+            current(&victim)["name"] == "e2e-victim@debug (suspended)"
+                && current(&urgent)["state"] == "JOB_STATE_RUNNING"
+        },
+    );
+    let v = current(&victim);
+    assert_eq!(v["state"], "JOB_STATE_RUNNING", "{v}");
+    assert_eq!(nodes_of(&v), ["n4"]);
+    assert_eq!(nodes_of(&current(&urgent)), ["n4"]);
+
+    fs::write(gate("urgent"), "").unwrap();
+    let done = wait_job(f, &urgent, "JOB_STATE_COMPLETED", Duration::from_secs(30));
+    wait_until(
+        "Slurm to resume the victim",
+        Duration::from_secs(60),
+        || state(&victim) == "RUNNING",
+    );
+    wait_until(
+        "CloudVision to hold the resumed victim under its plain name",
+        Duration::from_secs(3 + 5),
+        || current(&victim)["name"] == "e2e-victim@debug",
+    );
+    assert_eq!(current(&victim)["state"], "JOB_STATE_RUNNING");
+    fs::write(gate("victim"), "").unwrap();
+    let ended = wait_job(f, &victim, "JOB_STATE_COMPLETED", Duration::from_secs(30));
+    for (id, rec) in [(&urgent, &done), (&victim, &ended)] {
+        let (start, end) = sacct_times(id);
+        assert_eq!(rec["start_time"].as_str(), Some(start.as_str()), "{rec}");
+        assert_eq!(rec["end_time"].as_str(), Some(end.as_str()), "{rec}");
+        assert_eq!(nodes_of(rec), ["n4"]);
+    }
+    assert_eq!(ended["name"], "e2e-victim@debug");
+    for tag in ["victim", "urgent"] {
+        let _ = fs::remove_file(gate(tag));
+    }
 }
 
 /// Seconds since the epoch, as Slurm's records count them.

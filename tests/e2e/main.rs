@@ -122,13 +122,15 @@ fn fixture() -> &'static Fixture {
         let hook = work.join("cvslurm-hook");
         let t0 = Instant::now();
         // Backfill every 5 s (Slurm's default is 30): heterogeneous jobs start only at a
-        // backfill pass, and a test holds the cluster while it waits for one.
+        // backfill pass, and a test holds the cluster while it waits for one. PREEMPT: a
+        // partition whose jobs suspend others (preempted_job_is_marked_suspended_…).
         up(
             NODES,
             &[
                 ("CVSLURM_HOOK", hook.to_str().unwrap()),
                 ("WITH_DBD", "1"),
                 ("BF_INTERVAL", "5"),
+                ("PREEMPT", "1"),
             ],
         );
         let service = start_service(&bin).unwrap();
