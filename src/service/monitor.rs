@@ -178,6 +178,8 @@ fn reconcile_pass(
             );
             sender.wake();
         }
+        // Each said where it was queued.
+        Ok(r) if r.reshaped + r.restamped > 0 => sender.wake(),
         Ok(_) => {}
         // Said once, when the backoff started (src/slurm.rs).
         Err(e) if slurm::held_back(&e) => log::debug!("reconcile: {e}"),

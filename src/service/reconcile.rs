@@ -6,6 +6,9 @@
 //! - A job the prolog recorded whose epilog never came (slurmctld restarted, hook killed, or
 //!   no EpilogSlurmctld at all: the PrologSlurmctld-only set-up) gets its end state from
 //!   slurmctld or accounting.
+//! - A recorded job that waited for its nodes to boot or power up (`sbatch --reboot`, power
+//!   saving, cloud nodes) gets its RUNNING sent anew with the start Slurm set once they were
+//!   up ([`follow_boots`]): its prolog ran at the allocation, before Slurm reset the start.
 //!
 //! One pass costs, on Slurm 24.11 and later, one `squeue --only-job-state` (every job's id and
 //! state only: the sweep that finds running jobs no hook reported) and the records of the jobs
@@ -110,6 +113,14 @@ pub(crate) fn running_settled(j: &JobInfo) -> bool {
     is_running(j) && !j.completing() && !j.states.iter().any(|s| s == "CONFIGURING")
 }
 
+/// Does the job wait for its nodes to boot or power up? Slurm's `POWER_UP_NODE` flag, which
+/// 23.02 and later list among the state words; 22.05 gives one word, `CONFIGURING`, which a
+/// job also is while its PrologSlurmctld runs: such a job is noted too, and costs one look at
+/// its start once it runs (nothing is sent when Slurm kept the start).
+fn booting(j: &JobInfo) -> bool {
+    j.state == "CONFIGURING" || j.states.iter().any(|s| s == "POWER_UP_NODE")
+}
+
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Report {
@@ -123,6 +134,8 @@ pub struct Report {
     pub corrected: usize,
     /// Running jobs sent anew: resized, suspended or resumed since their last record.
     pub reshaped: usize,
+    /// Running jobs sent anew with the start Slurm set once their nodes had booted.
+    pub restamped: usize,
 }
 
 /// The most running jobs whose records (node lists) one pass asks slurmctld for by id, on
@@ -320,6 +333,114 @@ fn follow_shapes(
     Ok(n)
 }
 
+/// Follows the recorded jobs that wait for their nodes to boot or power up (`sbatch
+/// --reboot`, power saving, cloud nodes): their prolog ran at the allocation, and Slurm resets
+/// the start to the moment the nodes are ready (`job_config_fini`). A job seen [`booting`]
+/// gets a boot note ([`crate::state::starts::Starts::note_boot`]); once it runs, its record is
+/// looked at (from the full listing, else asked by id, bounded) and, where Slurm's start
+/// differs from the one its prolog reported, its RUNNING is sent anew with Slurm's start,
+/// which replaces the prolog's in the start record
+/// ([`crate::state::queue::Queue::enqueue_resend_with_start`]). The note goes then, or with
+/// the job's record at its end (whose record carries Slurm's start already). Returns how many
+/// were sent.
+fn follow_boots(
+    slurm: &Slurm,
+    cluster: &str,
+    outbox: &StateDir,
+    running: &[&JobInfo],
+    full: bool,
+    boots: &HashSet<String>,
+    sent: &Shapes,
+) -> Result<usize, String> {
+    let key_of = |id: &str| crate::cloudvision::payload::job_key(id, cluster);
+    let mut booted: Vec<&JobInfo> = Vec::new();
+    for j in running {
+        let key = key_of(&j.job_id);
+        if !sent.recorded.contains(&key) || crate::service::het::part_of(j).is_some() {
+            continue;
+        }
+        if booting(j) {
+            if !boots.contains(&key) {
+                match outbox.starts.note_boot(&key) {
+                    Ok(()) => log::info!(
+                        "reconcile: job {key} waits for its node(s) to boot ({}); Slurm sets its start when they are up, and its RUNNING is sent anew with it",
+                        j.states.join(",")
+                    ),
+                    Err(e) => log::warn!(
+                        "reconcile: job {key} waits for its node(s) to boot, but cannot be noted in StateDir (its RUNNING keeps the allocation's start until its end): {e}"
+                    ),
+                }
+            }
+        } else if boots.contains(&key)
+            && running_settled(j)
+            && !sent.pending.contains(&key)
+            && !sent.ended.contains(&key)
+        {
+            booted.push(j);
+        }
+    }
+    if booted.is_empty() {
+        return Ok(0);
+    }
+    let records: Vec<JobInfo> = if full {
+        booted.into_iter().cloned().collect()
+    } else {
+        let ids: Vec<String> = booted.iter().map(|j| j.job_id.clone()).collect();
+        match crate::slurm::jobs_by_id(slurm, &ids, COMMAND_TIMEOUT) {
+            Ok(a) => a.found.into_values().collect(),
+            Err(e) => {
+                log::warn!(
+                    "reconcile: slurmctld could not be asked for the start of {} job(s) whose nodes booted (asked again next pass): {e}",
+                    ids.len()
+                );
+                return Ok(0);
+            }
+        }
+    };
+    let mut n = 0;
+    for j in &records {
+        let key = key_of(&j.job_id);
+        if !running_settled(j) || booting(j) {
+            continue;
+        }
+        let (Some(start), Some((was, restarts))) = (j.start, outbox.starts.load_run(&key)) else {
+            continue;
+        };
+        if j.restarts.is_some_and(|r| r != restarts) {
+            continue; // another run: its own prolog reports it
+        }
+        if start == was {
+            outbox.starts.drop_boot_note(&key);
+            continue;
+        }
+        let Some(nodes) = j.nodes().ok().filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        let shape = crate::state::starts::Shape::of(&nodes, j.state == "SUSPENDED");
+        let mut job = crate::cloudvision::payload::running_job(j, cluster, start, nodes);
+        mark_suspended(&mut job, j);
+        let mut ev = Event::new(Item::Job { job }, (restarts, 0));
+        // Its nodes booted: its interfaces, where it goes by them, are looked up again.
+        ev.anew = true;
+        // Queued only while it cannot reach CloudVision after the job's end; else the next
+        // pass looks again, or the job has ended (its end carries Slurm's start).
+        if outbox
+            .queue
+            .enqueue_resend_with_start(&ev, start, restarts)?
+        {
+            log::info!(
+                "reconcile: job {key} started at {} in Slurm's record (its nodes booted), not {} as its prolog reported; sending its RUNNING anew with Slurm's start",
+                format_epoch(start).unwrap_or_else(|| start.to_string()),
+                format_epoch(was).unwrap_or_else(|| was.to_string()),
+            );
+            outbox.starts.save_shape(&key, shape)?;
+            outbox.starts.drop_boot_note(&key);
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// How long after the epilog Slurm's final state of a job is trusted to be recorded.
 pub const VERIFY_AFTER: Duration = Duration::from_secs(5);
 
@@ -500,7 +621,7 @@ pub fn reconcile(
     // the outbox) while the listing was taken has reported it, and a second RUNNING from
     // here could reach CloudVision after the job's end. A job that ended since the listing
     // (its end delivered, its record gone) is in `recently_ended`.
-    let (records, shapes) = outbox.starts.started_jobs_and_shapes(GIVE_UP_AFTER);
+    let (records, shapes, boots) = outbox.starts.started_jobs_and_notes(GIVE_UP_AFTER);
     // slurmctld's view. A sweep: every job's id and state (24.11 and later, cheap), else
     // every job's whole record (one listing, whose size grows with the queue). Between the
     // sweeps of a big queue (24.11 and later): the states of the recorded jobs, by id.
@@ -638,6 +759,7 @@ pub fn reconcile(
             ended: &ended,
         };
         report.reshaped = follow_shapes(slurm, cluster, outbox, &running, full, &sent)?;
+        report.restamped = follow_boots(slurm, cluster, outbox, &running, full, &boots, &sent)?;
     }
 
     let listed: std::collections::HashSet<String> =
@@ -885,6 +1007,50 @@ mod tests {
         }
         assert!(a.get("4").is_some_and(|j| j.ended() && !is_running(j)));
         assert!(a.get("1").is_some_and(is_running));
+    }
+
+    /// A job whose node reboots first (`sbatch --reboot`, captured on every version by
+    /// tests/cluster/capture-reboot.sh): while it waits it is on its nodes, booting and not
+    /// settled, in every view reconciliation reads (22.05's listing; the state sweep and the
+    /// records by id of 24.11 and later); once the node is up it is settled and no longer
+    /// booting, and Slurm's start is later than the one it had at the allocation.
+    #[test]
+    fn a_job_whose_node_reboots_is_booting_until_it_runs() {
+        let read = |v: &str, f: &str| {
+            let p = format!(
+                "{}/tests/fixtures/slurm-{v}/reboot/{f}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            std::fs::read_to_string(&p).unwrap()
+        };
+        let full = |v: &str, f: &str| crate::slurm::json::parse_jobs(&read(v, f)).unwrap();
+        let states = |v: &str, f: &str| crate::slurm::json::parse_job_states(&read(v, f)).unwrap();
+        for (v, before, after) in [
+            ("22.05", "booting-squeue.json", "booted-squeue.json"),
+            ("24.11", "booting-scontrol.json", "booted-scontrol.json"),
+            ("26.05", "booting-scontrol.json", "booted-scontrol.json"),
+        ] {
+            let (b, a) = (full(v, before), full(v, after));
+            assert_eq!((b.len(), a.len()), (1, 1), "{v}");
+            let (b, a) = (&b[0], &a[0]);
+            assert!(
+                is_running(b) && booting(b) && !running_settled(b),
+                "{v}: {b:?}"
+            );
+            assert!(running_settled(a) && !booting(a), "{v}: {a:?}");
+            assert!(a.start > b.start, "{v}: {:?} then {:?}", b.start, a.start);
+            if v != "22.05" {
+                let (b, a) = (
+                    states(v, "booting-only-job-state.json"),
+                    states(v, "booted-only-job-state.json"),
+                );
+                assert!(b.iter().all(|j| is_running(j) && booting(j)), "{v}: {b:?}");
+                assert!(
+                    a.iter().all(|j| running_settled(j) && !booting(j)),
+                    "{v}: {a:?}"
+                );
+            }
+        }
     }
 
     /// Which jobs count as on their nodes, on real listings of every version.

@@ -548,8 +548,9 @@ pub struct RunningJob {
 }
 
 /// The running jobs on some of `nodes`, from
-/// `squeue --all -h -t RUNNING -w <nodes> -o '%A %U %N'` (a job id, a numeric uid and a
-/// hostlist: no field a user can write).
+/// `squeue --all -h -t RUNNING,CONFIGURING -w <nodes> -o '%A %U %N'` (a job id, a numeric uid
+/// and a hostlist: no field a user can write). A configuring job (its nodes booting or
+/// powering up, or its PrologSlurmctld running) holds its nodes as a running one does.
 pub fn running_jobs_on(
     slurm: &Slurm,
     nodes: &[String],
@@ -559,7 +560,14 @@ pub fn running_jobs_on(
     let out = slurm.run(
         "squeue",
         &[
-            "--all", "-h", "-t", "RUNNING", "-w", &list, "-o", "%A %U %N",
+            "--all",
+            "-h",
+            "-t",
+            "RUNNING,CONFIGURING",
+            "-w",
+            &list,
+            "-o",
+            "%A %U %N",
         ],
         timeout,
     )?;

@@ -966,6 +966,23 @@ impl Queue {
     /// (a pending RUNNING is enriched when sent anyway; a pending end must stay last), in
     /// flight, or delivered as an end by this process. True when queued.
     pub fn enqueue_resend(&self, ev: &Event) -> Result<bool, String> {
+        self.resend(ev, None)
+    }
+
+    /// [`Queue::enqueue_resend`] for a job whose start Slurm reset when its nodes had booted:
+    /// once queued, and under the same lock, `start` (of run `restarts`) replaces the start
+    /// its prolog recorded, so that an end built from that record (an epilog without Slurm's
+    /// start) carries it too. True when queued.
+    pub fn enqueue_resend_with_start(
+        &self,
+        ev: &Event,
+        start: i64,
+        restarts: u32,
+    ) -> Result<bool, String> {
+        self.resend(ev, Some((start, restarts)))
+    }
+
+    fn resend(&self, ev: &Event, start: Option<(i64, u32)>) -> Result<bool, String> {
         let Item::Job { job } = &ev.item else {
             return Err("only a job's RUNNING is resent".into());
         };
@@ -990,6 +1007,15 @@ impl Queue {
                 return Ok(false);
             }
             fs::rename(&tmp, &path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            if let Some((start, restarts)) = start {
+                // Queued: a failure here is said, and the RUNNING goes anyway.
+                if let Err(e) = self.starts.save_run(&job.key.id, start, restarts) {
+                    log::warn!(
+                        "job {}: cannot record Slurm's start in StateDir: {e}",
+                        job.key.id
+                    );
+                }
+            }
             Ok(true)
         })();
         if !matches!(res, Ok(true)) {
@@ -1530,6 +1556,26 @@ mod tests {
         assert!(ob.pending().is_empty());
         // Only RUNNING is resent.
         assert!(ob.enqueue_resend(&end).is_err());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    /// A resend with Slurm's start follows [`Queue::enqueue_resend`]'s rules, and the start
+    /// record takes that start only when the resend is queued.
+    #[test]
+    fn a_resend_with_slurms_start_records_it() {
+        let d = tmpdir("resend-start");
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
+        let run = || Event::new(job("7@c", JobState::Running), (1, 0));
+        assert_eq!(ob.enqueue_resend_with_start(&run(), 130, 1), Ok(false));
+        assert_eq!(sd.starts.load_run("7@c"), None);
+        sd.starts.save_run("7@c", 100, 1).unwrap();
+        assert_eq!(ob.enqueue_resend_with_start(&run(), 130, 1), Ok(true));
+        assert_eq!(sd.starts.load_run("7@c"), Some((130, 1)));
+        // Its RUNNING pending: not queued, the record left alone.
+        assert_eq!(ob.enqueue_resend_with_start(&run(), 140, 1), Ok(false));
+        assert_eq!(sd.starts.load_run("7@c"), Some((130, 1)));
+        assert_eq!(ob.pending().len(), 1);
         let _ = fs::remove_dir_all(&d);
     }
 

@@ -13,16 +13,32 @@
 //! running job ([`Shape`]): written by the prolog and by reconciliation when it sends a
 //! resized or suspended job anew, removed with the start record. The bytes are hostile: a
 //! note that is not exactly a [`Shape`] is no note.
+//!
+//! Boot notes: `jobs/<jobid>@<cluster>%boot`, written by reconciliation when it sees a recorded
+//! job wait for its nodes to boot or power up (`sbatch --reboot`, power saving, cloud nodes):
+//! Slurm resets such a job's start when the nodes are ready, after its prolog reported the
+//! allocation's. Reconciliation then sends its RUNNING anew with Slurm's start and drops the
+//! note; it goes with the start record too. A note is exactly [`BOOT_TEXT`]; other bytes are
+//! no note.
 
 use super::durable::{self, records, safe_name, unsafe_name};
 use super::layout::JOBS;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The suffix of a shape note's file name.
 const SHAPE: &str = "%shape";
+/// The suffix of a boot note's file name.
+const BOOT: &str = "%boot";
+/// A boot note's whole text.
+const BOOT_TEXT: &[u8] = b"boot";
+
+/// Is the file `name` a note (no job's start record)?
+fn is_note(name: &str) -> bool {
+    name.ends_with(SHAPE) || name.ends_with(BOOT)
+}
 
 /// What CloudVision was last sent for a running job: a fingerprint of its node set (64-bit
 /// FNV-1a of the sorted, de-duplicated node names, each after the first preceded by a NUL byte) and whether it was sent as
@@ -127,6 +143,24 @@ impl Starts {
         durable::replace(&self.shape_path(key), shape.text().as_bytes(), self.owner)
     }
 
+    fn boot_path(&self, key: &str) -> PathBuf {
+        self.root
+            .join(JOBS)
+            .join(format!("{}{BOOT}", safe_name(key)))
+    }
+
+    /// Notes that the running job `key` waits for its nodes to boot (its start is Slurm's
+    /// only once they are up).
+    pub fn note_boot(&self, key: &str) -> Result<(), String> {
+        durable::ensure_dirs(&self.root, self.owner)?;
+        durable::replace(&self.boot_path(key), BOOT_TEXT, self.owner)
+    }
+
+    /// Drops the job's boot note ([`Starts::note_boot`]).
+    pub fn drop_boot_note(&self, key: &str) {
+        let _ = fs::remove_file(self.boot_path(key));
+    }
+
     /// What CloudVision was last sent for the job, where a note says it.
     #[cfg(test)]
     pub(crate) fn load_shape(&self, key: &str) -> Option<Shape> {
@@ -155,19 +189,26 @@ impl Starts {
     pub fn forget(&self, key: &str) {
         let _ = fs::remove_file(self.path(key));
         let _ = fs::remove_file(self.shape_path(key));
+        let _ = fs::remove_file(self.boot_path(key));
     }
 
-    /// The jobs of [`Starts::started_jobs`] and the shape notes of those that have one, from
-    /// one read of the directory. A note whose job has no start record (one written while
-    /// the job's end removed its record) is removed once older than `orphan_age`.
+    /// The jobs of [`Starts::started_jobs`], the shape notes of those that have one and the
+    /// jobs with a boot note, from one read of the directory. A note whose job has no start
+    /// record (one written while the job's end removed its record) is removed once older
+    /// than `orphan_age`.
     #[allow(clippy::type_complexity)]
-    pub fn started_jobs_and_shapes(
+    pub fn started_jobs_and_notes(
         &self,
         orphan_age: Duration,
-    ) -> (Vec<(String, i64, Duration)>, HashMap<String, Shape>) {
+    ) -> (
+        Vec<(String, i64, Duration)>,
+        HashMap<String, Shape>,
+        HashSet<String>,
+    ) {
         let dir = self.root.join(JOBS);
         let mut started = Vec::new();
         let mut shapes = HashMap::new();
+        let mut boots = HashSet::new();
         let mut orphans = Vec::new();
         for (name, bytes, age) in records(&dir) {
             if let Some(base) = name.strip_suffix(SHAPE) {
@@ -182,19 +223,31 @@ impl Starts {
                 }
                 continue;
             }
+            if let Some(base) = name.strip_suffix(BOOT) {
+                let base = base.to_string();
+                let ok = bytes == BOOT_TEXT;
+                if ok {
+                    boots.insert(unsafe_name(&base));
+                }
+                if !ok || age > orphan_age {
+                    orphans.push((name, base));
+                }
+                continue;
+            }
             if let Some((start, _)) = parse_record(&String::from_utf8_lossy(&bytes)) {
                 started.push((unsafe_name(&name), start, age));
             }
         }
-        let keys: std::collections::HashSet<&String> = started.iter().map(|s| &s.0).collect();
+        let keys: HashSet<&String> = started.iter().map(|s| &s.0).collect();
         for (name, base) in orphans {
             let key = unsafe_name(&base);
             if !keys.contains(&key) {
                 shapes.remove(&key);
+                boots.remove(&key);
                 let _ = fs::remove_file(dir.join(name));
             }
         }
-        (started, shapes)
+        (started, shapes, boots)
     }
 
     /// The jobs whose start a prolog recorded and whose end no epilog has handled yet:
@@ -202,7 +255,7 @@ impl Starts {
     pub fn started_jobs(&self) -> Vec<(String, i64, Duration)> {
         records(&self.root.join(JOBS))
             .into_iter()
-            .filter(|(name, _, _)| !name.ends_with(SHAPE))
+            .filter(|(name, _, _)| !is_note(name))
             .filter_map(|(name, bytes, age)| {
                 let (start, _) = parse_record(&String::from_utf8_lossy(&bytes))?;
                 Some((unsafe_name(&name), start, age))
@@ -301,7 +354,7 @@ mod tests {
         assert_eq!(starts.load_shape("1@c"), Some(two));
         assert_eq!(starts.load_run("1@c"), Some((100, 0)));
         assert_eq!(starts.started_jobs().len(), 2);
-        let (jobs, shapes) = starts.started_jobs_and_shapes(Duration::from_secs(3600));
+        let (jobs, shapes, _) = starts.started_jobs_and_notes(Duration::from_secs(3600));
         assert_eq!(jobs.len(), 2);
         assert_eq!(shapes.get("1@c"), Some(&two));
         assert_eq!(shapes.get("../2@c").map(|s| s.suspended), Some(true));
@@ -317,22 +370,64 @@ mod tests {
         ] {
             std::fs::write(&file, bad).unwrap();
             assert_eq!(starts.load_shape("1@c"), None, "{bad:?}");
-            let (jobs, shapes) = starts.started_jobs_and_shapes(Duration::from_secs(3600));
+            let (jobs, shapes, _) = starts.started_jobs_and_notes(Duration::from_secs(3600));
             assert_eq!(jobs.len(), 2, "{bad:?}");
             assert!(!shapes.contains_key("1@c"), "{bad:?}");
         }
         starts.save_shape("1@c", two).unwrap();
         // A note whose job's record is gone is removed once old.
         starts.save_shape("9@c", two).unwrap();
-        let (_, shapes) = starts.started_jobs_and_shapes(Duration::from_secs(3600));
+        let (_, shapes, _) = starts.started_jobs_and_notes(Duration::from_secs(3600));
         assert!(shapes.contains_key("9@c"));
-        let (_, shapes) = starts.started_jobs_and_shapes(Duration::ZERO);
+        let (_, shapes, _) = starts.started_jobs_and_notes(Duration::ZERO);
         assert!(!shapes.contains_key("9@c"));
         assert_eq!(starts.load_shape("9@c"), None);
         assert_eq!(shapes.len(), 2);
         // It goes with its job's record.
         starts.forget("1@c");
         assert_eq!(starts.load_shape("1@c"), None);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Boot notes: read back with the start records, no job of their own, hostile bytes are
+    /// no note, removed on their own, with their job's record, or once old without one.
+    #[test]
+    fn boot_notes() {
+        use std::time::Duration;
+        let d = std::env::temp_dir().join(format!("cvslurm-boots-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let starts = StateDir::new(&d).starts;
+        let hour = Duration::from_secs(3600);
+        starts.save("1@c", 100).unwrap();
+        starts.save("../2@c", 200).unwrap();
+        starts.note_boot("1@c").unwrap();
+        starts.note_boot("../2@c").unwrap();
+        assert_eq!(starts.started_jobs().len(), 2);
+        let (jobs, _, boots) = starts.started_jobs_and_notes(hour);
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(boots.len(), 2);
+        assert!(boots.contains("1@c") && boots.contains("../2@c"));
+        let file = d.join(crate::state::layout::JOBS).join("1@c%boot");
+        for bad in ["", "boot\n", "boo", "bootx", "1"] {
+            std::fs::write(&file, bad).unwrap();
+            let (jobs, _, boots) = starts.started_jobs_and_notes(hour);
+            assert_eq!(jobs.len(), 2, "{bad:?}");
+            assert!(!boots.contains("1@c"), "{bad:?}");
+        }
+        starts.note_boot("1@c").unwrap();
+        starts.drop_boot_note("1@c");
+        assert!(!starts.started_jobs_and_notes(hour).2.contains("1@c"));
+        // Without its job's record: kept while young, removed once old.
+        starts.note_boot("9@c").unwrap();
+        assert!(starts.started_jobs_and_notes(hour).2.contains("9@c"));
+        assert!(!starts
+            .started_jobs_and_notes(Duration::ZERO)
+            .2
+            .contains("9@c"));
+        assert!(!file.with_file_name("9@c%boot").exists());
+        // It goes with its job's record.
+        starts.forget("../2@c");
+        assert!(starts.started_jobs_and_notes(hour).2.is_empty());
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

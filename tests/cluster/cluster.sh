@@ -80,6 +80,10 @@
 #                        before its slurmctld first starts (cvslurm installed on every
 #                        controller before slurm.conf names the hook)
 #
+# RebootProgram ($CVSLURM_CLUSTER_DIR/reboot-node, `sbatch --reboot`, `scontrol reboot`)
+# restarts a static node's slurmd with -b; while run/reboot-NODE.hold exists (at most 60 s)
+# the node stays down.
+#
 # Every version: $CVSLURM_CLUSTER_DIR/bin holds the version's own commands (sbatch, squeue,
 # scontrol, sacct, srun, salloc, sinfo, scancel, sacctmgr, slurmctld -V...): put it first in
 # PATH, or use it as SlurmBinDir; they work on the host and inside the root filesystem alike.
@@ -842,6 +846,7 @@ OverTimeLimit=0
 InactiveLimit=0
 JobRequeue=1
 MailProg=/bin/true
+RebootProgram=$W/reboot-node
 EOF
         # JOBCOMP_LOC=URL: Slurm's job-completion plugin posts each finished job there
         # (jobcomp/elasticsearch: cvslurm's receiver, `install.sh --jobcomp`)
@@ -870,6 +875,7 @@ EOF
         fi
     } >"$ETC/slurm.conf"
     chmod 0644 "$ETC/slurm.conf"
+    write_reboot_program
     # WITH_GPUS=1: every static node has 8 GPUs as GRES (gres.conf Name=gpu File=..., no
     # autodetection) over character devices made here (major 195 as /dev/nvidiaN; nothing
     # opens them: TaskPlugin=task/none).
@@ -910,6 +916,44 @@ EOF
         inroot chown slurm:slurm "$ETC/slurmdbd.conf"
         chmod 0600 "$ETC/slurmdbd.conf"
     fi
+}
+
+# RebootProgram (`sbatch --reboot`, `scontrol reboot`): slurmd runs it on its node (in the
+# node's namespaces and root filesystem) and waits for it. It "reboots" the node: it starts
+# itself again in a session of its own (slurmd kills what is left of the program's process
+# group when it returns, on 26.05), which stops that slurmd and starts it again with -b (it
+# registers as rebooted, and Slurm starts the job that waited for the boot), recording the
+# new pid where `up` did. While $W/run/reboot-NODE.hold exists (at most 60 s) the node stays
+# down: a test that must see a job wait for its nodes holds it there. Static nodes only.
+write_reboot_program() {
+    cat >"$W/reboot-node" <<EOF
+#!/bin/sh
+$MARKER
+PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+node=\${SLURM_NODE_NAME:-\$(hostname)}
+pidfile=$W/run/slurmd-\$node.pid.ours
+if [ "\${1:-}" != --restart ]; then
+    echo "\$(date +%FT%T) reboot of \$node" >>"$W/log/reboot-\$node.log"
+    setsid "\$0" --restart </dev/null >>"$W/log/reboot-\$node.log" 2>&1 &
+    exit 0
+fi
+# nothing of slurmd's stays open here (slurmd 26.05 reads its program's output to the end)
+for fd in 3 4 5 6 7 8 9; do eval "exec \$fd>&-"; done
+old=\$(cat "\$pidfile" 2>/dev/null) || exit 0
+kill "\$old" 2>/dev/null
+i=0
+while kill -0 "\$old" 2>/dev/null && [ \$i -lt 50 ]; do sleep 0.1; i=\$((i + 1)); done
+if kill -9 "\$old" 2>/dev/null; then echo "\$(date +%FT%T) \$node: slurmd \$old killed after 5 s"; sleep 0.5; fi
+i=0
+while [ -e "$W/run/reboot-\$node.hold" ] && [ \$i -lt 600 ]; do sleep 0.1; i=\$((i + 1)); done
+# the cluster went down meanwhile: no slurmd
+[ -e "\$pidfile" ] || exit 0
+/usr/sbin/slurmd -D -s -N "\$node" -b </dev/null >>"$W/log/slurmd-\$node.out" 2>&1 &
+echo \$! >"\$pidfile"
+echo "\$(date +%FT%T) \$node: slurmd \$old stopped, \$! started"
+EOF
+    chmod 0755 "$W/reboot-node"
 }
 
 # ---------- reuse (up --reuse) ----------

@@ -1,5 +1,6 @@
 //! Job shapes through the hooks and the service: batch, array, srun/salloc, multi-node,
-//! heterogeneous, resized and suspended jobs, and hostile job names.
+//! heterogeneous, resized and suspended jobs, jobs whose node reboots first, and hostile job
+//! names.
 
 use super::*;
 
@@ -743,6 +744,100 @@ fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
     for tag in ["victim", "urgent"] {
         let _ = fs::remove_file(gate(tag));
     }
+}
+
+/// A job whose node reboots first (`sbatch --reboot`; the cluster's RebootProgram restarts
+/// n4's slurmd with `-b`): its prolog runs at the allocation and reports that start; Slurm
+/// resets the start once the node is up. Reconciliation notes the job while it waits (n4 is
+/// held down until the service's log says so), then sends its RUNNING anew with Slurm's
+/// start; the end carries Slurm's start too, all as sacct has them. n4 is the node the shared
+/// tests leave alone; the cluster is shared meanwhile (Slurm's wait for the rebooted node,
+/// about 30 s on 24.11 and later, overlaps the other tests).
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn rebooted_node_job_has_slurms_final_start() {
+    let (f, _g) = shared();
+    // The service's first discovery has n4 (else its srun could wait for n4 while the job
+    // takes it, holding up the service's loop for DiscoveryTimeout).
+    wait_until(
+        "the service to discover n4",
+        Duration::from_secs(60),
+        || !f.cv.state()["nodes"]["n4"].is_null(),
+    );
+    let hold = slurm_bin_dir().join("../run/reboot-n4.hold");
+    let release = Path::new(WORK).join("reboot-release");
+    let _ = fs::remove_file(&release);
+    fs::write(&hold, "").unwrap();
+    let from = log_len(f);
+    let id = sbatch(&[
+        "-J",
+        "e2e-reboot",
+        "--reboot",
+        "-w",
+        "n4",
+        "--wrap",
+        &format!("while [ ! -e {} ]; do sleep 0.2; done", release.display()),
+    ]);
+    // Puts n4 back and ends the job, whatever happens below.
+    struct Undo(PathBuf, PathBuf, String);
+    impl Drop for Undo {
+        fn drop(&mut self) {
+            let _ = fs::remove_file(&self.0);
+            let _ = fs::write(&self.1, "");
+            let _ = slurm("scancel", &[&self.2]);
+        }
+    }
+    let _undo = Undo(hold.clone(), release.clone(), id.clone());
+    let noted = format!("reconcile: job {} waits for its node(s) to boot", key(&id));
+    wait_until(
+        "reconciliation to see the job wait for n4 to boot",
+        Duration::from_secs(60),
+        || log_since(f, from).contains(&noted),
+    );
+    let events = job_events(f, &id);
+    let first = events
+        .first()
+        .unwrap_or_else(|| panic!("job {id}: no RUNNING from its prolog"));
+    assert_eq!(first["state"], "JOB_STATE_RUNNING", "{first}");
+    let reported = first["start_time"].as_str().unwrap().to_string();
+    // n4 comes up in a later second than the prolog's start: Slurm's start differs from it.
+    let later = epoch_now() + 1;
+    while epoch_now() < later {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fs::remove_file(&hold).unwrap();
+    wait_until(
+        "the job's RUNNING sent anew with the start Slurm set when n4 was up",
+        Duration::from_secs(90),
+        || {
+            job_events(f, &id).iter().any(|e| {
+                e["state"] == "JOB_STATE_RUNNING" && e["start_time"].as_str() > Some(&reported)
+            })
+        },
+    );
+    fs::write(&release, "").unwrap();
+    let events = wait_final_as_sacct(f, &id, "JOB_STATE_COMPLETED", Duration::from_secs(60));
+    let (start, _) = sacct_times(&id);
+    assert!(
+        reported < start,
+        "the prolog reported {reported}, Slurm has {start}"
+    );
+    let anew: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["state"] == "JOB_STATE_RUNNING" && e["start_time"] != first["start_time"])
+        .collect();
+    assert!(
+        !anew.is_empty() && anew.iter().all(|e| e["start_time"] == start.as_str()),
+        "RUNNING records sent anew {anew:?}, Slurm's start {start}"
+    );
+    assert_eq!(nodes_of(anew[0]), ["n4"]);
+    // Never a RUNNING after the end.
+    let states = states_of(&events);
+    let end = states.iter().position(|s| s != "JOB_STATE_RUNNING");
+    assert!(
+        end.is_some_and(|e| states[e..].iter().all(|s| s == "JOB_STATE_COMPLETED")),
+        "{states:?}"
+    );
 }
 
 /// Seconds since the epoch, as Slurm's records count them.
