@@ -583,9 +583,10 @@ fn min_job_age_2_ends_from_hooks_and_from_accounting() {
 /// service killed with SIGKILL and started again mid-round; round 3 with CloudVision back, a
 /// job long enough to be seen running. Then, for each id, every event CloudVision took is of
 /// the same or a later run than the one before it, no RUNNING after its run's end; the long
-/// job was held RUNNING by CloudVision with its own start and no end time (the earlier run's
-/// end time not kept: an old cvslurm dropped that RUNNING, as if the earlier run's delivered
-/// end were its own); and the record CloudVision holds at the end is sacct's last run of the
+/// job was held RUNNING by CloudVision with its own start (an old cvslurm dropped that
+/// RUNNING, as if the earlier run's delivered end were its own), and no end time where the
+/// running service delivered the earlier run's end; and the record CloudVision holds at the
+/// end is sacct's last run of the
 /// id (state, start, end, nodes). Scaled down from the issue's 400 jobs on 40 ids: an id comes
 /// back only at a purge of slurmctld (every 10 s at best, measured one id per purge on 22.05),
 /// so each job past the first two costs about 10 s of the cluster held alone.
@@ -682,6 +683,7 @@ fn reused_job_ids_never_mix_runs() {
     wait_until("round 1 to end", Duration::from_secs(60), || gone(&round));
     // Round 2: CloudVision down; the service killed and started again while the job runs.
     f.cv.set_mode(json!({"mode": "status", "status": 503}));
+    let round_2_at = epoch_secs();
     let round: Vec<String> = vec![submit("sleep 3; exit 3", failed)];
     wait_until("round 2's job to run", Duration::from_secs(30), || {
         stdout(&slurm("squeue", &["-h", "-o", "%T", "-j", &round[0]])).trim() == "RUNNING"
@@ -704,7 +706,14 @@ fn reused_job_ids_never_mix_runs() {
         .find_map(|w| w.strip_prefix("StartTime="))
         .unwrap()
         .to_string();
-    assert!(held["end_time"].is_null(), "job {long}: {held}");
+    // Where the id's earlier run was round 2's, whose end the service running now delivered,
+    // that run's record was deleted first: no end time of it kept. (Round 1's end was
+    // delivered by the service killed since, which a later run's RUNNING does not know of:
+    // docs/design.md, "One job id, several runs".)
+    let earlier = runs[&long].len().checked_sub(2).map(|i| runs[&long][i].0);
+    if earlier.is_some_and(|at| at >= round_2_at) {
+        assert!(held["end_time"].is_null(), "job {long}: {held}");
+    }
     wait_until("round 3 to end", Duration::from_secs(60), || gone(&round));
     for (id, its) in &runs {
         let (_, state) = *its.last().unwrap();
@@ -742,21 +751,31 @@ fn reused_job_ids_never_mix_runs() {
                 !matches!(f[1], "RUNNING" | "PENDING" | "REQUEUED") && f[3] != "Unknown"
             },
         );
-        let mut cur = Value::Null;
+        let mut cur;
         let seen = |cur: &Value| {
             cur["state"] == state
                 && cur["start_time"] == want["start_time"]
                 && cur["end_time"] == want["end_time"]
                 && nodes_of(cur) == [want["nodes"].as_str().unwrap_or("")]
         };
-        wait_until(
-            &format!("CloudVision to hold sacct's last run of job {id}"),
-            Duration::from_secs(60),
-            || {
-                cur = f.cv.state()["jobs"][key(id)].clone();
-                cur["nodes"].is_object() && seen(&cur)
-            },
-        );
+        let asked = Instant::now();
+        loop {
+            cur = f.cv.state()["jobs"][key(id)].clone();
+            if cur["nodes"].is_object() && seen(&cur) {
+                break;
+            }
+            if asked.elapsed() > Duration::from_secs(60) {
+                let log = fs::read_to_string(&f.log_file).unwrap_or_default();
+                let mine: Vec<&str> = log.lines().filter(|l| l.contains(&key(id))).collect();
+                panic!(
+                    "job {id}: CloudVision holds {cur}, sacct's last run is {want} ({state}); \
+                     runs {its:?}; events {:?}\nlog:\n{}",
+                    job_events(f, id),
+                    mine.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let events = job_events(f, id);
         // The run of each event: the last run submitted at or before its start.
         let run_of = |ev: &Value| {
