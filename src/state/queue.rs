@@ -488,6 +488,25 @@ impl Queue {
         }
     }
 
+    /// Logs and counts the pending event `old` (and the end chained after it), of an earlier
+    /// run of its job id than `by`, which replaces it unsent.
+    fn note_replaced_run(&self, old: &Event, by: &Event) {
+        let at = |r: Option<Run>| {
+            r.and_then(|r| crate::timefmt::format_epoch(r.start))
+                .unwrap_or_else(|| "?".into())
+        };
+        for ev in std::iter::once(old).chain(old.then.as_deref()) {
+            log::info!(
+                "outbox: {} of the run started {} dropped, not sent: replaced by {} of a later run of its job id (started {})",
+                ev.item.describe(),
+                at(ev.run()),
+                by.item.describe(),
+                at(by.run())
+            );
+            self.status.count(super::status::counter::STALE_RUN, 1);
+        }
+    }
+
     /// Logs an event dropped as superseded; one of an earlier run of its job id than an event
     /// of the key pending, in flight or delivered as an end is counted too
     /// ([`super::status`]'s `events_stale_run`).
@@ -699,6 +718,10 @@ impl Queue {
                         .map_err(|e| Failed(format!("cannot write {}: {e}", path.display()))),
                     _ => Err(Replaced),
                 };
+            }
+            if of_an_earlier_run(ev, &old) {
+                // Replaced below by a later run's event: that earlier run's goes unsent.
+                self.note_replaced_run(&old, ev);
             }
         }
         let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {

@@ -696,6 +696,19 @@ fn reused_job_ids_never_mix_runs() {
     }
     wait_until("round 2 to end", Duration::from_secs(60), || gone(&round));
     f.cv.set_mode(json!({"mode": "ok"}));
+    // What the outage held back is delivered (round 2's end, by the service running now).
+    let round_2_iso = cvslurm::internals::timefmt::format_epoch(round_2_at as i64).unwrap();
+    wait_until(
+        "CloudVision to get round 2's end",
+        Duration::from_secs(60),
+        || {
+            let cur = f.cv.state()["jobs"][key(&round[0])].clone();
+            cur["state"] == failed
+                && cur["start_time"]
+                    .as_str()
+                    .is_some_and(|s| s >= round_2_iso.as_str())
+        },
+    );
     // Round 3: CloudVision back; the job runs long enough to be seen running.
     let long = submit("sleep 8", done);
     let round = [long.clone()];
