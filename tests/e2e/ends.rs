@@ -633,11 +633,14 @@ fn reused_job_ids_never_mix_runs() {
     let mut submit = |script: &str, state: &'static str| -> String {
         let mut id = String::new();
         let mut why = String::new();
-        let at = epoch_secs();
+        // When the sbatch that got the id was run: the job starts then or later, and its id's
+        // earlier run started before (it ended and was purged before the id came back).
+        let mut at = 0;
         wait_until(
             "slurmctld to free one of the test's job ids",
             Duration::from_secs(60),
             || {
+                at = epoch_secs();
                 let out = slurm_cmd("sbatch")
                     .args([
                         "--parsable",
