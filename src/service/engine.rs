@@ -766,7 +766,7 @@ impl Engine {
             &self.outbox.job_reps,
             job,
             crate::inventory::attribution::Why::of(ev),
-            Some((&self.slurm, &self.outbox)),
+            Some((&self.slurm, &self.outbox, ev.seq)),
             true,
         ))
     }
