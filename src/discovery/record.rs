@@ -47,7 +47,7 @@ pub struct DiscoverRecord {
     /// When discovery began on the node (epoch seconds, the node's clock, the one its
     /// slurmd's `SlurmdStartTime` comes from): a record is fresh for job attribution only
     /// if taken in a later second than the node's slurmd started
-    /// ([`crate::inventory::freshness`]). Absent in records of older versions.
+    /// (`inventory::freshness`). Absent in records of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taken_at: Option<i64>,
 }

@@ -89,9 +89,10 @@ fn list(
     Ok(starts)
 }
 
-/// How many times the monitor discovers a node again for one slurmd start before it gives up
-/// (a node whose clock is behind its slurmd's start, or whose worker is older than this
-/// cvslurm, never gives a fresh record): its jobs go by node names meanwhile.
+/// How many records that are still not fresh the monitor takes for one slurmd start before it
+/// stops discovering the node again (a node whose clock is behind its slurmd's start, or
+/// whose worker is older than this cvslurm, never gives a fresh record): its jobs go by node
+/// names meanwhile. A discovery that fails (a busy node) is no try: it is retried every poll.
 pub const MAX_TRIES: u32 = 3;
 
 /// The monitor's memory of the records' discovery times and of the nodes it discovered again
@@ -100,7 +101,8 @@ pub const MAX_TRIES: u32 = 3;
 pub struct Restarts {
     /// Each node's record's `taken_at`, as last saved or read.
     taken: BTreeMap<String, Option<i64>>,
-    /// Per node: the slurmd start it was discovered again for, and how many times.
+    /// Per node: the slurmd start it was discovered again for, and how many records that were
+    /// still not fresh came back.
     tries: BTreeMap<String, (i64, u32)>,
     /// Nodes due again whose fresh record is not in yet, with their slurmd's start.
     owed: BTreeMap<String, i64>,
@@ -113,10 +115,18 @@ impl Restarts {
     pub fn noted(&mut self, rec: &DiscoverRecord) {
         self.taken.insert(rec.node_name.clone(), rec.taken_at);
         let node = &rec.node_name;
-        if let Some(start) = self.owed.get(node) {
-            if not_fresh(rec.taken_at, Some(*start)).is_none() {
+        if let Some(&start) = self.owed.get(node) {
+            if not_fresh(rec.taken_at, Some(start)).is_none() {
                 self.owed.remove(node);
+                self.tries.remove(node);
                 self.settled.insert(node.clone());
+            } else {
+                // A discovery that gave a record still not fresh counts as a try.
+                let tries = self.tries.entry(node.clone()).or_insert((start, 0));
+                if tries.0 != start {
+                    *tries = (start, 0);
+                }
+                tries.1 += 1;
             }
         }
     }
@@ -186,7 +196,6 @@ impl Restarts {
                 }
                 continue;
             }
-            tries.1 += 1;
             self.owed.insert(node.to_string(), start);
             due.insert(node.to_string(), why);
         }

@@ -306,19 +306,23 @@ fn poll(
         }
         known.insert(n.name.clone(), Seen::Unavailable);
     }
-    // Sent nodes whose slurmd started after their record was taken: discovered again now.
-    let sent_nodes: Vec<&str> = nodes
+    // Nodes whose slurmd started after their record was taken: discovered again now (those
+    // discovered anyway are counted too, so that their jobs are decided anew: a node's first
+    // poll after a service restart).
+    let available: Vec<&str> = nodes
         .iter()
-        .filter(|n| n.available() && known.get(&n.name) == Some(&Seen::Sent))
+        .filter(|n| n.available())
         .map(|n| n.name.as_str())
         .collect();
     let mut restarted = BTreeSet::new();
-    if !sent_nodes.is_empty() {
+    if !available.is_empty() {
         match crate::inventory::freshness::starts_now(&inv.slurm) {
             Ok(starts) => {
-                for (name, why) in restarts.due(outbox, &starts, &sent_nodes) {
-                    log::info!("node {name}: {why}: discovering it again");
-                    if let Some(n) = nodes.iter().find(|n| n.name == name) {
+                for (name, why) in restarts.due(outbox, &starts, &available) {
+                    if to_discover.iter().any(|n| n.name == name) {
+                        log::debug!("node {name}: {why}");
+                    } else if let Some(n) = nodes.iter().find(|n| n.name == name) {
+                        log::info!("node {name}: {why}: discovering it again");
                         to_discover.push(n);
                     }
                     restarted.insert(name);

@@ -1016,3 +1016,78 @@ fn hidden_partition_nodes_are_inventoried() {
         "a hidden partition's nodes were deleted"
     );
 }
+
+/// A node whose NIC changes and whose slurmd restarts (as after a reboot or a NIC swap;
+/// issue 33): the service sees SlurmdStartTime move past the node's record at its next poll,
+/// discovers the node again and sends its new MAC. Without that, a node that never looked
+/// unavailable to a poll kept its old NodeConfig until NodeReassertInterval. n4's data NIC
+/// (ens1f0, a macvlan) gets another MAC in its namespace; put back, with another restart, at
+/// the end.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn node_config_follows_a_new_mac_after_a_slurmd_restart() {
+    let (f, _g) = shared();
+    let mac_of = |f: &Fixture| {
+        f.cv.state()["nodes"]["n4"]["data_interfaces"]["values"]
+            .as_array()
+            .and_then(|v| v.iter().find(|i| i["name"] == "ens1f0").cloned())
+            .map(|i| i["mac_address"].as_str().unwrap_or("").to_string())
+    };
+    let set_mac = |mac: &str| {
+        let out = Command::new("ip")
+            .args(["-n", "cvslurm-n4", "link", "set", "ens1f0", "address", mac])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ip link set: {}", stderr(&out));
+    };
+    let (old, new) = ("02:99:00:00:04:02", "02:97:00:00:04:02");
+    wait_until(
+        "the service's inventory of n4",
+        Duration::from_secs(60),
+        || mac_of(f).as_deref() == Some(old),
+    );
+    struct PutBack;
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            let _ = Command::new("ip")
+                .args(["-n", "cvslurm-n4", "link", "set", "ens1f0", "address"])
+                .arg("02:99:00:00:04:02")
+                .output();
+            for c in ["stop-slurmd", "start-slurmd"] {
+                let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+                    .args([c, "n4"])
+                    .output();
+            }
+        }
+    }
+    let put_back = PutBack;
+    set_mac(new);
+    cluster_sh(&["stop-slurmd", "n4"], &[]);
+    cluster_sh(&["start-slurmd", "n4"], &[]);
+    wait_until(
+        "n4's NodeConfig with its new MAC",
+        Duration::from_secs(60),
+        || mac_of(f).as_deref() == Some(new),
+    );
+    let log = fs::read_to_string(&f.log_file).unwrap();
+    assert!(
+        log.contains("node n4: its record (taken ")
+            && log.contains("is not from after its slurmd started"),
+        "{log}"
+    );
+    assert!(
+        log.contains("node n4: discovered again after its slurmd started; sending NodeConfig"),
+        "{log}"
+    );
+    // Put back as the other tests expect it, followed the same way.
+    drop(put_back);
+    wait_until(
+        "n4's NodeConfig with its old MAC",
+        Duration::from_secs(60),
+        || mac_of(f).as_deref() == Some(old),
+    );
+    assert_eq!(
+        f.cv.state()["nodes"]["n4"]["data_interfaces"]["values"],
+        expected_interfaces(4)
+    );
+}
