@@ -511,12 +511,13 @@ fn no_job_names_a_mac_from_before_a_slurmd_restart() {
         strings(&cv.state()["jobs"][key(&a)]["nodes"]["values"]),
         ["n1"]
     );
+    // One line says why (`send` logs on stderr).
     assert!(
-        site.log().contains(&format!(
+        stderr(&out).contains(&format!(
             "job {a}@{CLUSTER}: sent by node names: nodes (auto): n1: its record"
         )),
         "{}",
-        site.log()
+        stderr(&out)
     );
     // The service discovers n1 again and resends the job, decided anew: the new MACs.
     let svc = Service::start(&site);
