@@ -29,8 +29,34 @@ const WORK: &str = "/var/tmp/cvslurm-e2e-gpu";
 /// The tests here each bring the two-node GPU cluster up (and take it down): one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+/// Held for a test's run: prints `[e2e] TEST: S s (waited W s)` when dropped, as tests/e2e/ do.
+struct OneAtATime {
+    _guard: std::sync::MutexGuard<'static, ()>,
+    since: Instant,
+    waited: Duration,
+}
+
+impl Drop for OneAtATime {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = writeln!(
+            std::io::stderr(),
+            "[e2e] {name}: {:.1} s (waited {:.1} s)",
+            self.since.elapsed().as_secs_f64(),
+            self.waited.as_secs_f64()
+        );
+    }
+}
+
+fn one_at_a_time() -> OneAtATime {
+    let asked = Instant::now();
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    OneAtATime {
+        _guard: guard,
+        since: Instant::now(),
+        waited: asked.elapsed(),
+    }
 }
 
 /// The site's settings in these tests.
