@@ -21,9 +21,9 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Why a record taken at `taken_at` (its `taken_at`) is not known to describe its node as it
-/// is now, given when the node's slurmd started (`start`, `None`: not known); `None` when it
-/// is fresh.
+/// Why a record taken at `taken_at` (`None`: a record without one) is not known to describe
+/// its node as it is now, given when the node's slurmd started (`start`, `None`: not known);
+/// `None` when it is fresh.
 pub fn not_fresh(taken_at: Option<i64>, start: Option<i64>) -> Option<String> {
     let fmt = |t: i64| crate::timefmt::format_epoch(t).unwrap_or_else(|| t.to_string());
     match (taken_at, start) {
