@@ -1041,17 +1041,37 @@ fn node_config_follows_a_new_mac_after_a_slurmd_restart() {
         assert!(out.status.success(), "ip link set: {}", stderr(&out));
     };
     let (old, new) = ("02:99:00:00:04:02", "02:97:00:00:04:02");
-    wait_until(
-        "the service's inventory of n4",
-        Duration::from_secs(60),
-        || mac_of(f).as_deref() == Some(old),
-    );
-    // What the service itself logs from here (a shared test may run a monitor of its own
-    // with the same LogFile).
+    // The service (this pid: an exclusive test may have restarted it just before) has sent n4
+    // and holds a fresh record of it, so that only the restart below makes it discover n4
+    // again: not its first poll, nor a record from the second the cluster came up in.
     let service = format!(
         "cvslurm[{}]",
         f.service.lock().unwrap_or_else(|e| e.into_inner()).id()
     );
+    wait_until(
+        "the service's fresh record of n4",
+        Duration::from_secs(60),
+        || {
+            let sent = fs::read_to_string(&f.log_file)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| {
+                    l.contains(&service)
+                        && l.contains("node n4: ")
+                        && l.contains("sending NodeConfig")
+                });
+            let rec: Value = fs::read(f.state_dir.join(layout::NODES).join("n4.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or(Value::Null);
+            let fresh = rec["taken_at"]
+                .as_i64()
+                .zip(slurmd_start("n4"))
+                .is_some_and(|(t, s)| t > s);
+            sent && fresh && mac_of(f).as_deref() == Some(old)
+        },
+    );
+    // What the service logs from here.
     let log_from = fs::read_to_string(&f.log_file).unwrap_or_default().len();
     struct PutBack;
     impl Drop for PutBack {
