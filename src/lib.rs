@@ -136,6 +136,7 @@ mod layers {
                 "cloudvision::tls",
                 "config",
                 "logging",
+                "timefmt",
             ],
         ),
         // StateDir: the outbox, its index, the wake socket, marks and the nodes' records.
@@ -165,6 +166,7 @@ mod layers {
                 "slurm",
                 "state",
                 "text",
+                "timefmt",
             ],
         ),
         // The metrics file (it counts the JobCompForward spool too).

@@ -26,6 +26,50 @@ use std::time::{Duration, Instant};
 
 const WORK: &str = "/var/tmp/cvslurm-e2e-gpu";
 
+/// The tests here each bring the two-node GPU cluster up (and take it down): one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Held for a test's run: prints `[e2e] TEST: S s (waited W s)` when dropped, as tests/e2e/ do.
+struct OneAtATime {
+    _guard: std::sync::MutexGuard<'static, ()>,
+    since: Instant,
+    waited: Duration,
+}
+
+impl Drop for OneAtATime {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = writeln!(
+            std::io::stderr(),
+            "[e2e] {name}: {:.1} s (waited {:.1} s)",
+            self.since.elapsed().as_secs_f64(),
+            self.waited.as_secs_f64()
+        );
+    }
+}
+
+fn one_at_a_time() -> OneAtATime {
+    let asked = Instant::now();
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    OneAtATime {
+        _guard: guard,
+        since: Instant::now(),
+        waited: asked.elapsed(),
+    }
+}
+
+/// The site's settings in these tests.
+fn gpu_site(cv: &Standin) -> Site {
+    // The DGX's NICs have no IPv4 address in the nodes' network namespaces.
+    Site::new(
+        &cv.server(),
+        &cv.ca(),
+        &format!("SlurmBinDir={CLUSTER_DIR}/bin\nJobInterfaces=auto\nInterfaceRequireIp=no\nDiscoveryTimeout=30\n\
+         PollInterval=1"),
+    )
+}
+
 /// Makes `node` a DGX A100 for the processes its slurmd starts: a generated tree (NIC MACs
 /// starting with `mac_prefix`) bind-mounted over `/sys` (keeping the real `/sys/fs`, where
 /// the cgroups are) and `/proc/driver`, in slurmd's own mount namespace only.
@@ -110,6 +154,7 @@ fn strings(v: &Value) -> Vec<String> {
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
+    let _one = one_at_a_time();
     let _ = fs::remove_dir_all(WORK);
     fs::create_dir_all(WORK).unwrap();
     let _down = Down;
@@ -119,15 +164,11 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     mount_topology("n1", "02:dd:00:01");
     mount_topology("n2", "02:dd:00:02");
     let cv = Standin::start();
-    // The DGX's NICs have no IPv4 address in the nodes' network namespaces.
-    let site = Site::new(
-        &cv.server(),
-        &cv.ca(),
-        &format!("SlurmBinDir={CLUSTER_DIR}/bin\nJobInterfaces=auto\nInterfaceRequireIp=no\nDiscoveryTimeout=30\n\
-         PollInterval=1"),
-    );
+    let site = gpu_site(&cv);
 
-    // Inventory: NodeConfigs as always (no topology in the payload), records in StateDir.
+    // Inventory: NodeConfigs as always (no topology in the payload), records in StateDir;
+    // taken in a later second than the slurmd started, else they would count as stale.
+    wait_past_slurmd_start(&["n1", "n2"]);
     let out = site.run(&["inventory"]);
     assert_exit_0(&out);
     for body in cv.accepted("NodeConfig") {
@@ -442,4 +483,94 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     drop(svc);
 
     let _ = slurm_cmd("scancel").args([&a, &b, &c]).status();
+}
+
+/// A node restarted with other NICs (a reboot, a NIC swap; issue 33): until it is discovered
+/// again, a job on it goes by node names, never with a MAC from its record from before the
+/// restart; once the service has its new record, the job is resent with the new MACs. The
+/// service is stopped meanwhile, so `send` decides from the stale record for sure; the
+/// service's first poll then discovers n1 again.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn no_job_names_a_mac_from_before_a_slurmd_restart() {
+    let _one = one_at_a_time();
+    let _ = fs::remove_dir_all(WORK);
+    fs::create_dir_all(WORK).unwrap();
+    let _down = Down;
+    up(2, &[("WITH_GPUS", "1")]);
+    mount_topology("n1", "02:dd:00:01");
+    let cv = Standin::start();
+    let site = gpu_site(&cv);
+    wait_past_slurmd_start(&["n1", "n2"]);
+    assert_exit_0(&site.run(&["inventory"]));
+    // n1 comes back with other NICs: its slurmd restarts, the new tree is mounted in the new
+    // slurmd's namespace (the old one's mounts went with it).
+    restart_slurmd("n1");
+    mount_topology("n1", "02:ee:00:01");
+    let a = sbatch(&[
+        "-w",
+        "n1",
+        "--gres=gpu:4",
+        "-J",
+        "after-restart",
+        "--wrap",
+        "sleep 120",
+    ]);
+    wait_running(&[&a]);
+    let new_a = dgx_macs("02:ee:00:01", &gpus_of(&a, "n1"));
+    let out = site.run(&["send", "--dry-run", &a]);
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("# job {a}: nodes (auto): n1: its record (taken "))
+            && text.contains("is not from after its slurmd started"),
+        "{text}\n{}",
+        stderr(&out)
+    );
+    let out = site.run(&["send", &a]);
+    assert_exit_0(&out);
+    assert!(
+        stdout(&out).contains(&format!("job {a}@{CLUSTER}: sent RUNNING on 1 node(s)")),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(
+        strings(&cv.state()["jobs"][key(&a)]["nodes"]["values"]),
+        ["n1"]
+    );
+    // One line says why (`send` logs on stderr).
+    assert!(
+        stderr(&out).contains(&format!(
+            "job {a}@{CLUSTER}: sent by node names: nodes (auto): n1: its record"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    // The service discovers n1 again and resends the job, decided anew: the new MACs.
+    let svc = Service::start(&site);
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = cv.stored_job(&key(&a)).unwrap_or(Value::Null);
+        let macs = &j["interfaces"]["values"];
+        if macs.is_array() && strings(macs) == new_a && j.get("nodes").is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{a} not resent with n1's new MACs: {j}\n{}",
+            site.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(svc);
+    // No record of the job ever named a MAC of n1 from before the restart.
+    let sent: Vec<Value> = cv
+        .accepted("JobConfig")
+        .into_iter()
+        .filter(|j| j["key"]["id"] == key(&a))
+        .collect();
+    assert!(sent.len() >= 2, "{sent:?}");
+    for body in sent {
+        assert!(!body.to_string().contains("02:dd:00:01"), "{body}");
+    }
+    let _ = slurm_cmd("scancel").arg(&a).status();
 }

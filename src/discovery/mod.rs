@@ -131,6 +131,8 @@ pub fn discover(
             .filter(|n| !n.is_empty())
             .ok_or("SLURMD_NODENAME is not set: run discover through srun, or give --node-name")?,
     };
+    // Before anything is read: what follows is at least as new as this second.
+    let taken_at = crate::timefmt::now_epoch();
     let ipv4 = ipv4_addresses()?;
     let interfaces = interfaces(sys_class_net, &ipv4, filter)?;
     // The node's record never depends on its topology: a topology that cannot be read is
@@ -162,6 +164,7 @@ pub fn discover(
         interfaces,
         topology,
         topology_error,
+        taken_at: Some(taken_at),
     };
     rec.validate()?;
     Ok(rec)

@@ -44,6 +44,12 @@ pub struct DiscoverRecord {
     /// read or numbered): the record is kept, without topology. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology_error: Option<String>,
+    /// When discovery began on the node (epoch seconds, the node's clock, the one its
+    /// slurmd's `SlurmdStartTime` comes from): a record is fresh for job attribution only
+    /// if taken in a later second than the node's slurmd started
+    /// (`inventory::freshness`). Absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_at: Option<i64>,
 }
 
 /// The longest `topology_error` accepted.
@@ -139,6 +145,13 @@ impl DiscoverRecord {
         }
         if let Some(t) = &self.topology {
             t.validate(&names)?;
+        }
+        if let Some(t) = self.taken_at {
+            if crate::timefmt::format_epoch(t).is_none() || t <= 0 {
+                return Err(format!(
+                    "taken_at {t} is not a time from 1970 to the end of year 9999"
+                ));
+            }
         }
         if self
             .topology_error
@@ -356,6 +369,34 @@ mod tests {
         }
     }
 
+    /// `taken_at` (issue 33): optional (older records parse), kept, and refused outside 1970
+    /// to the end of year 9999 or when not an integer.
+    #[test]
+    fn taken_at_is_optional_and_bounded() {
+        let with = |t: &str| {
+            format!(
+                r#"{{"node_name":"n1","hostname":"n1","location":null,"interfaces":[],"taken_at":{t}}}"#
+            )
+        };
+        let old = r#"{"node_name":"n1","hostname":"n1","location":null,"interfaces":[]}"#;
+        assert_eq!(DiscoverRecord::parse_line(old).unwrap().taken_at, None);
+        let r = DiscoverRecord::parse_line(&with("1796524979")).unwrap();
+        assert_eq!(r.taken_at, Some(1_796_524_979));
+        assert!(serde_json::to_string(&r)
+            .unwrap()
+            .contains(r#""taken_at":1796524979"#));
+        for bad in [
+            "0",
+            "-1",
+            "253402300800",
+            "1e9",
+            "\"1796524979\"",
+            "1796524979.5",
+        ] {
+            assert!(DiscoverRecord::parse_line(&with(bad)).is_err(), "{bad}");
+        }
+    }
+
     /// Interface names follow Linux's rule (dev_valid_name), control characters refused too;
     /// a record from a worker loses a bad interface, not the node.
     #[test]
@@ -421,6 +462,7 @@ mod tests {
             interfaces: (0..n).map(nic).collect(),
             topology: None,
             topology_error: None,
+            taken_at: None,
         };
         let short = serde_json::to_string(&rec(2)).unwrap();
         assert_eq!(frame("n1", &short), format!("\n{short}\n"));

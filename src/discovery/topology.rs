@@ -696,6 +696,7 @@ pub mod fixtures {
             interfaces,
             topology,
             topology_error: None,
+            taken_at: None,
         };
         rec.validate().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();

@@ -178,6 +178,46 @@ pub fn attribute(
     }
 }
 
+/// Keeps `a` where every node of the job has a fresh record; else the job goes by node names,
+/// never with a MAC from before its node's slurmd restarted. `starts`: each node's slurmd
+/// start, or why they could not be had. An attribution by node names is kept as it is.
+pub fn fresh_or_nodes(
+    mode: JobInterfaces,
+    a: Attribution,
+    job_nodes: &[String],
+    records: &BTreeMap<String, DiscoverRecord>,
+    starts: Result<&BTreeMap<String, i64>, &str>,
+) -> Attribution {
+    if a.macs.is_none() {
+        return a;
+    }
+    let m = mode.word();
+    let starts = match starts {
+        Ok(s) => s,
+        Err(e) => {
+            return Attribution {
+                macs: None,
+                rule: format!("nodes ({m}): when the nodes' slurmd started is not known: {e}"),
+            }
+        }
+    };
+    for node in job_nodes {
+        let Some(rec) = records.get(node) else {
+            continue;
+        };
+        if let Some(why) = super::freshness::not_fresh(rec.taken_at, starts.get(node).copied()) {
+            return Attribution {
+                macs: None,
+                rule: format!(
+                    "nodes ({m}): {node}: {why}; its NICs may have changed, it is discovered \
+                     again at the next poll"
+                ),
+            };
+        }
+    }
+    a
+}
+
 /// The first Slurm release whose slurmd lists MIG instances without `Links` (commit
 /// 3345d44ae2, "gpu/nvml - Remove links for MIG gres devices"), the order
 /// [`crate::discovery::topology::Topology::slurm_indices`] rebuilds.
@@ -217,11 +257,18 @@ pub fn mig_order_unknown(
 /// inventory keeps in StateDir, and, when [`attribute`] says so, turns the JobConfig from node
 /// names into the MACs of the NICs nearest its GPUs. Never fails: any doubt keeps node names.
 /// Returns the rule used (also logged at debug).
+///
+/// MACs are sent only from records that are fresh ([`super::freshness`]): a record not taken
+/// after its node's slurmd last started (the node rebooted, powered up, registered anew) may
+/// name NICs the node no longer has, and the job goes by node names (logged). The nodes'
+/// slurmd start times come from a listing that began after `after` (nanoseconds since the
+/// epoch: when the job's event was queued, or the command began).
 pub fn enrich(
     mode: JobInterfaces,
     slurm: &crate::slurm::runner::Slurm,
     outbox: &crate::state::StateDir,
     job: &mut crate::cloudvision::payload::JobConfig,
+    after: u128,
 ) -> Attribution {
     let nodes: Vec<String> = job
         .nodes
@@ -260,7 +307,29 @@ pub fn enrich(
                         }
                         match mig_order_unknown(mode, &records, crate::slurm::version(slurm).ok()) {
                             Some(a) => a,
-                            None => attribute(mode, &nodes, &gpus, &records),
+                            None => {
+                                let a = attribute(mode, &nodes, &gpus, &records);
+                                if a.macs.is_none() {
+                                    a
+                                } else {
+                                    let starts = super::freshness::starts_after(slurm, after);
+                                    let a = fresh_or_nodes(
+                                        mode,
+                                        a,
+                                        &nodes,
+                                        &records,
+                                        starts.as_ref().map_err(String::as_str),
+                                    );
+                                    if a.macs.is_none() {
+                                        log::info!(
+                                            "job {}: sent by node names: {}",
+                                            job.key.id,
+                                            a.rule
+                                        );
+                                    }
+                                    a
+                                }
+                            }
                         }
                     }
                 }
@@ -367,7 +436,7 @@ pub fn outgoing(
     reps: &crate::state::job_reps::JobReps,
     job: &crate::cloudvision::payload::JobConfig,
     why: Why,
-    ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir)>,
+    ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir, u128)>,
     write: bool,
 ) -> Outgoing {
     use crate::state::job_reps::Representation;
@@ -482,7 +551,7 @@ fn representation_of(
 fn decide(
     mode: JobInterfaces,
     job: &crate::cloudvision::payload::JobConfig,
-    ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir)>,
+    ask: Option<(&crate::slurm::runner::Slurm, &crate::state::StateDir, u128)>,
 ) -> (
     crate::cloudvision::payload::JobConfig,
     crate::state::job_reps::Representation,
@@ -500,7 +569,7 @@ fn decide(
         return (out, rep, None);
     }
     let rule = match ask {
-        Some((slurm, outbox)) => enrich(mode, slurm, outbox, &mut out).rule,
+        Some((slurm, outbox, after)) => enrich(mode, slurm, outbox, &mut out, after).rule,
         None => format!("nodes ({}): decided without asking Slurm", mode.word()),
     };
     if let Some(i) = &out.interfaces {
@@ -910,6 +979,67 @@ mod tests {
         assert_eq!(
             b.macs.unwrap(),
             macs_of(&rec, &["eno1", "ens3f0", "ens3f1"])
+        );
+    }
+
+    fn stamped(node: &str, taken_at: Option<i64>) -> DiscoverRecord {
+        let mut r = crate::discovery::topology::fixtures::record(node, "dgx-a100", "02:dd:00:01");
+        r.taken_at = taken_at;
+        r
+    }
+
+    /// A job whose attribution names MACs keeps them only where each node's record is fresh;
+    /// one stale node, an unknown start or a failed listing send it by node names. A job by
+    /// node names is left alone.
+    #[test]
+    fn stale_records_send_by_node_names() {
+        let nodes: Vec<String> = vec!["n1".into(), "n2".into()];
+        let records: BTreeMap<String, DiscoverRecord> = [
+            ("n1".to_string(), stamped("n1", Some(2000))),
+            ("n2".to_string(), stamped("n2", Some(2000))),
+        ]
+        .into();
+        let macs = Attribution {
+            macs: Some(vec!["02:dd:00:01:0c:00".into()]),
+            rule: "interfaces (auto): n1: GPUs 0-3 -> enp12s0".into(),
+        };
+        let starts: BTreeMap<String, i64> = [("n1".into(), 1500), ("n2".into(), 1999)].into();
+        let mode = JobInterfaces::Auto;
+        let kept = fresh_or_nodes(mode, macs.clone(), &nodes, &records, Ok(&starts));
+        assert_eq!(kept, macs);
+        let restarted: BTreeMap<String, i64> = [("n1".into(), 1500), ("n2".into(), 2000)].into();
+        let a = fresh_or_nodes(mode, macs.clone(), &nodes, &records, Ok(&restarted));
+        assert_eq!(a.macs, None);
+        assert!(
+            a.rule.starts_with("nodes (auto): n2: its record (taken 1970-01-01T00:33:20Z) is not from after its slurmd started"),
+            "{}",
+            a.rule
+        );
+        let unknown: BTreeMap<String, i64> = [("n1".into(), 1500)].into();
+        let a = fresh_or_nodes(mode, macs.clone(), &nodes, &records, Ok(&unknown));
+        assert!(
+            a.rule.contains("n2: when its slurmd started is not known"),
+            "{}",
+            a.rule
+        );
+        let a = fresh_or_nodes(
+            JobInterfaces::Gpu,
+            macs.clone(),
+            &nodes,
+            &records,
+            Err("scontrol failed"),
+        );
+        assert_eq!(
+            a.rule,
+            "nodes (gpu): when the nodes' slurmd started is not known: scontrol failed"
+        );
+        let by_nodes = Attribution {
+            macs: None,
+            rule: "nodes (auto): whole".into(),
+        };
+        assert_eq!(
+            fresh_or_nodes(mode, by_nodes.clone(), &nodes, &records, Err("x")),
+            by_nodes
         );
     }
 }

@@ -174,6 +174,7 @@ mod tests {
                 .collect(),
             topology: None,
             topology_error: None,
+            taken_at: None,
         }
     }
 

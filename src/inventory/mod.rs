@@ -5,6 +5,7 @@
 
 pub mod attribution;
 pub mod discovery;
+pub mod freshness;
 pub mod mac_claims;
 
 pub use discovery::read_lines_capped;

@@ -123,6 +123,8 @@ pub fn run(a: Args) -> i32 {
             !a.dry_run,
         )],
         None => {
+            // A node's slurmd start is asked after this: every registration before it shows.
+            let began = crate::timefmt::now_nanos();
             let slurm = Slurm::from_config(cfg);
             let cluster = match slurm::cluster_name(&slurm, slurm::COMMAND_TIMEOUT) {
                 Ok(c) => c,
@@ -143,7 +145,7 @@ pub fn run(a: Args) -> i32 {
                             &outbox.job_reps,
                             &j,
                             crate::inventory::attribution::Why::of_run(&j, restarts),
-                            Some((&slurm, &outbox)),
+                            Some((&slurm, &outbox, began)),
                             !a.dry_run,
                         );
                         if a.dry_run {

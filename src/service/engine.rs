@@ -815,7 +815,7 @@ impl Engine {
             &self.outbox.job_reps,
             job,
             why,
-            Some((&self.slurm, &self.outbox)),
+            Some((&self.slurm, &self.outbox, ev.seq)),
             true,
         ))
     }

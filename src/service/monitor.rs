@@ -47,6 +47,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     let mut next_reassert = every(inv.cfg.node_reassert_interval).map(|d| Instant::now() + d);
     let follow_records = inv.cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
     let mut records = resend::RecordWatch::default();
+    let mut restarts = crate::inventory::freshness::Restarts::default();
     let mut resend_on: BTreeSet<String> = BTreeSet::new();
     let mut leadership = Leadership::new(inv.slurm.clone(), Some(sender.gate()));
     let mut leads = false;
@@ -73,6 +74,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             leads = leadership.update(outbox, readyz).leads();
             if was && !leads {
                 stand_down(&mut known, &mut ours, &mut resend_on, &mut catch_up, sender);
+                restarts.clear();
             }
             if leads {
                 if !was {
@@ -98,7 +100,18 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                         records.changed(outbox);
                     }
                 }
-                poll(inv, &mut known, &mut ours, outbox, leadership.may_delete());
+                let restarted = poll(
+                    inv,
+                    &mut known,
+                    &mut ours,
+                    &mut restarts,
+                    outbox,
+                    leadership.may_delete(),
+                );
+                // Their jobs went by node names while the records were stale: decided anew.
+                if follow_records {
+                    resend_on.extend(restarted);
+                }
                 // A poll can take long (discovery's srun waits for the scheduler, which does
                 // not schedule at a takeover): who leads is asked again before this host
                 // resends or reconciles, so that a host that lost control meanwhile does not
@@ -106,6 +119,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                 leads = leadership.recheck(outbox, readyz).leads();
                 if !leads {
                     stand_down(&mut known, &mut ours, &mut resend_on, &mut catch_up, sender);
+                    restarts.clear();
                 }
             }
             if leads {
@@ -220,7 +234,11 @@ fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &StateDir) {
     }
 }
 
-/// One monitor poll: discover nodes that appeared, came back or are due for re-assertion;
+/// One monitor poll: discover nodes that appeared, came back or are due for re-assertion, and
+/// nodes whose slurmd started since their record was taken ([`crate::inventory::freshness`]:
+/// a reboot, a power-up, a new registration; one `scontrol show node` per poll), so that
+/// NodeConfig follows their new NICs; returns those whose new record came in after such a
+/// restart (now, or after a failed discovery, in a later poll);
 /// delete nodes that left, if this service sent them (`ours`): a node it never sent (one
 /// that was never available while it ran) may be another cluster's of the same name, and
 /// is never deleted. With `may_delete` false (this host has just become leader) a node that
@@ -230,14 +248,15 @@ fn poll(
     inv: &Inventory,
     known: &mut BTreeMap<String, Seen>,
     ours: &mut BTreeSet<String>,
+    restarts: &mut crate::inventory::freshness::Restarts,
     outbox: &StateDir,
     may_delete: bool,
-) {
+) -> BTreeSet<String> {
     let nodes = match slurm::sinfo_nodes(&inv.slurm, COMMAND_TIMEOUT) {
         Ok(n) => n,
         Err(e) => {
             log::error!("cannot list nodes: {e}");
-            return;
+            return BTreeSet::new();
         }
     };
     let present: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
@@ -248,6 +267,7 @@ fn poll(
         .collect();
     for name in gone {
         known.remove(&name);
+        restarts.forget(&name);
         outbox.nodes.forget(&name);
         if !ours.remove(&name) {
             log::info!("node {name}: left the cluster; it was never sent, nothing to delete");
@@ -288,6 +308,31 @@ fn poll(
         }
         known.insert(n.name.clone(), Seen::Unavailable);
     }
+    // Nodes whose slurmd started after their record was taken: discovered again now (those
+    // discovered anyway are counted too, so that their jobs are decided anew: a node's first
+    // poll after a service restart).
+    let available: Vec<&str> = nodes
+        .iter()
+        .filter(|n| n.available())
+        .map(|n| n.name.as_str())
+        .collect();
+    let mut restarted = BTreeSet::new();
+    if !available.is_empty() {
+        match crate::inventory::freshness::starts_now(&inv.slurm) {
+            Ok(starts) => {
+                for (name, why) in restarts.due(outbox, &starts, &available) {
+                    if to_discover.iter().any(|n| n.name == name) {
+                        log::debug!("node {name}: {why}");
+                    } else if let Some(n) = nodes.iter().find(|n| n.name == name) {
+                        log::info!("node {name}: {why}: discovering it again");
+                        to_discover.push(n);
+                    }
+                    restarted.insert(name);
+                }
+            }
+            Err(e) => log::warn!("cannot tell which nodes' slurmd restarted: {e}"),
+        }
+    }
     let mut failed = 0;
     let found = if to_discover.is_empty() {
         Default::default()
@@ -301,12 +346,16 @@ fn poll(
                 let text = crate::inventory::no_interface(&name, inv.cfg);
                 log::warn!("{}", crate::logging::escape_control(&text));
                 crate::inventory::save_record(outbox, &rec);
+                restarts.noted(&rec);
                 known.insert(name, Seen::Sent);
             }
             Ok(rec) => {
                 let verb = match known.get(&name) {
                     None => "appeared",
                     Some(Seen::Refresh) => "re-asserting",
+                    Some(Seen::Sent) if restarted.contains(&name) => {
+                        "discovered again after its slurmd started"
+                    }
                     Some(_) => "came back",
                 };
                 log::info!(
@@ -316,6 +365,7 @@ fn poll(
                 known.insert(name.clone(), Seen::Sent);
                 ours.insert(name);
                 crate::inventory::save_record(outbox, &rec);
+                restarts.noted(&rec);
                 queue(
                     outbox,
                     Item::Node {
@@ -342,6 +392,7 @@ fn poll(
     outbox
         .status
         .record_inventory(nodes.len() as u64, sent as u64, failed);
+    restarts.settled()
 }
 
 fn queue(outbox: &StateDir, item: Item) {

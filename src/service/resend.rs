@@ -181,6 +181,7 @@ mod tests {
             }],
             topology: None,
             topology_error: None,
+            taken_at: None,
         }
     }
 

@@ -1,7 +1,9 @@
 //! Nodes as `sinfo --all` lists them: their names, states (available or not) and
-//! partitions (admin-defined names, read from text).
+//! partitions (admin-defined names, read from text); and when each node's slurmd started
+//! (`scontrol show node -o`, [`slurmd_starts`]).
 
 use super::runner::Slurm;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// One node as `sinfo --all -h -N -o '%N %T %P'` lists it.
@@ -76,6 +78,81 @@ pub fn sinfo_nodes(slurm: &Slurm, timeout: Duration) -> Result<Vec<SinfoNode>, S
     Ok(parse_sinfo(&out))
 }
 
+/// The longest node-list argument given to `scontrol show node`; a longer one (a job on many
+/// oddly named nodes) asks for every node instead, and the answer is filtered here.
+const MAX_NODE_ARG: usize = 64 * 1024;
+
+/// When each node's slurmd started (`SlurmdStartTime`, epoch seconds on the node's own clock:
+/// slurmd stamps it with `time(NULL)` into its first registration), from
+/// `scontrol --all show node -o [NODES]`. `nodes`: the nodes to ask about (`None`: every
+/// node). A node missing from the answer has no known start (never registered, unknown to
+/// Slurm, or listed in a way that cannot be trusted: see [`parse_slurmd_starts`]).
+///
+/// Cost: scontrol has no single-node request; with or without a node list it asks slurmctld
+/// for every node (REQUEST_NODE_INFO, what sinfo asks too) and filters the answer itself
+/// (`scontrol_print_node_list`, `src/scontrol/info_node.c` in 22.05, 24.11 and 26.05). The list
+/// only keeps the output small.
+pub fn slurmd_starts(
+    slurm: &Slurm,
+    nodes: Option<&[String]>,
+    timeout: Duration,
+) -> Result<BTreeMap<String, i64>, String> {
+    let list = match nodes {
+        Some([]) => return Ok(BTreeMap::new()),
+        Some(ns) => Some(super::hostlist::compress(ns)).filter(|l| l.len() <= MAX_NODE_ARG),
+        None => None,
+    };
+    let mut args = vec!["--all", "show", "node", "-o"];
+    if let Some(l) = &list {
+        args.push(l);
+    }
+    let out = slurm.run("scontrol", &args, timeout)?;
+    let mut starts = parse_slurmd_starts(&out);
+    if let Some(ns) = nodes {
+        starts.retain(|n, _| ns.contains(n));
+    }
+    Ok(starts)
+}
+
+/// Parses `scontrol show node -o` printed with `SLURM_TIME_FORMAT=%s`: one line per node,
+/// `NodeName=<name> … SlurmdStartTime=<epoch> …`. The text is read as hostile (an admin's
+/// `Reason=`, `Comment=` or `Extra=` can hold any words, even a newline): a node is believed
+/// only from a line that starts with `NodeName=` and holds exactly one `SlurmdStartTime=`
+/// word, and only when no other line names it; `SlurmdStartTime=None` (never registered)
+/// and values outside 1970 to 9999 leave it out.
+pub fn parse_slurmd_starts(output: &str) -> BTreeMap<String, i64> {
+    let mut seen: BTreeMap<String, Option<i64>> = BTreeMap::new();
+    for line in output.lines() {
+        let Some(rest) = line.strip_prefix("NodeName=") else {
+            continue;
+        };
+        let name = rest.split(char::is_whitespace).next().unwrap_or("");
+        if name.is_empty() || name.len() > 255 {
+            continue;
+        }
+        let values: Vec<&str> = line
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix("SlurmdStartTime="))
+            .collect();
+        let start = match values.as_slice() {
+            [v] => crate::timefmt::parse_slurm_epoch(v),
+            _ => None,
+        };
+        // A second line naming the node: neither is believed.
+        match seen.entry(name.to_string()) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(start);
+            }
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                e.insert(None);
+            }
+        }
+    }
+    seen.into_iter()
+        .filter_map(|(n, s)| Some((n, s?)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::fixture;
@@ -121,6 +198,55 @@ mod tests {
         let nodes = parse_sinfo("1 * *");
         assert_eq!(nodes.len(), 1);
         assert!(nodes[0].partitions.is_empty(), "{:?}", nodes[0].partitions);
+    }
+
+    /// SlurmdStartTime from real `scontrol show node -o` on every tested release: a restart
+    /// of n2's slurmd moves its start on, n1's stays.
+    #[test]
+    fn slurmd_starts_from_real_output() {
+        use super::super::fixtures::fixture_of;
+        for v in ["22.05", "24.11", "26.05"] {
+            let before = parse_slurmd_starts(&fixture_of(v, "scontrol-nodes-epoch.txt"));
+            assert_eq!(before.keys().collect::<Vec<_>>(), ["n1", "n2"], "{v}");
+            assert!(
+                before.values().all(|t| *t > 1_700_000_000),
+                "{v}: {before:?}"
+            );
+            let after =
+                parse_slurmd_starts(&fixture_of(v, "scontrol-nodes-epoch-n2-restarted.txt"));
+            assert_eq!(after["n1"], before["n1"], "{v}");
+            assert!(after["n2"] > before["n2"], "{v}: {before:?} {after:?}");
+        }
+    }
+
+    /// Hostile text: a node is believed only from one line starting `NodeName=` with exactly
+    /// one `SlurmdStartTime=` word; a second line naming it (an admin's Reason with a newline),
+    /// a second start word, `None`, garbage or out-of-range values leave it out.
+    #[test]
+    fn slurmd_starts_hostile_text() {
+        let line = |n: &str, rest: &str| format!("NodeName={n} Arch=x86_64 State=IDLE {rest}\n");
+        let text = [
+            line("n1", "BootTime=100 SlurmdStartTime=200 LastBusyTime=300"),
+            line("n2", "SlurmdStartTime=None"),
+            line("n3", "SlurmdStartTime=300 Reason=x SlurmdStartTime=1"),
+            line("n4", "SlurmdStartTime=400 Reason=foo"),
+            // Injected by an admin's Reason on n1's line after a newline: n4 named twice.
+            "NodeName=n4 SlurmdStartTime=1\n".to_string(),
+            line("n5", "SlurmdStartTime=-5"),
+            line("n6", "SlurmdStartTime=99999999999999"),
+            line("n7", "SlurmdStartTime=12abc"),
+            "   NodeName=n8 SlurmdStartTime=800\n".to_string(),
+            "NodeName= SlurmdStartTime=900\n".to_string(),
+            line("n9", "XSlurmdStartTime=5 SlurmdStartTime=900"),
+            "Node n10 not found\n".to_string(),
+        ]
+        .concat();
+        let got = parse_slurmd_starts(&text);
+        assert_eq!(
+            got,
+            BTreeMap::from([("n1".to_string(), 200), ("n9".to_string(), 900)])
+        );
+        assert!(parse_slurmd_starts("").is_empty());
     }
 
     #[test]

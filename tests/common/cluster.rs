@@ -319,3 +319,58 @@ pub fn wait_job(w: &impl Watch, id: &str, state: &str, within: Duration) -> Valu
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// When `node`'s slurmd started (`SlurmdStartTime` of `scontrol show node -o`, epoch seconds;
+/// the node's own clock, which is the host's here); `None` before it registered.
+pub fn slurmd_start(node: &str) -> Option<i64> {
+    let out = slurm("scontrol", &["show", "node", "-o", node]);
+    stdout(&out)
+        .lines()
+        .filter(|l| l.starts_with(&format!("NodeName={node} ")))
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|w| w.strip_prefix("SlurmdStartTime="))
+        .and_then(|t| t.parse().ok())
+}
+
+/// Waits until the clock is in a later second than every one of `nodes`' slurmd started:
+/// a discover record taken from then on is fresh (cvslurm takes a record from the second its
+/// slurmd started in for one from before a restart).
+pub fn wait_past_slurmd_start(nodes: &[&str]) {
+    wait_until(
+        "a second past the slurmd starts",
+        Duration::from_secs(10),
+        || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
+            nodes
+                .iter()
+                .all(|n| slurmd_start(n).is_some_and(|s| now > s))
+        },
+    );
+}
+
+/// Restarts `node`'s slurmd (`cluster.sh stop-slurmd`, `start-slurmd`) and waits until the new
+/// one has registered (its `SlurmdStartTime` moved on) and written its pid file, so that a
+/// test can enter its namespaces. Returns the new start.
+pub fn restart_slurmd(node: &str) -> i64 {
+    let pid_file = format!("{CLUSTER_DIR}/run/slurmd-{node}.pid");
+    let old_pid = fs::read_to_string(&pid_file).unwrap_or_default();
+    // A start in the same second would not show as a new one.
+    wait_past_slurmd_start(&[node]);
+    let old = slurmd_start(node).unwrap_or(0);
+    cluster_sh(&["stop-slurmd", node], &[]);
+    cluster_sh(&["start-slurmd", node], &[]);
+    let mut new = 0;
+    wait_until(
+        &format!("{node}'s slurmd to register again"),
+        Duration::from_secs(60),
+        || {
+            new = slurmd_start(node).unwrap_or(0);
+            let pid = fs::read_to_string(&pid_file).unwrap_or_default();
+            new > old && pid != old_pid && Path::new(&format!("/proc/{}", pid.trim())).exists()
+        },
+    );
+    new
+}

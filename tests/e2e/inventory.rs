@@ -1016,3 +1016,116 @@ fn hidden_partition_nodes_are_inventoried() {
         "a hidden partition's nodes were deleted"
     );
 }
+
+/// A node whose NIC changes and whose slurmd restarts (as after a reboot or a NIC swap;
+/// issue 33): the service sees SlurmdStartTime move past the node's record at its next poll,
+/// discovers the node again and sends its new MAC. Without that, a node that never looked
+/// unavailable to a poll kept its old NodeConfig until NodeReassertInterval. n4's data NIC
+/// (ens1f0, a macvlan) gets another MAC in its namespace; put back, with another restart, at
+/// the end.
+#[test]
+#[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
+fn node_config_follows_a_new_mac_after_a_slurmd_restart() {
+    let (f, _g) = shared();
+    let mac_of = |f: &Fixture| {
+        f.cv.state()["nodes"]["n4"]["data_interfaces"]["values"]
+            .as_array()
+            .and_then(|v| v.iter().find(|i| i["name"] == "ens1f0").cloned())
+            .map(|i| i["mac_address"].as_str().unwrap_or("").to_string())
+    };
+    let set_mac = |mac: &str| {
+        let out = Command::new("ip")
+            .args(["-n", "cvslurm-n4", "link", "set", "ens1f0", "address", mac])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ip link set: {}", stderr(&out));
+    };
+    let (old, new) = ("02:99:00:00:04:02", "02:97:00:00:04:02");
+    // The service (this pid: an exclusive test may have restarted it just before) has sent n4
+    // and holds a fresh record of it, so that only the restart below makes it discover n4
+    // again: not its first poll, nor a record from the second the cluster came up in.
+    let service = format!(
+        "cvslurm[{}]",
+        f.service.lock().unwrap_or_else(|e| e.into_inner()).id()
+    );
+    wait_until(
+        "the service's fresh record of n4",
+        Duration::from_secs(60),
+        || {
+            let sent = fs::read_to_string(&f.log_file)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| {
+                    l.contains(&service)
+                        && l.contains("node n4: ")
+                        && l.contains("sending NodeConfig")
+                });
+            let rec: Value = fs::read(f.state_dir.join(layout::NODES).join("n4.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or(Value::Null);
+            let fresh = rec["taken_at"]
+                .as_i64()
+                .zip(slurmd_start("n4"))
+                .is_some_and(|(t, s)| t > s);
+            sent && fresh && mac_of(f).as_deref() == Some(old)
+        },
+    );
+    // What the service logs from here.
+    let log_from = fs::read_to_string(&f.log_file).unwrap_or_default().len();
+    struct PutBack;
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            let _ = Command::new("ip")
+                .args(["-n", "cvslurm-n4", "link", "set", "ens1f0", "address"])
+                .arg("02:99:00:00:04:02")
+                .output();
+            for c in ["stop-slurmd", "start-slurmd"] {
+                let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+                    .args([c, "n4"])
+                    .output();
+            }
+        }
+    }
+    let put_back = PutBack;
+    set_mac(new);
+    cluster_sh(&["stop-slurmd", "n4"], &[]);
+    cluster_sh(&["start-slurmd", "n4"], &[]);
+    // The service's own lines from here (a shared test runs a monitor of its own, with the
+    // same LogFile, StateDir and CloudVision, which may send n4 too).
+    let service_log = || -> String {
+        fs::read_to_string(&f.log_file).unwrap_or_default()[log_from..]
+            .lines()
+            .filter(|l| l.contains(&service))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    // Sent again as restarted; or, had a ping of slurmctld caught the stopped slurmd (`idle*`
+    // for a poll), as come back: either way discovered again, not left alone.
+    let rediscovered = |log: &str| {
+        log.contains("node n4: discovered again after its slurmd started; sending NodeConfig")
+            || log.contains("node n4: came back; sending NodeConfig")
+    };
+    wait_until(
+        "the service to send n4 again, with its new MAC",
+        Duration::from_secs(60),
+        || rediscovered(&service_log()) && mac_of(f).as_deref() == Some(new),
+    );
+    let log = service_log();
+    assert!(
+        log.contains("node n4: its record (taken ")
+            && log.contains("is not from after its slurmd started"),
+        "{log}"
+    );
+    // Put back as the other tests expect it, followed the same way.
+    drop(put_back);
+    wait_until(
+        "n4's NodeConfig with its old MAC",
+        Duration::from_secs(60),
+        || mac_of(f).as_deref() == Some(old),
+    );
+    assert_eq!(
+        f.cv.state()["nodes"]["n4"]["data_interfaces"]["values"],
+        expected_interfaces(4)
+    );
+}
