@@ -291,9 +291,12 @@ fn het_jobs_cancelled_alone_and_requeued_stay_one_job_each() {
     // Each run waits for its own gate file (`het-go-<leader>-<restart count>`, 2 minutes at
     // most), so that a job is still running when the test cancels a part of it or requeues it,
     // however slowly the machine goes.
-    let gate = |leader: &str, run: u32| PathBuf::from(WORK).join(format!("het-go-{leader}-{run}"));
+    // Job ids start again with every new cluster: the gates carry this run's own token.
+    let token = format!("{}-{}", std::process::id(), epoch_now());
+    let gate =
+        |leader: &str, run: u32| PathBuf::from(WORK).join(format!("het-go-{token}-{leader}-{run}"));
     let script = format!(
-        "g={WORK}/het-go-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}; i=0; \
+        "g={WORK}/het-go-{token}-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}; i=0; \
          while [ ! -e $g ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done"
     );
     // n4 is left to the tests that disturb a node; 5 jobs × 3 CPUs leave n1-n3 9 CPUs free.
@@ -351,9 +354,19 @@ fn het_jobs_cancelled_alone_and_requeued_stay_one_job_each() {
     let mut all: Vec<&String> = plain.iter().chain(&split).collect();
     all.push(&requeued);
     for leader in &all {
-        let done = wait_job(f, leader, "JOB_STATE_COMPLETED", Duration::from_secs(120));
-        // Accounting's last run of each component: JobID `L+O`, raw id, state, end, nodes.
+        // Accounting's last run, then CloudVision's record of that run (a requeued job's
+        // earlier run has an end of its own).
         let (start, end) = sacct_times(leader);
+        let mut done = Value::Null;
+        wait_until(
+            &format!("CloudVision to hold het job {leader}'s last run ended"),
+            Duration::from_secs(60),
+            || {
+                done = f.cv().state()["jobs"][key(leader)].clone();
+                done["state"] == "JOB_STATE_COMPLETED" && done["start_time"] == start.as_str()
+            },
+        );
+        // Accounting's last run of each component: JobID `L+O`, raw id, state, end, nodes.
         let mut rows = String::new();
         wait_until(
             &format!("sacct to record every component of {leader}"),
