@@ -22,10 +22,13 @@ use std::time::{Duration, Instant};
 pub enum Seen {
     /// Available, and its NodeConfig was queued.
     Sent,
-    /// Not available (or its discovery failed): sent again once it is.
+    /// Not available (or, never sent, its discovery failed): sent again once it is.
     Unavailable,
     /// Due for re-assertion (`NodeReassertInterval`).
     Refresh,
+    /// Sent, then available but its discovery failed (its NodeConfig stands): discovered
+    /// again at the next poll; a node that then leaves service is said to, as a sent one is.
+    Failed,
 }
 
 /// The service loop: node polls and reconciliation; the sender (started by
@@ -298,7 +301,7 @@ fn poll(
             continue;
         }
         match was {
-            Some(Seen::Sent) | Some(Seen::Refresh) => log::info!(
+            Some(Seen::Sent) | Some(Seen::Refresh) | Some(Seen::Failed) => log::info!(
                 "node {}: now {}; it will be sent again when it comes back",
                 n.name,
                 n.state
@@ -353,7 +356,7 @@ fn poll(
                 let verb = match known.get(&name) {
                     None => "appeared",
                     Some(Seen::Refresh) => "re-asserting",
-                    Some(Seen::Sent) if restarted.contains(&name) => {
+                    Some(Seen::Sent | Seen::Failed) if restarted.contains(&name) => {
                         "discovered again after its slurmd started"
                     }
                     Some(_) => "came back",
@@ -378,7 +381,7 @@ fn poll(
                 failed += 1;
                 let seen = known.entry(name).or_insert(Seen::Unavailable);
                 if *seen == Seen::Sent {
-                    *seen = Seen::Unavailable;
+                    *seen = Seen::Failed;
                 }
             }
         }
