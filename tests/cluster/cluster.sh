@@ -58,9 +58,6 @@
 #   BF_INTERVAL          seconds between backfill passes (default: Slurm's, 30). Heterogeneous
 #                        jobs are started only by backfill, as is a pending job no other event
 #                        schedules before the periodic pass (60 s)
-#   PREEMPT=1            PreemptType=preempt/partition_prio, PreemptMode=SUSPEND,GANG and a
-#                        partition `urgent` on the last static node with PriorityTier=2: a job
-#                        there suspends the `debug` jobs in its way until it ends
 #   JOBCOMP_LOC          a URL: JobCompType=jobcomp/elasticsearch, JobCompLoc=that URL (default
 #                        jobcomp/none)
 #   SLURMD_TIMEOUT       default 30 (seconds until a silent slurmd makes its node DOWN). Not
@@ -869,10 +866,6 @@ EOF
         printf '%s' "$nodelines"
         printf 'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n'
         printf 'PartitionName=gpu Nodes=%s MaxTime=INFINITE State=UP\n' "$gpu"
-        if [[ "${PREEMPT:-0}" == 1 ]]; then
-            printf 'PreemptType=preempt/partition_prio\nPreemptMode=SUSPEND,GANG\n'
-            printf 'PartitionName=urgent Nodes=n%s PriorityTier=2 MaxTime=INFINITE State=UP\n' "$n"
-        fi
     } >"$ETC/slurm.conf"
     chmod 0644 "$ETC/slurm.conf"
     write_reboot_program
@@ -965,7 +958,7 @@ up_description() { # nnodes
     printf 'CVSLURM_HOOKS=%s\nMIN_JOB_AGE=%s\nSLURMD_TIMEOUT=%s\nSLURMCTLD_DEBUG=%s\n' \
         "${CVSLURM_HOOKS:-both}" "${MIN_JOB_AGE:-5}" "${SLURMD_TIMEOUT:-30}" "${SLURMCTLD_DEBUG:-info}"
     printf 'CVSLURM_SHARE=%s\nREPO=%s\n' "${CVSLURM_SHARE:-}" "$REPO"
-    printf 'MAX_JOB_COUNT=%s\nMAX_ARRAY_SIZE=%s\nJOBCOMP_LOC=%s\nBF_INTERVAL=%s\nPREEMPT=%s\n' "${MAX_JOB_COUNT:-10000}" "${MAX_ARRAY_SIZE:-1001}" "${JOBCOMP_LOC:-}" "${BF_INTERVAL:-}" "${PREEMPT:-0}"
+    printf 'MAX_JOB_COUNT=%s\nMAX_ARRAY_SIZE=%s\nJOBCOMP_LOC=%s\nBF_INTERVAL=%s\n' "${MAX_JOB_COUNT:-10000}" "${MAX_ARRAY_SIZE:-1001}" "${JOBCOMP_LOC:-}" "${BF_INTERVAL:-}"
     if ((NCTL > 1)); then printf 'CONTROLLERS=%s\n' "$NCTL"; fi
 }
 

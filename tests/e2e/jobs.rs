@@ -300,11 +300,19 @@ fn het_jobs_cancelled_alone_and_requeued_stay_one_job_each() {
          while [ ! -e $g ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done"
     );
     // n4 is left to the tests that disturb a node; 5 jobs × 3 CPUs leave n1-n3 9 CPUs free.
+    // Only backfill starts a het job, and a pending job of higher priority holds back every
+    // later one of its partition (the main scheduler stops there, backfill reserves for it):
+    // at the lowest priority, these wait for the other tests' jobs, not the reverse.
     let submit = |name: &str| {
-        sbatch(&[
-            "-J", name, "-N1", "-x", "n4", ":", "-N1", "-x", "n4", ":", "-N1", "-x", "n4",
-            "--wrap", &script,
-        ])
+        let part = ["-N1", "-x", "n4", "--nice=100000"];
+        let mut args = vec!["-J", name];
+        args.extend(part);
+        args.push(":");
+        args.extend(part);
+        args.push(":");
+        args.extend(part);
+        args.extend(["--wrap", script.as_str()]);
+        sbatch(&args)
     };
     let requeued = submit("e2e-het-requeue");
     let plain: Vec<String> = (0..2).map(|_| submit("e2e-het-many")).collect();
@@ -664,15 +672,21 @@ fn resized_and_suspended_jobs_follow_slurm() {
     assert_eq!(done["end_time"].as_str(), Some(end.as_str()), "{states}");
 }
 
-/// A preemption with `PreemptMode=SUSPEND,GANG` (the test cluster's `urgent` partition on n4,
-/// PriorityTier 2): the job in its way is suspended while the urgent job runs on its node and
-/// resumed after. CloudVision holds the suspended job RUNNING under its marked name beside the
+/// A preemption with `PreemptMode=SUSPEND,GANG` (for this test only, a partition `urgent` on
+/// n4 with PriorityTier 2: with gang scheduling on, the steps of a dynamic node's jobs did
+/// not start on 24.11, so the other tests run without it): the job in its way is suspended
+/// while the urgent job runs on its node and resumed after. CloudVision holds the suspended job RUNNING under its marked name beside the
 /// urgent job (README: no suspended state in CloudVision), its plain name again once resumed,
 /// and each job's final record is accounting's.
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
     let (f, _g) = exclusive();
+    let _conf = SlurmConfFor::new(
+        "PreemptType=preempt/partition_prio\nPreemptMode=SUSPEND,GANG\n\
+         PartitionName=urgent Nodes=n4 PriorityTier=2 MaxTime=INFINITE State=UP\n",
+        "e2e-preempt",
+    );
     // Each job runs until the test opens its gate (2 minutes at most).
     let gate = |tag: &str| PathBuf::from(WORK).join(format!("go-{tag}"));
     let script = |tag: &str| {
@@ -685,11 +699,12 @@ fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
     };
     let victim = sbatch(&[
         "-J",
-        "e2e-victim",
+        "e2e-preempt",
         "-p",
         "debug",
         "-w",
         "n4",
+        "-N1",
         "-n",
         "8",
         "--wrap",
@@ -698,11 +713,12 @@ fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
     wait_job(f, &victim, "JOB_STATE_RUNNING", Duration::from_secs(30));
     let urgent = sbatch(&[
         "-J",
-        "e2e-urgent",
+        "e2e-preempt",
         "-p",
         "urgent",
         "-w",
         "n4",
+        "-N1",
         "-n",
         "8",
         "--wrap",
@@ -723,7 +739,7 @@ fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
         "CloudVision to hold the victim marked suspended beside the urgent job",
         Duration::from_secs(3 + 5),
         || {
-            current(&victim)["name"] == "e2e-victim@debug (suspended)"
+            current(&victim)["name"] == "e2e-preempt@debug (suspended)"
                 && current(&urgent)["state"] == "JOB_STATE_RUNNING"
         },
     );
@@ -742,7 +758,7 @@ fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
     wait_until(
         "CloudVision to hold the resumed victim under its plain name",
         Duration::from_secs(3 + 5),
-        || current(&victim)["name"] == "e2e-victim@debug",
+        || current(&victim)["name"] == "e2e-preempt@debug",
     );
     assert_eq!(current(&victim)["state"], "JOB_STATE_RUNNING");
     fs::write(gate("victim"), "").unwrap();
@@ -753,7 +769,7 @@ fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
         assert_eq!(rec["end_time"].as_str(), Some(end.as_str()), "{rec}");
         assert_eq!(nodes_of(rec), ["n4"]);
     }
-    assert_eq!(ended["name"], "e2e-victim@debug");
+    assert_eq!(ended["name"], "e2e-preempt@debug");
     for tag in ["victim", "urgent"] {
         let _ = fs::remove_file(gate(tag));
     }

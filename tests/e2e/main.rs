@@ -122,15 +122,13 @@ fn fixture() -> &'static Fixture {
         let hook = work.join("cvslurm-hook");
         let t0 = Instant::now();
         // Backfill every 5 s (Slurm's default is 30): heterogeneous jobs start only at a
-        // backfill pass, and a test holds the cluster while it waits for one. PREEMPT: a
-        // partition whose jobs suspend others (preempted_job_is_marked_suspended_…).
+        // backfill pass, and a test holds the cluster while it waits for one.
         up(
             NODES,
             &[
                 ("CVSLURM_HOOK", hook.to_str().unwrap()),
                 ("WITH_DBD", "1"),
                 ("BF_INTERVAL", "5"),
-                ("PREEMPT", "1"),
             ],
         );
         let service = start_service(&bin).unwrap();
@@ -385,4 +383,34 @@ fn states_of(events: &[Value]) -> Vec<String> {
         .iter()
         .map(|j| j["state"].as_str().unwrap_or("?").to_string())
         .collect()
+}
+
+/// slurm.conf with `extra` lines for one exclusive test, slurmctld restarted on it; on drop
+/// (however the test ends) the test's jobs named `jobs_named` are cancelled, slurm.conf is put
+/// back and slurmctld restarted on it.
+struct SlurmConfFor {
+    saved: String,
+    jobs_named: &'static str,
+}
+
+impl SlurmConfFor {
+    const PATH: &'static str = "/etc/slurm/slurm.conf";
+
+    fn new(extra: &str, jobs_named: &'static str) -> SlurmConfFor {
+        let saved = fs::read_to_string(Self::PATH).unwrap();
+        let guard = SlurmConfFor { saved, jobs_named };
+        fs::write(Self::PATH, format!("{}{extra}", guard.saved)).unwrap();
+        cluster_sh(&["restart-slurmctld"], &[]);
+        guard
+    }
+}
+
+impl Drop for SlurmConfFor {
+    fn drop(&mut self) {
+        let _ = slurm("scancel", &["--name", self.jobs_named]);
+        let _ = fs::write(Self::PATH, &self.saved);
+        let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+            .arg("restart-slurmctld")
+            .output();
+    }
 }
