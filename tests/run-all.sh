@@ -98,16 +98,11 @@ fi
 # Tests of cvslurm's own machinery that read nothing of Slurm's beyond what every other test
 # reads (CloudVision down, the metrics file) run on the last version only.
 ONE_VERSION_TESTS=(outage_of_cloudvision_loses_no_event the_service_metrics_file_tells_what_cloudvision_received)
-# The reused-ids test (about 55 s with the cluster to itself, most of it Slurm's purge of old
-# jobs) tells runs apart by the hook's clock on 22.05 and by SLUID on 26.05; 24.11 gives Slurm's
-# start time, as 26.05 does beside the SLUID: it is skipped there.
-declare -A SKIP_ON=([24.11]="reused_job_ids_never_mix_runs")
 version_suites() { # VERSION
   local v="$1" skip=() t
   if [ "$v" != "${VERSIONS##* }" ]; then
     for t in "${ONE_VERSION_TESTS[@]}"; do skip+=(--skip "$t"); done
   fi
-  for t in ${SKIP_ON[$v]:-}; do skip+=(--skip "$t"); done
   step "Slurm $v: end-to-end tests on a real cluster"
   SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
     cargo test --test e2e -- --ignored --test-threads=4 "${skip[@]}" 2>&1 \
