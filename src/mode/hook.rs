@@ -554,9 +554,7 @@ fn build_event(
     let phase_rank = u8::from(env.phase == Phase::Epilog && !leaves);
     let mut ev = Event::new(Item::Job { job }, (env.restart_count, phase_rank));
     ev.resolve = facts;
-    // Each component of a heterogeneous job has a SLUID of its own: the job's runs are told
-    // apart by their start, as before Slurm 25.11.
-    ev.sluid = env.sluid.clone().filter(|_| env.het.is_none());
+    ev.sluid = env.sluid.clone();
     // Slurm 22.05 gives no start time: the prolog's clock, or the epilog's record of it.
     ev.start_approx = env.start.is_none();
     ev.het = env.het.as_ref().map(|h| HetPart {

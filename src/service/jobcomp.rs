@@ -561,10 +561,8 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
     // A component other than the leader leaving: a RUNNING of the job on fewer nodes.
     let phase = u8::from(!het.as_ref().is_some_and(|h| h.left));
     let mut ev = Event::new(Item::Job { job: *job }, (restarts, phase));
-    // Each component of a heterogeneous job has a SLUID of its own: the job's runs are told
-    // apart by their start.
-    ev.sluid = sluid.filter(|_| het.is_none());
     ev.het = het;
+    ev.sluid = sluid;
     match shared.outbox.queue.enqueue(&ev) {
         Ok(Enqueued::Superseded) => {
             log::info!("job {key}: {state} from Slurm's job-completion record superseded by a later event; not sent");
