@@ -277,10 +277,6 @@ impl Figures {
                 "Events dropped because the outbox was over OutboxMaxEvents.",
             ),
             (
-                counter::STALE_RUN,
-                "Events of an earlier run of their job id, dropped unsent (a later run of that id is known).",
-            ),
-            (
                 counter::LOST,
                 "Events a hook could neither queue in StateDir nor send.",
             ),
@@ -556,7 +552,6 @@ mod tests {
             "cvslurm_events_retried_total 0",
             "cvslurm_events_rejected_total 0",
             "cvslurm_events_dropped_total 0",
-            "cvslurm_events_stale_run_total 0",
             "cvslurm_events_lost_total 0",
             "cvslurm_hook_direct_sends_total 0",
             "cvslurm_jobcomp_forward_dropped_total 0",

@@ -102,12 +102,6 @@ pub struct HookEnv {
     pub restart_count: u32,
     /// Set when the job is one component of a heterogeneous job: the event is the leader's.
     pub het: Option<HetComponent>,
-    /// `SLURM_JOB_SLUID` (Slurm 25.11+), checked (`parse_sluid` of the state layer): the
-    /// run's own id, which tells it from another run of the same job id.
-    pub sluid: Option<String>,
-    /// Why a `SLURM_JOB_SLUID` that was set is not used (not a SLUID): logged by the hook,
-    /// never a reason to lose the job's event.
-    pub sluid_bad: Option<String>,
 }
 
 impl HookEnv {
@@ -200,12 +194,6 @@ impl HookEnv {
                 }
             }
         };
-        let (sluid, sluid_bad) = match get("SLURM_JOB_SLUID").map(crate::state::event::parse_sluid)
-        {
-            None => (None, None),
-            Some(Ok(s)) => (Some(s), None),
-            Some(Err(e)) => (None, Some(e)),
-        };
         let restart_count = get("SLURM_JOB_RESTART_COUNT")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
@@ -229,8 +217,6 @@ impl HookEnv {
             exit,
             restart_count,
             het,
-            sluid,
-            sluid_bad,
         })
     }
 

@@ -55,47 +55,6 @@ fn names_every_missing_or_bad_variable() {
     assert!(e.contains("SLURM_JOB_START_TIME=\"-5\""), "{e}");
 }
 
-/// `SLURM_JOB_SLUID` (Slurm 25.11+) names the run; a hostile value is no SLUID, said once,
-/// and never costs the job its event.
-#[test]
-fn a_sluid_is_checked_and_never_loses_the_event() {
-    let base = [
-        ("SLURM_SCRIPT_CONTEXT", "prolog_slurmctld"),
-        ("SLURM_JOB_ID", "12"),
-        ("SLURM_CLUSTER_NAME", "c"),
-        ("SLURM_JOB_NAME", "j"),
-        ("SLURM_JOB_NODELIST", "n1"),
-    ];
-    let with = |v: &str| {
-        let mut all = base.to_vec();
-        all.push(("SLURM_JOB_SLUID", v));
-        HookEnv::from_vars(&vars(&all)).unwrap()
-    };
-    let env = HookEnv::from_vars(&vars(&base)).unwrap();
-    assert_eq!((env.sluid, env.sluid_bad), (None, None));
-    let env = with("s0K3FZ1Q2W8T4M");
-    assert_eq!(env.sluid.as_deref(), Some("s0K3FZ1Q2W8T4M"));
-    assert_eq!(
-        with("S0k3fz1q2w8t4m").sluid.as_deref(),
-        Some("s0K3FZ1Q2W8T4M")
-    );
-    for bad in [
-        "s0K3FZ1Q2W8T4",
-        "s0K3FZ1Q2W8T4MM",
-        "x0K3FZ1Q2W8T4M",
-        "s0K3FZ1Q2W8T4U",
-        "s0K3FZ1Q2W8T4\n",
-        "s0K3FZ1Q2W8T\u{1b}[",
-        "12",
-    ] {
-        let env = with(bad);
-        assert_eq!(env.sluid, None, "{bad:?}");
-        let why = env.sluid_bad.unwrap();
-        assert!(why.contains("is not a SLUID"), "{why}");
-        assert!(!why.contains('\n') && !why.contains('\u{1b}'), "{why:?}");
-    }
-}
-
 fn ctl(state: &str, reason: &str, exit: &str) -> JobInfo {
     JobInfo {
         job_id: "1".into(),
@@ -251,8 +210,6 @@ fn epilog_times_of_a_requeued_run_are_its_own() {
         exit: Some((0, 0)),
         restart_count: 0,
         het: None,
-        sluid: None,
-        sluid_bad: None,
     };
     let mut requeued = ctl("PENDING", "BeginTime", "0:0");
     requeued.restarts = Some(1);

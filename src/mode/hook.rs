@@ -45,7 +45,7 @@ pub struct Args {
 
 /// The environment variables the hook reads (nothing else is read: another variable with
 /// bytes that are not UTF-8 cannot matter).
-pub const HOOK_VARS: [&str; 13] = [
+pub const HOOK_VARS: [&str; 12] = [
     "SLURM_SCRIPT_CONTEXT",
     "SLURM_JOB_ID",
     "SLURM_HET_JOB_ID",
@@ -58,7 +58,6 @@ pub const HOOK_VARS: [&str; 13] = [
     "SLURM_JOB_END_TIME",
     "SLURM_JOB_EXIT_CODE2",
     "SLURM_JOB_RESTART_COUNT",
-    "SLURM_JOB_SLUID",
 ];
 
 /// Reads [`HOOK_VARS`] from the process environment. A value that is not UTF-8 is kept
@@ -218,11 +217,6 @@ fn handle(
     };
     let key = env.key();
     let _ = JOB_KEY.set(key.clone());
-    if let Some(why) = &env.sluid_bad {
-        log::warn!(
-            "job {key}: SLURM_JOB_SLUID {why}; ignored: the job's run is told by its start time"
-        );
-    }
     if let Err(why) = cfg.job_wanted(&env.name, env.partition.as_deref()) {
         log::info!("job {key}: filtered out ({why}); nothing sent");
         return;
@@ -554,9 +548,6 @@ fn build_event(
     let phase_rank = u8::from(env.phase == Phase::Epilog && !leaves);
     let mut ev = Event::new(Item::Job { job }, (env.restart_count, phase_rank));
     ev.resolve = facts;
-    ev.sluid = env.sluid.clone();
-    // Slurm 22.05 gives no start time: the prolog's clock, or the epilog's record of it.
-    ev.start_approx = env.start.is_none();
     ev.het = env.het.as_ref().map(|h| HetPart {
         component: env.job_id.clone(),
         offset: h.offset,

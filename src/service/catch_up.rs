@@ -219,21 +219,14 @@ fn to_send<'a>(
     known: &HashSet<String>,
     max: usize,
 ) -> (Vec<&'a JobInfo>, usize) {
+    let mut seen = HashSet::new();
     let mut v: Vec<&JobInfo> = ended
         .iter()
         .filter(|j| j.ended() && !crate::service::het::is_follower(j))
         .filter(|j| !known.contains(&key_of(&j.job_id, cluster)))
+        .filter(|j| seen.insert(j.job_id.clone()))
         .collect();
-    // An id Slurm handed out again has a row per run in accounting: only its last run's end
-    // goes (an earlier run's would overwrite the later run's record).
-    v.sort_by_key(|j| {
-        (
-            j.job_id.parse::<u64>().unwrap_or(u64::MAX),
-            j.job_id.clone(),
-            std::cmp::Reverse(j.start),
-        )
-    });
-    v.dedup_by(|later, first| later.job_id == first.job_id);
+    v.sort_by_key(|j| j.job_id.parse::<u64>().unwrap_or(u64::MAX));
     let over = v.len().saturating_sub(max);
     v.truncate(max);
     (v, over)

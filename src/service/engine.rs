@@ -333,35 +333,6 @@ pub fn delete_own_node(
     }
 }
 
-/// True when Slurm's job `info` of `ev`'s job id is a later run than `ev`'s: its start is
-/// later ([`crate::state::event::compare_runs`]: the id was handed out again, or the job
-/// requeued). Nothing of Slurm's record then belongs to `ev`.
-pub fn later_run_in_slurm(ev: &Event, info: &JobInfo) -> bool {
-    let (Some(run), Some(start)) = (ev.run(), info.start) else {
-        return false;
-    };
-    crate::state::event::compare_runs(&crate::state::event::Run::slurms(start), &run).is_gt()
-}
-
-/// Logs and counts an event dropped unsent because a later run of its job id is known
-/// (`later`: that run's start, where known).
-pub fn drop_stale_run(outbox: &StateDir, ev: &Event, later: Option<i64>) {
-    let of = ev
-        .run()
-        .and_then(|r| crate::timefmt::format_epoch(r.start))
-        .unwrap_or_else(|| "?".into());
-    let by = later
-        .and_then(crate::timefmt::format_epoch)
-        .map_or(String::new(), |t| format!(" (started {t})"));
-    log::info!(
-        "outbox: {} of the run started {of} dropped, not sent: Slurm's job of that id is a later run{by}",
-        ev.item.describe()
-    );
-    outbox
-        .status
-        .count(crate::state::counter_journal::counter::STALE_RUN, 1);
-}
-
 /// Set once CloudVision has answered that it cannot delete a JobConfig (warned once).
 static DELETE_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
@@ -615,15 +586,6 @@ impl Engine {
             let info = answer.found.get(job.job_id());
             let restarts = info.and_then(|i| i.restarts);
             let what = ev.item.describe();
-            if info.is_some_and(|i| later_run_in_slurm(&ev, i)) {
-                drop_stale_run(&self.outbox, &ev, info.and_then(|i| i.start));
-                if let Err(e) = self.outbox.queue.remove_if_same(&ev) {
-                    log::error!("outbox: {e}");
-                    continue;
-                }
-                checked.decided.push((ev.item.file_name(), ev.seq));
-                continue;
-            }
             if restarts.is_some_and(|r| r > ev.rank.0) {
                 log::info!(
                     "outbox: {what} queued before this host's role changed is dropped: Slurm has run the job again since (restart {}), and that run reports itself",
@@ -718,10 +680,7 @@ impl Engine {
         let Item::Job { job } = &ev.item else {
             return false;
         };
-        // Slurm's job of that id may be a later run already (the id handed out again): its
-        // state and times are not this end's.
-        let ctl_job = ctl.get(job.job_id()).filter(|i| !later_run_in_slurm(ev, i));
-        let fixed = hook::finish_end(job, &facts, ctl_job);
+        let fixed = hook::finish_end(job, &facts, ctl.get(job.job_id()));
         if fixed.state != job.state {
             log::info!(
                 "job {}: slurmctld says it ended {}, not {} as its exit codes say",
@@ -732,7 +691,7 @@ impl Engine {
         }
         // An end slurmctld did not name as final (22.05 says COMPLETING; or it could not be
         // asked) is checked against Slurm's final record later.
-        if !ctl_job.is_some_and(hook::final_state_named) {
+        if !ctl.get(job.job_id()).is_some_and(hook::final_state_named) {
             if let Err(e) = self
                 .outbox
                 .marks
@@ -802,39 +761,14 @@ impl Engine {
         let Item::Job { job } = &ev.item else {
             return None;
         };
-        use crate::inventory::attribution::Why;
-        // The first RUNNING of a later run of an id whose earlier run's end this process
-        // delivered (an id Slurm handed out again): CloudVision holds that run's record, whose
-        // end time a Set would keep; deleted first, as a requeued job's re-run's.
-        let why = match Why::of(ev) {
-            Why::Plain if self.follows_an_earlier_runs_end(ev) => Why::Rerun(ev.rank.0),
-            w => w,
-        };
         Some(crate::inventory::attribution::outgoing(
             self.interfaces,
             &self.outbox.job_reps,
             job,
-            why,
+            crate::inventory::attribution::Why::of(ev),
             Some((&self.slurm, &self.outbox, ev.seq)),
             true,
         ))
-    }
-
-    /// True for a RUNNING of a later run of its job id than the run whose end this process
-    /// delivered last ([`crate::state::queue::Queue::ended_run`]).
-    fn follows_an_earlier_runs_end(&self, ev: &Event) -> bool {
-        let Item::Job { job } = &ev.item else {
-            return false;
-        };
-        if job.state.is_terminal() {
-            return false;
-        }
-        match (ev.run(), self.outbox.queue.ended_run(&job.key.id)) {
-            (Some(run), Some(Some(ended))) => {
-                crate::state::event::compare_runs(&run, &ended).is_gt()
-            }
-            _ => false,
-        }
     }
 
     /// Takes, enriches, sends and finishes one (settled) event. A RUNNING goes out only when

@@ -69,9 +69,6 @@ pub enum Doc {
         /// is keyed by the leader; a component other than the leader leaving is a RUNNING
         /// of the job ([`crate::service::het`]).
         het: Option<HetPart>,
-        /// The run's SLUID (`original_sluid`, Slurm 26.05: the `SLURM_JOB_SLUID` the hooks
-        /// see), where the document has a well-formed one.
-        sluid: Option<String>,
     },
     /// Nothing to send, and why (logged at debug).
     Nothing(String),
@@ -156,11 +153,6 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
         .unwrap_or("");
     let partition = o.get("partition").and_then(serde_json::Value::as_str);
     let leaves = het.as_ref().is_some_and(|h| h.offset > 0);
-    // Hostile like the rest: anything but a SLUID is none (the run is told by its start).
-    let sluid = o
-        .get("original_sluid")
-        .and_then(serde_json::Value::as_str)
-        .and_then(|v| crate::state::event::parse_sluid(v).ok());
     Ok(Doc::End {
         job: Box::new(JobConfig {
             key: Key {
@@ -186,7 +178,6 @@ pub fn end_of(body: &[u8], cluster: &str) -> Result<Doc, String> {
             offset: h.offset,
             left: leaves,
         }),
-        sluid,
     })
 }
 
@@ -522,15 +513,14 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
         log::error!("job-completion receiver: a document of more than {} MiB dropped; reconciliation sends that job's end", MAX_BODY >> 20);
         return (200, "OK");
     };
-    let (job, start, name, partition, het, sluid) = match end_of(body, &shared.cluster) {
+    let (job, start, name, partition, het) = match end_of(body, &shared.cluster) {
         Ok(Doc::End {
             job,
             start,
             name,
             partition,
             het,
-            sluid,
-        }) => (job, start, name, partition, het, sluid),
+        }) => (job, start, name, partition, het),
         Ok(Doc::Nothing(why)) => {
             log::debug!("job-completion receiver: {why}: nothing to send");
             return (200, "OK");
@@ -562,7 +552,6 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
     let phase = u8::from(!het.as_ref().is_some_and(|h| h.left));
     let mut ev = Event::new(Item::Job { job: *job }, (restarts, phase));
     ev.het = het;
-    ev.sluid = sluid;
     match shared.outbox.queue.enqueue(&ev) {
         Ok(Enqueued::Superseded) => {
             log::info!("job {key}: {state} from Slurm's job-completion record superseded by a later event; not sent");
@@ -584,58 +573,6 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Slurm 26.05's documents name the run (`original_sluid`, the hooks' `SLURM_JOB_SLUID`):
-    /// every end carries it; earlier versions' carry none; a hostile one is none.
-    #[test]
-    fn a_documents_sluid_names_its_run() {
-        for v in ["22.05", "24.11", "26.05"] {
-            let text = std::fs::read_to_string(format!(
-                "{}/tests/fixtures/slurm-{v}/jobcomp/requests.jsonl",
-                env!("CARGO_MANIFEST_DIR")
-            ))
-            .unwrap();
-            let mut ends = 0;
-            for line in text.lines() {
-                let r: serde_json::Value = serde_json::from_str(line).unwrap();
-                let body = r["body"].as_str().unwrap();
-                let Ok(Doc::End { sluid, .. }) = end_of(body.as_bytes(), "cvtest") else {
-                    continue;
-                };
-                ends += 1;
-                match v {
-                    "26.05" => {
-                        let s = sluid.unwrap_or_else(|| panic!("{v}: {body}"));
-                        assert!(body.contains(&format!("\"original_sluid\":\"{s}\"")), "{s}");
-                    }
-                    _ => assert_eq!(sluid, None, "{v}: {body}"),
-                }
-            }
-            assert!(ends > 0, "{v}");
-        }
-        let doc = |sluid: &str| {
-            format!(
-                "{{\"jobid\":1,\"cluster\":\"cvtest\",\"state\":\"COMPLETED\",\"nodes\":\"n1\",\"@start\":\"2025-12-05T10:30:00Z\",\"@end\":\"2025-12-05T10:31:00Z\",\"original_sluid\":{sluid}}}"
-            )
-        };
-        for bad in [
-            "\"s49NM8XZJWAY0\"",
-            "\"x49NM8XZJWAY00\"",
-            "7",
-            "null",
-            "\"s49NM8XZJWAY0\\n\"",
-        ] {
-            let Ok(Doc::End { sluid, .. }) = end_of(doc(bad).as_bytes(), "cvtest") else {
-                panic!("{bad}");
-            };
-            assert_eq!(sluid, None, "{bad}");
-        }
-        let Ok(Doc::End { sluid, .. }) = end_of(doc("\"s49NM8XZJWAY00\"").as_bytes(), "cvtest")
-        else {
-            panic!("a well-formed SLUID");
-        };
-        assert_eq!(sluid.as_deref(), Some("s49NM8XZJWAY00"));
-    }
 
     /// Every document Slurm 22.05's jobcomp/elasticsearch posted for the captured cases
     /// (tests/fixtures/slurm-22.05/jobcomp/, `tests/cluster/capture-jobcomp.sh`) reads as

@@ -319,8 +319,6 @@ fn follow_shapes(
         let mut ev = Event::new(Item::Job { job }, (j.restarts.unwrap_or(0), 0));
         // Its interfaces, where it goes by them, follow its nodes.
         ev.anew = true;
-        // The prolog's record of the start: its clock on Slurm 22.05.
-        ev.start_approx = sent.starts.contains_key(&key);
         // Queued only while it cannot reach CloudVision after the job's end (checked under
         // the outbox lock); else the next pass looks again, or the job has ended.
         if outbox.queue.enqueue_resend(&ev)? {
@@ -610,20 +608,6 @@ fn swept_now(listed: usize) {
         Some((std::time::Instant::now(), listed));
 }
 
-/// True when this process delivered, lately, the end of the run of job `key` that Slurm runs
-/// now (started at `start`), or of a run it cannot tell from it: a RUNNING from here could
-/// follow that end. The end of an earlier run of the id (a requeue, an id Slurm handed out
-/// again) is no reason to hold the later run's RUNNING.
-fn ended_this_run(outbox: &StateDir, key: &str, start: Option<i64>) -> bool {
-    match outbox.queue.ended_run(key) {
-        None => false,
-        Some(Some(ended)) => !start.is_some_and(|s| {
-            crate::state::event::compare_runs(&crate::state::event::Run::slurms(s), &ended).is_gt()
-        }),
-        Some(None) => true,
-    }
-}
-
 /// One reconciliation pass. Events go through the outbox (the caller drains it).
 pub fn reconcile(
     cfg: &Config,
@@ -716,9 +700,7 @@ pub fn reconcile(
         .filter(|j| {
             let key = key_of(&j.job_id);
             // A heterogeneous job is reported by its leader, on all its components' nodes.
-            !(recorded_after.contains(&key)
-                || pending.contains(&key)
-                || ended_this_run(outbox, &key, j.start))
+            !(recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key))
                 && running_settled(j)
                 && !crate::service::het::is_follower(j)
         })

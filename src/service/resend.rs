@@ -135,8 +135,6 @@ pub fn resend_running_on(
         let rank = (j.restarts.unwrap_or(0), 0);
         let mut ev = Event::new(Item::Job { job }, rank);
         ev.anew = true;
-        // The prolog's record of the start: its clock on Slurm 22.05.
-        ev.start_approx = true;
         // A heterogeneous job's record is composed from every component as it is sent.
         ev.het = crate::service::het::part_of(j);
         if outbox.queue.enqueue_resend(&ev)? {

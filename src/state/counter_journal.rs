@@ -50,9 +50,6 @@ pub mod counter {
     pub const REJECTED: &str = "events_rejected";
     /// Events dropped because the outbox was over `OutboxMaxEvents`.
     pub const DROPPED: &str = "events_dropped";
-    /// Events of an earlier run of their job id, dropped unsent: a later run of that id (a
-    /// requeue, an id handed out again) is known.
-    pub const STALE_RUN: &str = "events_stale_run";
     /// Events a hook could neither queue in StateDir nor send.
     pub const LOST: &str = "events_lost";
     /// Hooks that sent their event themselves (the service was not running or did not take it).
@@ -61,13 +58,12 @@ pub mod counter {
     /// refused for good by the target.
     pub const JOBCOMP_FORWARD_DROPPED: &str = "jobcomp_forward_dropped";
     /// Every counter, in the order the metrics list them.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 8] = [
         QUEUED,
         DELIVERED,
         RETRIED,
         REJECTED,
         DROPPED,
-        STALE_RUN,
         LOST,
         HOOK_DIRECT_SENDS,
         JOBCOMP_FORWARD_DROPPED,

@@ -105,16 +105,6 @@ pub struct Event {
     /// queued (the leader's key, this component's nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub het: Option<HetPart>,
-    /// Slurm's unique id of the job's run (`SLURM_JOB_SLUID`, Slurm 25.11 and later;
-    /// checked: [`parse_sluid`]), where the event's source gave it: with it, two runs of one
-    /// job id are told apart exactly ([`run_order`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sluid: Option<String>,
-    /// Set when the record's start time is not Slurm's but a hook's clock (Slurm 22.05's
-    /// PrologSlurmctld has no start time) or a guess: it tells the run less precisely
-    /// ([`HOOK_CLOCK_SLACK`]).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub start_approx: bool,
     /// What to send.
     #[serde(flatten)]
     pub item: Item,
@@ -136,8 +126,6 @@ impl Event {
             then: None,
             anew: false,
             het: None,
-            sluid: None,
-            start_approx: false,
             item,
         }
     }
@@ -150,110 +138,6 @@ impl Event {
     /// ([`crate::service::engine::post_outgoing`]).
     pub fn starts_a_rerun(&self) -> bool {
         matches!(&self.item, Item::Job { job } if starts_a_rerun(job, self.rank.0))
-    }
-}
-
-/// Which run of its job id an event belongs to: Slurm's start time of that run (the record's
-/// `start_time`), and its SLUID where Slurm gives one ([`Event::sluid`]). A job id is used
-/// again after `MaxJobId`, after a controller crash within its state-save lag, and by a
-/// requeue: the run tells those jobs apart ([`run_order`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Run {
-    /// Slurm's start time of the run (Unix seconds).
-    pub start: i64,
-    /// `SLURM_JOB_SLUID`, where known.
-    pub sluid: Option<String>,
-    /// The start is a hook's clock or a guess, not Slurm's ([`Event::start_approx`]).
-    pub approx: bool,
-}
-
-impl Run {
-    /// The run Slurm's record names: its own start time, exactly.
-    pub fn slurms(start: i64) -> Run {
-        Run {
-            start,
-            sluid: None,
-            approx: false,
-        }
-    }
-}
-
-/// How far apart two of Slurm's own start times of one job id may be and still name one run:
-/// every source (`SLURM_JOB_START_TIME`, slurmctld's and accounting's `StartTime`, a
-/// job-completion document's `@start`) gives the same second. Two runs of one id start
-/// further apart: a job id is handed out again only once slurmctld has purged the earlier
-/// job (`MinJobAge`, at least 2 s, after its end, at slurmctld's next purge) or after
-/// slurmctld was restarted.
-pub const SAME_RUN_SLACK: i64 = 1;
-
-/// The same where either start is a hook's clock ([`Event::start_approx`]): Slurm 22.05's
-/// PrologSlurmctld runs a little after Slurm set the job's start (as the job-completion
-/// receiver allows for the prolog's record).
-pub const HOOK_CLOCK_SLACK: i64 = 10;
-
-impl Event {
-    /// The run of its job id this event belongs to; `None` for a node's event, and for a job
-    /// record without a start time (told apart from no other run).
-    pub fn run(&self) -> Option<Run> {
-        let Item::Job { job } = &self.item else {
-            return None;
-        };
-        let start = crate::timefmt::parse_user_time(job.start_time.as_deref()?).ok()?;
-        Some(Run {
-            start,
-            sluid: self.sluid.clone(),
-            approx: self.start_approx,
-        })
-    }
-}
-
-/// How the run of `a` compares with the run of `b`, events of one key: `Greater` when `a`
-/// belongs to a later run. Two SLUIDs decide alone (a SLUID is Slurm's time of the run's
-/// creation, in its own base-32, most significant digit first: its order is the runs'
-/// order). Otherwise start times more than [`SAME_RUN_SLACK`] apart ([`HOOK_CLOCK_SLACK`]
-/// where one is a hook's clock) decide; nearer ones, or a run unknown on either side, are one
-/// run (`Equal`): the rank then decides, as within a run.
-pub fn run_order(a: &Event, b: &Event) -> std::cmp::Ordering {
-    use std::cmp::Ordering::Equal;
-    let (Some(ra), Some(rb)) = (a.run(), b.run()) else {
-        return Equal;
-    };
-    compare_runs(&ra, &rb)
-}
-
-/// [`run_order`] of two runs.
-pub fn compare_runs(a: &Run, b: &Run) -> std::cmp::Ordering {
-    use std::cmp::Ordering::Equal;
-    if let (Some(x), Some(y)) = (&a.sluid, &b.sluid) {
-        return x.cmp(y);
-    }
-    let slack = if a.approx || b.approx {
-        HOOK_CLOCK_SLACK
-    } else {
-        SAME_RUN_SLACK
-    };
-    if (a.start - b.start).abs() <= slack {
-        Equal
-    } else {
-        a.start.cmp(&b.start)
-    }
-}
-
-/// Checks a SLUID from outside (`SLURM_JOB_SLUID`, a job-completion document): `s` then 13
-/// digits of Slurm's base 32 (`0-9A-Z` without `I`, `L`, `O`, `U`), as Slurm prints it
-/// (`src/common/sluid.c`). Lower case is taken as upper case, as Slurm reads it. Anything
-/// else is an error that says what was given.
-pub fn parse_sluid(v: &str) -> Result<String, String> {
-    const DIGITS: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-    let up = v.to_ascii_uppercase();
-    let b = up.as_bytes();
-    if b.len() == 14 && b[0] == b'S' && b[1..].iter().all(|c| DIGITS.contains(c)) {
-        Ok(format!("s{}", &up[1..]))
-    } else {
-        Err(format!(
-            "{:?} is not a SLUID (s and 13 base-32 digits)",
-            crate::text::one_line(v, 40)
-        ))
     }
 }
 

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[cfg(test)]
 use super::event::EVENT_FORMAT;
-pub use super::event::{decode_event, run_order, EndFacts, Event, Item, Run, Undecodable};
+pub use super::event::{decode_event, EndFacts, Event, Item, Undecodable};
 
 /// How reading one outbox file went.
 #[derive(Debug)]
@@ -117,22 +117,8 @@ pub enum Look {
     Full(Instant),
 }
 
-/// Per job key, when this process delivered the job's end, that end's rank and its run.
-type DeliveredEnds = std::collections::HashMap<String, (Instant, (u32, u8), Option<Run>)>;
-
-/// Per job key, the latest run this process delivered an event of, and when.
-type DeliveredRuns = std::collections::HashMap<String, (Instant, Run)>;
-
-/// True when an end delivered of `end`'s rank and run makes `ev` stale: `ev` belongs to an
-/// earlier run, or to the same run with a lower rank (a RUNNING never follows its run's end;
-/// a later run's RUNNING goes, a reused id's included).
-fn ended_before(end: &((u32, u8), Option<Run>), ev: &Event) -> bool {
-    let order = match (&end.1, ev.run()) {
-        (Some(a), Some(b)) => super::event::compare_runs(a, &b),
-        _ => std::cmp::Ordering::Equal,
-    };
-    order.is_gt() || (order.is_eq() && ev.rank < end.0)
-}
+/// Per job key, when this process delivered the job's end, and that end's rank.
+type DeliveredEnds = std::collections::HashMap<String, (Instant, (u32, u8))>;
 
 /// The outbox in one state directory: pending, in-flight and rejected events.
 #[derive(Debug, Clone)]
@@ -147,13 +133,9 @@ pub struct Queue {
     pub inflight_stale: Duration,
     /// The job keys whose end this process delivered, and when (shared by its clones): the
     /// service's reconciliation never sends a RUNNING for a job whose end is already out.
-    /// With the rank and run of that end: a RUNNING a hook handed in later for the same or an earlier
+    /// With the rank of that end: a RUNNING a hook handed in later for the same or an earlier
     /// run is dropped when the outbox takes it in ([`Queue::fold`]).
     delivered_ends: std::sync::Arc<std::sync::Mutex<DeliveredEnds>>,
-    /// Per job key, the latest run of which this process delivered an event (any state), and
-    /// when: an event of an earlier run, from whatever writer, is dropped when the outbox
-    /// takes it ([`Queue::place`]), for [`REMEMBER_ENDS`].
-    delivered_runs: std::sync::Arc<std::sync::Mutex<DeliveredRuns>>,
     /// Where the events queued and dropped are counted.
     status: super::status::ServiceStatus,
 }
@@ -177,7 +159,6 @@ impl Queue {
             status,
             inflight_stale: Duration::from_secs(60),
             delivered_ends: Default::default(),
-            delivered_runs: Default::default(),
         }
     }
 
@@ -188,21 +169,8 @@ impl Queue {
             .delivered_ends
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        ends.retain(|_, (at, _, _)| at.elapsed() < REMEMBER_ENDS);
+        ends.retain(|_, (at, _)| at.elapsed() < REMEMBER_ENDS);
         ends.keys().cloned().collect()
-    }
-
-    /// The run whose end this process delivered last for `key`, in the last
-    /// [`REMEMBER_ENDS`]: `Some(None)` when that end's run is not known (no start time),
-    /// `None` when no end was delivered.
-    pub fn ended_run(&self, key: &str) -> Option<Option<Run>> {
-        let ends = self
-            .delivered_ends
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        ends.get(key)
-            .filter(|(at, _, _)| at.elapsed() < REMEMBER_ENDS)
-            .map(|(_, _, run)| run.clone())
     }
 
     /// True when an event for `item`'s key is pending (not in flight).
@@ -368,9 +336,6 @@ impl Queue {
         if others.iter().any(|o| chains_after(o, ev)) {
             return Ok(Enqueued::Chained);
         }
-        // An earlier run's event of the key waits: the drainer replaces it by this one, which
-        // must not go out first (the earlier run's would follow it).
-        let earlier_waits = others.iter().any(|o| run_order(ev, o).is_gt());
         let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
             Ok(t) => t
                 .elapsed()
@@ -378,9 +343,7 @@ impl Queue {
                 .unwrap_or(true),
             Err(_) => false,
         };
-        Ok(Enqueued::Queued {
-            busy: busy || earlier_waits,
-        })
+        Ok(Enqueued::Queued { busy })
     }
 
     /// Takes the handed-in files `names` ([`hand_in`](Self::hand_in)) into the outbox and
@@ -437,7 +400,10 @@ impl Queue {
                     placed.push(ev.item.file_name());
                     chained.push(name);
                 }
-                Ok(Enqueued::Superseded) => self.note_superseded(&ev),
+                Ok(Enqueued::Superseded) => log::info!(
+                    "outbox: {} superseded by a later event of its key; dropped",
+                    ev.item.describe()
+                ),
                 Ok(_) => placed.push(ev.item.file_name()),
                 Err(e) => report_once(&p, &format!("left where it is: {e}")),
             }
@@ -445,112 +411,6 @@ impl Queue {
         placed.sort();
         placed.dedup();
         (placed, chained)
-    }
-
-    /// The latest run of `ev`'s job key this process delivered an event of lately, where it
-    /// is a later run than `ev`'s.
-    fn later_run_delivered(&self, ev: &Event) -> Option<Run> {
-        let Item::Job { job } = &ev.item else {
-            return None;
-        };
-        let mine = ev.run()?;
-        let mut runs = self
-            .delivered_runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let (at, run) = runs.get(&job.key.id)?;
-        if at.elapsed() >= REMEMBER_ENDS {
-            runs.remove(&job.key.id);
-            return None;
-        }
-        super::event::compare_runs(run, &mine)
-            .is_gt()
-            .then(|| run.clone())
-    }
-
-    /// Notes that an event of `ev`'s run was delivered (see [`Queue::later_run_delivered`]).
-    fn note_delivered_run(&self, ev: &Event) {
-        let (Item::Job { job }, Some(run)) = (&ev.item, ev.run()) else {
-            return;
-        };
-        let mut runs = self
-            .delivered_runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if runs.len() > 4096 {
-            runs.retain(|_, (at, _)| at.elapsed() < REMEMBER_ENDS);
-        }
-        let keep = runs.get(&job.key.id).is_some_and(|(at, known)| {
-            at.elapsed() < REMEMBER_ENDS && super::event::compare_runs(known, &run).is_gt()
-        });
-        if !keep {
-            runs.insert(job.key.id.clone(), (Instant::now(), run));
-        }
-    }
-
-    /// Logs and counts the pending event `old` (and the end chained after it), of an earlier
-    /// run of its job id than `by`, which replaces it unsent.
-    fn note_replaced_run(&self, old: &Event, by: &Event) {
-        let at = |r: Option<Run>| {
-            r.and_then(|r| crate::timefmt::format_epoch(r.start))
-                .unwrap_or_else(|| "?".into())
-        };
-        for ev in std::iter::once(old).chain(old.then.as_deref()) {
-            log::info!(
-                "outbox: {} of the run started {} dropped, not sent: replaced by {} of a later run of its job id (started {})",
-                ev.item.describe(),
-                at(ev.run()),
-                by.item.describe(),
-                at(by.run())
-            );
-            self.status.count(super::status::counter::STALE_RUN, 1);
-        }
-    }
-
-    /// Logs an event dropped as superseded; one of an earlier run of its job id than an event
-    /// of the key pending, in flight or delivered as an end is counted too
-    /// ([`super::status`]'s `events_stale_run`).
-    fn note_superseded(&self, ev: &Event) {
-        let name = ev.item.file_name();
-        let later = [OUTBOX, INFLIGHT]
-            .iter()
-            .filter_map(|d| read_event(&self.dir(d).join(&name)).and_then(Result::ok))
-            .find(|o| of_an_earlier_run(o, ev))
-            .and_then(|o| o.then.as_deref().unwrap_or(&o).run())
-            .or_else(|| self.later_run_delivered(ev))
-            .or_else(|| {
-                let Item::Job { job } = &ev.item else {
-                    return None;
-                };
-                let ends = self
-                    .delivered_ends
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                let (_, _, run) = ends.get(&job.key.id)?;
-                let run = run.clone()?;
-                ev.run()
-                    .is_some_and(|mine| super::event::compare_runs(&run, &mine).is_gt())
-                    .then_some(run)
-            });
-        match later {
-            Some(run) => {
-                let at = |r: Option<Run>| {
-                    r.and_then(|r| crate::timefmt::format_epoch(r.start))
-                        .unwrap_or_else(|| "?".into())
-                };
-                log::info!(
-                    "outbox: {} of the run started {} dropped, not sent: a later run of its job id (started {}) is known",
-                    ev.item.describe(),
-                    at(ev.run()),
-                    at(Some(run))
-                );
-                self.status.count(super::status::counter::STALE_RUN, 1);
-            }
-            None => log::info!(
-                "outbox: {} superseded by a later event of its key; dropped",
-                ev.item.describe()
-            ),
-        }
     }
 
     /// After [`take_in`](Self::take_in): syncs the pending files `placed` (`fdatasync` each,
@@ -648,7 +508,7 @@ impl Queue {
                     }
                 }
             }
-            res = self.place(ev, &path, src, chained.as_ref());
+            res = self.place(ev, &path, src, chained.as_ref(), handed_in);
             if res != Err(Replaced) {
                 break;
             }
@@ -671,16 +531,16 @@ impl Queue {
 
     /// The part of [`place_from`](Self::place_from) under the lock: renames only (the files
     /// are written and synced before). `Err(Replaced)`: the pending event is not the one
-    /// `chained` was made from (or one to chain after appeared): make it again. An event is
-    /// also dropped when the key's event in flight, or an end of the key this process
-    /// delivered, outranks it (a RUNNING never follows its run's end), or when this process
-    /// delivered an event of a later run of the key's job id lately.
+    /// `chained` was made from (or one to chain after appeared): make it again. A handed-in
+    /// event is also dropped when the key's event in flight, or an end of the key this
+    /// process delivered, is of a higher rank (a RUNNING never follows its run's end).
     fn place(
         &self,
         ev: &Event,
         path: &Path,
         src: &Path,
         chained: Option<&(Event, PathBuf)>,
+        handed_in: bool,
     ) -> Result<Enqueued, PlaceError> {
         let _lock = self.lock().map_err(Failed)?;
         let cur = read_event(path);
@@ -689,10 +549,7 @@ impl Queue {
         }
         let name = ev.item.file_name();
         let inflight = self.dir(INFLIGHT).join(&name);
-        if self.later_run_delivered(ev).is_some() {
-            return Ok(Enqueued::Superseded);
-        }
-        {
+        if handed_in {
             let flying = matches!(read_event(&inflight), Some(Ok(f)) if outranks(&f, ev));
             let delivered = match &ev.item {
                 Item::Job { job } => self
@@ -700,7 +557,7 @@ impl Queue {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&job.key.id)
-                    .is_some_and(|(_, rank, run)| ended_before(&(*rank, run.clone()), ev)),
+                    .is_some_and(|(_, rank)| ev.rank < *rank),
                 _ => false,
             };
             if flying || delivered {
@@ -718,10 +575,6 @@ impl Queue {
                         .map_err(|e| Failed(format!("cannot write {}: {e}", path.display()))),
                     _ => Err(Replaced),
                 };
-            }
-            if of_an_earlier_run(ev, &old) {
-                // Replaced below by a later run's event: that earlier run's goes unsent.
-                self.note_replaced_run(&old, ev);
             }
         }
         let busy = match fs::metadata(&inflight).and_then(|m| m.modified()) {
@@ -766,36 +619,17 @@ impl Queue {
             let queued = [OUTBOX, INFLIGHT]
                 .iter()
                 .find_map(|d| read_event(&self.dir(d).join(name)).and_then(Result::ok));
-            if let Some(ev) = queued {
-                let end = match ev.then {
-                    Some(t) => *t,
-                    None => ev,
-                };
-                if matches!(&end.item, Item::Job { job } if job.state.is_terminal()) {
-                    self.forget_start_of(&end);
+            if let Some(Event {
+                item: Item::Job { job },
+                then,
+                ..
+            }) = queued
+            {
+                if then.is_some() || job.state.is_terminal() {
+                    self.starts.forget(&job.key.id);
                 }
             }
         }
-    }
-
-    /// Forgets the start record of the job of `end` (an end) unless the record is of a later
-    /// run of the job's id: the prolog of a reused id's next run may have written it already.
-    fn forget_start_of(&self, end: &Event) {
-        let Item::Job { job } = &end.item else {
-            return;
-        };
-        if let (Some(run), Some(start)) = (end.run(), self.starts.load(&job.key.id)) {
-            // The prolog's record: on Slurm 22.05, its own clock.
-            let recorded = Run {
-                start,
-                sluid: None,
-                approx: true,
-            };
-            if super::event::compare_runs(&recorded, &run).is_gt() {
-                return;
-            }
-        }
-        self.starts.forget(&job.key.id);
     }
 
     /// Replaces the pending event `old` by `new` (same key) if `old` is still the pending one;
@@ -1166,8 +1000,7 @@ impl Queue {
                 .delivered_ends
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .get(&job.key.id)
-                .is_some_and(|(_, rank, run)| ended_before(&(*rank, run.clone()), ev));
+                .contains_key(&job.key.id);
             let busy = path.exists() || self.dir(INFLIGHT).join(&name).exists();
             let started = self.starts.exists(&job.key.id);
             if ended || busy || !started {
@@ -1238,12 +1071,7 @@ impl Queue {
                     let _lock = self.lock()?;
                     // A newer cvslurm's event of the key came after this one: it stays.
                     match read_event(&pending) {
-                        Some(Ok(cur))
-                            if !of_an_earlier_run(next, &cur)
-                                && (of_an_earlier_run(&cur, next) || cur.rank >= next.rank) =>
-                        {
-                            return Ok(false)
-                        }
+                        Some(Ok(cur)) if cur.rank >= next.rank => return Ok(false),
                         Some(Err(Undecodable::Newer(_))) => return Ok(false),
                         _ => {}
                     }
@@ -1284,22 +1112,20 @@ impl Queue {
         };
         let Some(dir) = dir else {
             let _lock = self.lock()?;
-            self.note_delivered_run(ev);
             if let Item::Job { job } = &ev.item {
                 if job.state.is_terminal() {
                     self.delivered_ends
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(job.key.id.clone(), (Instant::now(), ev.rank, ev.run()));
+                        .insert(job.key.id.clone(), (Instant::now(), ev.rank));
                     // Delivered: the start record is no longer needed to repair the end
                     // (unless the job's next run is already pending).
                     let next_run = matches!(
                         read_event(&self.dir(OUTBOX).join(&name)),
-                        Some(Ok(cur)) if of_an_earlier_run(&cur, ev)
-                            || (!of_an_earlier_run(ev, &cur) && cur.rank > ev.rank)
+                        Some(Ok(cur)) if cur.rank > ev.rank
                     );
                     if !next_run {
-                        self.forget_start_of(ev);
+                        self.starts.forget(&job.key.id);
                     }
                 }
             }
@@ -1463,29 +1289,14 @@ fn chains_after(old: &Event, ev: &Event) -> bool {
         && old.rank.1 == 0
         && ev.rank.0 == old.rank.0
         && ev.rank.1 > 0
-        && run_order(ev, old).is_eq()
 }
 
 /// True when `old` (a pending or in-flight event, its chained end included) makes `ev`
-/// stale: a later run of the key's job id ([`run_order`]), or within one run a higher rank,
-/// or the same rank queued later (of two events of one state, the later one wins; the same
-/// event twice collapses into one). A later run's event is never made stale by an earlier
-/// run's, whatever their ranks (a reused id starts again at restart count 0).
+/// stale: a higher rank, or the same rank queued later (of two events of one state, the
+/// later one wins; the same event twice collapses into one).
 fn outranks(old: &Event, ev: &Event) -> bool {
     let newest = old.then.as_deref().unwrap_or(old);
-    match run_order(newest, ev) {
-        std::cmp::Ordering::Greater => true,
-        std::cmp::Ordering::Less => false,
-        std::cmp::Ordering::Equal => {
-            newest.rank > ev.rank || (newest.rank == ev.rank && newest.seq > ev.seq)
-        }
-    }
-}
-
-/// True when `ev` belongs to an earlier run of its job id than `old` (or than the end chained
-/// after it): made stale by a later run, not by a later state of its own run.
-fn of_an_earlier_run(old: &Event, ev: &Event) -> bool {
-    run_order(old.then.as_deref().unwrap_or(old), ev).is_gt()
+    newest.rank > ev.rank || (newest.rank == ev.rank && newest.seq > ev.seq)
 }
 
 /// What becomes of `ev` when it meets its key's pending event `cur`.
@@ -1704,233 +1515,6 @@ mod tests {
         let d = std::env::temp_dir().join(format!("cvslurm-outbox-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         d
-    }
-
-    /// A job record of run `start` (Unix seconds) of job `id`.
-    fn run_of(id: &str, state: JobState, start: i64, restarts: u32, phase: u8) -> Event {
-        let mut ev = Event::new(job(id, state), (restarts, phase));
-        if let Item::Job { job } = &mut ev.item {
-            job.start_time = crate::timefmt::format_epoch(start);
-            job.end_time = state
-                .is_terminal()
-                .then(|| crate::timefmt::format_epoch(start + 5))
-                .flatten();
-        }
-        ev
-    }
-
-    /// One job id, three runs: run A (requeued once: restart count 1), then the id handed out
-    /// again to run B (restart count 0 again), then B requeued (C). Their events (RUNNING, a
-    /// reconciliation's RUNNING, the end, a corrected end) arrive in a random order, written by
-    /// the service or handed in by a hook and folded, while a drainer sends (and now and then
-    /// fails to, as in an outage). Whatever the order: no event of an earlier run is delivered
-    /// after one of a later run, within a run no RUNNING after its end, and the last thing
-    /// delivered is the last run's last end. The old rule (rank only) fails this: run A's end
-    /// (restart count 1) outranks run B's every event.
-    #[test]
-    fn an_earlier_runs_event_never_follows_a_later_runs() {
-        let d = tmpdir("runs");
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15
-            ^ u64::from(std::process::id())
-            ^ crate::timefmt::now_nanos() as u64;
-        eprintln!("seed {seed:#x}");
-        let mut next = move |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
-        // (start, restart count) of runs A, B, C.
-        let runs = [(1_000_000, 1u32), (1_000_600, 0), (1_000_700, 1)];
-        for round in 0..200 {
-            let _ = fs::remove_dir_all(&d);
-            let sd = StateDir::new(&d);
-            let ob = &sd.queue;
-            let mut todo: Vec<Event> = Vec::new();
-            for (i, &(start, r)) in runs.iter().enumerate() {
-                // Run C (the last) does not always get to its end.
-                let ends = i < 2 || round % 3 != 0;
-                todo.push(run_of("9@c", JobState::Running, start, r, 0));
-                todo.push(run_of("9@c", JobState::Running, start, r, 0));
-                if ends {
-                    todo.push(run_of("9@c", JobState::Completed, start, r, 1));
-                    if next(2) == 0 {
-                        todo.push(run_of("9@c", JobState::Failed, start, r, 2));
-                    }
-                }
-            }
-            let last = todo.last().unwrap().clone();
-            let mut delivered: Vec<Event> = Vec::new();
-            let drain = |delivered: &mut Vec<Event>, fail: bool| {
-                ob.fold_all();
-                for ev in ob.pending() {
-                    if let Ok(Some(t)) = ob.take(&ev) {
-                        let outcome = if fail {
-                            Finish::Retry
-                        } else {
-                            Finish::Delivered
-                        };
-                        if !fail {
-                            delivered.push(Event {
-                                then: None,
-                                ..t.clone()
-                            });
-                        }
-                        ob.finish(&t, outcome).unwrap();
-                    }
-                }
-            };
-            while !todo.is_empty() {
-                let ev = todo.remove(next(todo.len()));
-                if next(2) == 0 {
-                    ob.enqueue(&ev).unwrap();
-                } else {
-                    ob.hand_in(&ev, false, Look::Quick, || {}).unwrap();
-                }
-                if next(3) == 0 {
-                    drain(&mut delivered, next(4) == 0);
-                }
-            }
-            for _ in 0..4 {
-                drain(&mut delivered, false);
-            }
-            let why = |delivered: &[Event]| {
-                delivered
-                    .iter()
-                    .map(|e| format!("{:?}{:?}", e.run().map(|r| r.start), e.rank))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            };
-            for (i, a) in delivered.iter().enumerate() {
-                for b in &delivered[i + 1..] {
-                    assert!(
-                        !run_order(a, b).is_gt(),
-                        "round {round}: an earlier run's event after a later run's: {}",
-                        why(&delivered)
-                    );
-                    let Item::Job { job } = &b.item else {
-                        unreachable!()
-                    };
-                    assert!(
-                        !(run_order(a, b).is_eq()
-                            && a.rank.1 > 0
-                            && job.state == JobState::Running),
-                        "round {round}: a RUNNING after its run's end: {}",
-                        why(&delivered)
-                    );
-                }
-            }
-            let got = delivered.last().expect("something delivered");
-            assert_eq!(
-                (got.run(), got.rank),
-                (last.run(), last.rank),
-                "round {round}: {}",
-                why(&delivered)
-            );
-            if last.rank.1 > 0 {
-                let Item::Job { job } = &got.item else {
-                    unreachable!()
-                };
-                assert!(job.state.is_terminal(), "round {round}");
-            }
-        }
-        fs::remove_dir_all(&d).unwrap();
-    }
-
-    /// How runs compare: SLUIDs alone where both have one; else starts more than the slack
-    /// apart (wider where one is a hook's clock); unknown or near starts are one run.
-    #[test]
-    fn runs_compare_by_sluid_then_start() {
-        use std::cmp::Ordering::*;
-        let r = |start, sluid: Option<&str>, approx| Run {
-            start,
-            sluid: sluid.map(String::from),
-            approx,
-        };
-        let cmp = super::super::event::compare_runs;
-        assert_eq!(cmp(&r(100, None, false), &r(101, None, false)), Equal);
-        assert_eq!(cmp(&r(100, None, false), &r(102, None, false)), Less);
-        assert_eq!(cmp(&r(110, None, false), &r(102, None, false)), Greater);
-        assert_eq!(cmp(&r(108, None, true), &r(100, None, false)), Equal);
-        assert_eq!(cmp(&r(111, None, true), &r(100, None, false)), Greater);
-        // One SLUID: the start decides; two: they do, even against the starts (a power-saved
-        // node's boot moves a run's start; Slurm keeps its SLUID).
-        let (a, b) = (Some("s0000000000001"), Some("s0000000000002"));
-        assert_eq!(cmp(&r(500, a, false), &r(100, None, false)), Greater);
-        assert_eq!(cmp(&r(500, a, false), &r(100, a, false)), Equal);
-        assert_eq!(cmp(&r(100, b, false), &r(500, a, false)), Greater);
-        let ev = |start: Option<i64>| {
-            let mut e = Event::new(job("1@c", JobState::Running), (0, 0));
-            if let Item::Job { job } = &mut e.item {
-                job.start_time = start.and_then(crate::timefmt::format_epoch);
-            }
-            e
-        };
-        assert_eq!(run_order(&ev(None), &ev(Some(1_000_000))), Equal);
-        assert_eq!(
-            run_order(&ev(Some(1_000_100)), &ev(Some(1_000_000))),
-            Greater
-        );
-        assert_eq!(
-            Event::new(node_item(), (0, 0)).run(),
-            None,
-            "a node's event has no run"
-        );
-    }
-
-    fn node_item() -> Item {
-        Item::NodeDelete {
-            name: "n1".into(),
-            location: None,
-        }
-    }
-
-    /// A later run's RUNNING handed in while an earlier run's end waits is not for the hook to
-    /// send itself (the earlier end would follow it): it waits behind it, and the fold
-    /// replaces that end. A delivered end of an earlier run does not hold it back.
-    #[test]
-    fn a_reused_ids_running_replaces_the_earlier_runs_end() {
-        let d = tmpdir("reused");
-        let sd = StateDir::new(&d);
-        let ob = &sd.queue;
-        let old_end = run_of("3@c", JobState::Completed, 1_000_000, 2, 1);
-        ob.enqueue(&old_end).unwrap();
-        let new_run = run_of("3@c", JobState::Running, 1_000_100, 0, 0);
-        let (r, _) = ob
-            .hand_in(
-                &new_run,
-                true,
-                Look::Full(Instant::now() + Duration::from_secs(5)),
-                || {},
-            )
-            .unwrap();
-        assert_eq!(r, Enqueued::Queued { busy: true });
-        ob.fold_all();
-        let p = ob.pending();
-        assert_eq!(p.len(), 1);
-        assert_eq!(p[0].run(), new_run.run());
-        // Delivered; then the earlier run's end arrives late (a hook that was slow): dropped.
-        let t = ob.take(&p[0]).unwrap().unwrap();
-        ob.finish(&t, Finish::Delivered).unwrap();
-        ob.hand_in(&old_end, false, Look::Quick, || {}).unwrap();
-        let new_end = run_of("3@c", JobState::Completed, 1_000_100, 0, 1);
-        ob.enqueue(&new_end).unwrap();
-        let t = ob.take(&ob.pending()[0]).unwrap().unwrap();
-        ob.finish(&t, Finish::Delivered).unwrap();
-        ob.fold_all();
-        assert!(ob.pending().is_empty(), "{:?}", ob.pending());
-        // The id handed out once more: that run's RUNNING is taken in, though an end of the
-        // key (an earlier run's) was delivered.
-        let third = run_of("3@c", JobState::Running, 1_000_400, 0, 0);
-        ob.hand_in(&third, false, Look::Quick, || {}).unwrap();
-        ob.fold_all();
-        assert_eq!(ob.pending().len(), 1);
-        assert_eq!(ob.pending()[0].run(), third.run());
-        assert_eq!(
-            ob.ended_run("3@c").flatten().map(|r| r.start),
-            Some(1_000_100)
-        );
-        fs::remove_dir_all(&d).unwrap();
     }
 
     /// A resend is queued only for a job still recorded as started, with nothing of it
