@@ -38,14 +38,7 @@ struct OneAtATime {
 
 impl Drop for OneAtATime {
     fn drop(&mut self) {
-        use std::io::Write;
-        let name = std::thread::current().name().unwrap_or("?").to_string();
-        let _ = writeln!(
-            std::io::stderr(),
-            "[e2e] {name}: {:.1} s (waited {:.1} s)",
-            self.since.elapsed().as_secs_f64(),
-            self.waited.as_secs_f64()
-        );
+        print_held(self.since, self.waited);
     }
 }
 

@@ -374,3 +374,16 @@ pub fn restart_slurmd(node: &str) -> i64 {
     );
     new
 }
+
+/// Prints, uncaptured, how long the running test held the cluster and how long it waited for
+/// it (`[e2e] NAME: 12.3 s (waited 4.5 s)`), so that every run's log says where the time goes.
+pub fn print_held(since: Instant, waited: Duration) {
+    use std::io::Write;
+    let name = std::thread::current().name().unwrap_or("?").to_string();
+    let _ = writeln!(
+        std::io::stderr(),
+        "[e2e] {name}: {:.1} s (waited {:.1} s)",
+        since.elapsed().as_secs_f64(),
+        waited.as_secs_f64()
+    );
+}

@@ -480,21 +480,7 @@ fn min_job_age_2_ends_from_hooks_and_from_accounting() {
     }
     let service_pid = f.service.lock().unwrap_or_else(|e| e.into_inner()).id();
     let _put_back = PutBack(conf.clone(), saved.clone(), service_pid);
-    assert!(
-        saved.lines().any(|l| l.starts_with("MinJobAge=")),
-        "slurm.conf has no MinJobAge line to change"
-    );
-    let aged: String = saved
-        .lines()
-        .map(|l| {
-            if l.starts_with("MinJobAge=") {
-                "MinJobAge=2"
-            } else {
-                l
-            }
-        })
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let aged = with_line(&saved, "MinJobAge=", "MinJobAge=2");
     let expect = |ok: &String, bad: &String, cancel: &String| {
         [
             (ok.clone(), "JOB_STATE_COMPLETED"),

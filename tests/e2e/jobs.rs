@@ -287,7 +287,10 @@ fn het_job_is_one_job_keyed_by_its_leader() {
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn het_jobs_cancelled_alone_and_requeued_stay_one_job_each() {
-    let (f, _g) = shared();
+    // The cluster to itself: only backfill starts a het job, and a pending job of higher
+    // priority holds back every later one of its partition (the main scheduler stops there,
+    // backfill reserves for it): other tests' jobs would wait behind these.
+    let (f, _g) = exclusive();
     // Each run waits for its own gate file (`het-go-<leader>-<restart count>`, 2 minutes at
     // most), so that a job is still running when the test cancels a part of it or requeues it,
     // however slowly the machine goes.
@@ -299,12 +302,9 @@ fn het_jobs_cancelled_alone_and_requeued_stay_one_job_each() {
         "g={WORK}/het-go-{token}-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}; i=0; \
          while [ ! -e $g ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done"
     );
-    // n4 is left to the tests that disturb a node; 5 jobs × 3 CPUs leave n1-n3 9 CPUs free.
-    // Only backfill starts a het job, and a pending job of higher priority holds back every
-    // later one of its partition (the main scheduler stops there, backfill reserves for it):
-    // at the lowest priority, these wait for the other tests' jobs, not the reverse.
+    // Three of n1-n3 each (Slurm gives a het job's components distinct nodes).
     let submit = |name: &str| {
-        let part = ["-N1", "-x", "n4", "--nice=100000"];
+        let part = ["-N1", "-x", "n4"];
         let mut args = vec!["-J", name];
         args.extend(part);
         args.push(":");
@@ -683,8 +683,9 @@ fn resized_and_suspended_jobs_follow_slurm() {
 fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
     let (f, _g) = exclusive();
     let _conf = SlurmConfFor::new(
-        "PreemptType=preempt/partition_prio\nPreemptMode=SUSPEND,GANG\n\
-         PartitionName=urgent Nodes=n4 PriorityTier=2 MaxTime=INFINITE State=UP\n",
+        SlurmConfFor::current()
+            + "PreemptType=preempt/partition_prio\nPreemptMode=SUSPEND,GANG\n\
+               PartitionName=urgent Nodes=n4 PriorityTier=2 MaxTime=INFINITE State=UP\n",
         "e2e-preempt",
     );
     // Each job runs until the test opens its gate (2 minutes at most).

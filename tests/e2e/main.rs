@@ -266,14 +266,7 @@ impl<G> Timed<G> {
 
 impl<G> Drop for Timed<G> {
     fn drop(&mut self) {
-        use std::io::Write;
-        let name = std::thread::current().name().unwrap_or("?").to_string();
-        let _ = writeln!(
-            std::io::stderr(),
-            "[e2e] {name}: {:.1} s (waited {:.1} s)",
-            self.since.elapsed().as_secs_f64(),
-            self.waited.as_secs_f64()
-        );
+        print_held(self.since, self.waited);
     }
 }
 
@@ -385,9 +378,9 @@ fn states_of(events: &[Value]) -> Vec<String> {
         .collect()
 }
 
-/// slurm.conf with `extra` lines for one exclusive test, slurmctld restarted on it; on drop
-/// (however the test ends) the test's jobs named `jobs_named` are cancelled, slurm.conf is put
-/// back and slurmctld restarted on it.
+/// slurm.conf as one exclusive test needs it, slurmctld restarted on it; on drop (however the
+/// test ends) the test's jobs named `jobs_named` are cancelled, slurm.conf is put back and
+/// slurmctld restarted on it.
 struct SlurmConfFor {
     saved: String,
     jobs_named: &'static str,
@@ -396,10 +389,17 @@ struct SlurmConfFor {
 impl SlurmConfFor {
     const PATH: &'static str = "/etc/slurm/slurm.conf";
 
-    fn new(extra: &str, jobs_named: &'static str) -> SlurmConfFor {
-        let saved = fs::read_to_string(Self::PATH).unwrap();
-        let guard = SlurmConfFor { saved, jobs_named };
-        fs::write(Self::PATH, format!("{}{extra}", guard.saved)).unwrap();
+    /// The cluster's slurm.conf as it is now.
+    fn current() -> String {
+        fs::read_to_string(Self::PATH).unwrap()
+    }
+
+    fn new(conf: String, jobs_named: &'static str) -> SlurmConfFor {
+        let guard = SlurmConfFor {
+            saved: Self::current(),
+            jobs_named,
+        };
+        fs::write(Self::PATH, conf).unwrap();
         cluster_sh(&["restart-slurmctld"], &[]);
         guard
     }
@@ -413,4 +413,16 @@ impl Drop for SlurmConfFor {
             .arg("restart-slurmctld")
             .output();
     }
+}
+
+/// `conf` with its line for `key` (`MinJobAge=…`) replaced by `line`; the key must be there.
+fn with_line(conf: &str, key: &str, line: &str) -> String {
+    assert!(
+        conf.lines().any(|l| l.starts_with(key)),
+        "slurm.conf has no {key} line to change"
+    );
+    conf.lines()
+        .map(|l| if l.starts_with(key) { line } else { l })
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
