@@ -1022,11 +1022,12 @@ fn hidden_partition_nodes_are_inventoried() {
 /// discovers the node again and sends its new MAC. Without that, a node that never looked
 /// unavailable to a poll kept its old NodeConfig until NodeReassertInterval. n4's data NIC
 /// (ens1f0, a macvlan) gets another MAC in its namespace; put back, with another restart, at
-/// the end.
+/// the end. The cluster to itself: n4's restarts can hold the service's loop (a discovery
+/// srun) while other tests wait on it.
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn node_config_follows_a_new_mac_after_a_slurmd_restart() {
-    let (f, _g) = shared();
+    let (f, _g) = exclusive();
     let mac_of = |f: &Fixture| {
         f.cv.state()["nodes"]["n4"]["data_interfaces"]["values"]
             .as_array()
