@@ -97,7 +97,11 @@ fi
 # e2e + install tests on one Slurm version; logs e2e-VERSION.log and install-VERSION.log
 # Tests of cvslurm's own machinery that read nothing of Slurm's beyond what every other test
 # reads (CloudVision down, the metrics file) run on the last version only.
-ONE_VERSION_TESTS=(outage_of_cloudvision_loses_no_event the_service_metrics_file_tells_what_cloudvision_received)
+ONE_VERSION_TESTS=(outage_of_cloudvision_loses_no_event the_service_metrics_file_tells_what_cloudvision_received
+  # Exclusive and long (Slurm's backfill, a requeue's hold, two slurmctld restarts); what they
+  # read of each version's Slurm the het and resize/suspend tests read on every version.
+  het_jobs_cancelled_alone_and_requeued_stay_one_job_each
+  preempted_job_is_marked_suspended_while_the_preemptor_runs)
 version_suites() { # VERSION
   local v="$1" skip=() t
   if [ "$v" != "${VERSIONS##* }" ]; then
