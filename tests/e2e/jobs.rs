@@ -698,33 +698,25 @@ fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
             g.display()
         )
     };
-    let victim = sbatch(&[
-        "-J",
-        "e2e-preempt",
-        "-p",
-        "debug",
-        "-w",
-        "n4",
-        "-N1",
-        "-n",
-        "8",
-        "--wrap",
-        &script("victim"),
-    ]);
+    // All of n4's CPUs, in `partition`.
+    let on_n4 = |partition: &str, tag: &str| {
+        sbatch(&[
+            "-J",
+            "e2e-preempt",
+            "-p",
+            partition,
+            "-w",
+            "n4",
+            "-N1",
+            "-n",
+            "8",
+            "--wrap",
+            &script(tag),
+        ])
+    };
+    let victim = on_n4("debug", "victim");
     wait_job(f, &victim, "JOB_STATE_RUNNING", Duration::from_secs(30));
-    let urgent = sbatch(&[
-        "-J",
-        "e2e-preempt",
-        "-p",
-        "urgent",
-        "-w",
-        "n4",
-        "-N1",
-        "-n",
-        "8",
-        "--wrap",
-        &script("urgent"),
-    ]);
+    let urgent = on_n4("urgent", "urgent");
     let state = |id: &str| {
         stdout(&slurm("squeue", &["-h", "-j", id, "-o", "%T"]))
             .trim()
