@@ -224,17 +224,19 @@ fn handle(
     let outbox = StateDir::new(&cfg.state_dir);
     let service = wake::connect(&cfg.state_dir);
     if env.phase == Phase::Prolog {
+        // What CloudVision is sent, for reconciliation to notice a resize or a suspend. Before
+        // the start record: whoever sees the record finds the note (reconciliation sends a
+        // recorded job without one anew).
+        let shape = crate::state::starts::Shape::of(&env.nodes, false);
+        if let Err(e) = outbox.starts.save_shape(&key, shape) {
+            log::warn!("job {key}: cannot note its node set (reconciliation sends it anew): {e}");
+        }
         if let Err(e) =
             outbox
                 .starts
                 .save_run(&key, env.start.unwrap_or_else(now_epoch), env.restart_count)
         {
             log::error!("job {key}: cannot record its start time: {e}");
-        }
-        // What CloudVision is sent, for reconciliation to notice a resize or a suspend.
-        let shape = crate::state::starts::Shape::of(&env.nodes, false);
-        if let Err(e) = outbox.starts.save_shape(&key, shape) {
-            log::warn!("job {key}: cannot note its node set (reconciliation sends it anew): {e}");
         }
     }
     let start_rec = match env.phase {

@@ -266,7 +266,11 @@ fn follow_shapes(
                 && !sent.ended.contains(&key)
                 && !crate::service::het::is_follower(j)
         })
-        .map(|j| (j, sent.shapes.get(&key_of(&j.job_id)).copied()))
+        .map(|j| {
+            let key = key_of(&j.job_id);
+            let shape = sent.shapes.get(&key).copied();
+            (j, shape.or_else(|| outbox.starts.load_shape(&key)))
+        })
         .collect();
     if followed.is_empty() {
         return Ok(0);
@@ -303,6 +307,13 @@ fn follow_shapes(
             }
             continue;
         }
+        // The notes were read before the listing: a job whose prolog recorded it since has
+        // its note on disk now (the prolog writes it before the start record).
+        let was = sent
+            .shapes
+            .get(&key)
+            .copied()
+            .or_else(|| outbox.starts.load_shape(&key));
         let Some((job, now)) = reshaped(
             j,
             cluster,
@@ -311,7 +322,7 @@ fn follow_shapes(
                 .copied()
                 .or(j.start)
                 .unwrap_or_else(crate::timefmt::now_epoch),
-            sent.shapes.get(&key).copied(),
+            was,
         ) else {
             continue;
         };
@@ -936,6 +947,48 @@ mod tests {
         let mut het = job("7", "RUNNING", "n1");
         het.het_job_id = Some("7".into());
         assert_eq!(reshaped(&het, "c", 1, sent), None);
+    }
+
+    /// The notes are read before the listing: a job whose prolog recorded it and sent its
+    /// RUNNING meanwhile is listed with no note in that read. Its note is on disk (the
+    /// prolog writes it first): nothing is sent anew (seen in a full run on 24.11: a second
+    /// RUNNING). A job whose note is truly missing is sent anew.
+    #[test]
+    fn a_job_recorded_after_the_notes_were_read_is_not_sent_anew() {
+        use crate::state::starts::Shape;
+        let d = std::env::temp_dir().join(format!("cvslurm-reshape-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let outbox = StateDir::new(&d);
+        let (before, _, _) = outbox.starts.started_jobs_and_notes(GIVE_UP_AFTER);
+        assert!(before.is_empty());
+        let shapes = HashMap::new();
+        // The prolog, after that read: its note, then its start record.
+        let listed = job("7", "RUNNING", "n[1-2]");
+        let nodes = listed.nodes().unwrap();
+        outbox
+            .starts
+            .save_shape("7@c", Shape::of(&nodes, false))
+            .unwrap();
+        outbox.starts.save_run("7@c", 100, 0).unwrap();
+        let recorded: HashSet<String> = ["7@c".to_string(), "8@c".to_string()].into();
+        let none = HashSet::new();
+        let starts = HashMap::new();
+        let sent = Shapes {
+            shapes: &shapes,
+            recorded: &recorded,
+            pending: &none,
+            ended: &none,
+            starts: &starts,
+        };
+        // Job 8 was recorded with no note (its prolog could not write one): sent anew.
+        outbox.starts.save_run("8@c", 100, 0).unwrap();
+        let other = job("8", "RUNNING", "n3");
+        let slurm = Slurm::new(None);
+        let n = follow_shapes(&slurm, "c", &outbox, &[&listed, &other], true, &sent).unwrap();
+        assert_eq!(n, 1);
+        let queued: Vec<String> = outbox.queue.pending_job_keys().into_iter().collect();
+        assert_eq!(queued, ["8@c"]);
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     /// From a sweep of states, the jobs whose suspension changed are always asked; the

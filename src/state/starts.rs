@@ -162,8 +162,7 @@ impl Starts {
     }
 
     /// What CloudVision was last sent for the job, where a note says it.
-    #[cfg(test)]
-    pub(crate) fn load_shape(&self, key: &str) -> Option<Shape> {
+    pub fn load_shape(&self, key: &str) -> Option<Shape> {
         Shape::parse(&durable::read_file(&self.shape_path(key)).ok()?)
     }
 

@@ -926,14 +926,21 @@ PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 node=\${SLURM_NODE_NAME:-\$(hostname)}
 pidfile=$W/run/slurmd-\$node.pid.ours
+detached=$W/run/reboot-\$node.detached
 if [ "\${1:-}" != --restart ]; then
     echo "\$(date +%FT%T) reboot of \$node" >>"$W/log/reboot-\$node.log"
+    rm -f "\$detached"
     setsid "\$0" --restart </dev/null >>"$W/log/reboot-\$node.log" 2>&1 &
+    # Returns once the restart runs in its own session: slurmd kills this program's process
+    # group when it returns, and a child not yet past setsid would die with it.
+    i=0
+    while [ ! -e "\$detached" ] && [ \$i -lt 100 ]; do sleep 0.05; i=\$((i + 1)); done
     exit 0
 fi
+: >"\$detached"
 # nothing of slurmd's stays open here (slurmd 26.05 reads its program's output to the end)
 for fd in 3 4 5 6 7 8 9; do eval "exec \$fd>&-"; done
-old=\$(cat "\$pidfile" 2>/dev/null) || exit 0
+old=\$(cat "\$pidfile" 2>/dev/null) || { echo "\$(date +%FT%T) \$node: no \$pidfile: nothing restarted"; exit 0; }
 kill "\$old" 2>/dev/null
 i=0
 while kill -0 "\$old" 2>/dev/null && [ \$i -lt 50 ]; do sleep 0.1; i=\$((i + 1)); done

@@ -313,7 +313,12 @@ fn queue_past_the_output_bound_loses_no_event() {
         let events = wait_final_as_sacct(f, id, state, Duration::from_secs(60));
         let states = states_of(&events);
         if by_id {
-            assert_eq!(states, ["JOB_STATE_RUNNING", state], "job {id}");
+            assert_eq!(
+                states,
+                ["JOB_STATE_RUNNING", state],
+                "job {id}: {events:?}\n{}",
+                job_log(f, id, from)
+            );
         } else {
             // 22.05: the end judged from exit codes (a cancel can look like a success there),
             // then, where Slurm's record differs, the correction from accounting.
