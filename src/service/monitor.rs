@@ -36,6 +36,50 @@ pub enum Seen {
 /// stopped: within 200 ms of SIGTERM (between polls), whatever CloudVision does — what
 /// is in flight stays in `inflight/` and the next start sends it.
 pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
+    std::thread::scope(|scope| monitor_in(scope, inv, outbox, sender))
+}
+
+/// A discovery the loop started, its answer awaited beside it.
+struct Pass {
+    /// The leadership term it was started in ([`monitor_in`]): an answer from an earlier
+    /// term is dropped (what this host knew then is forgotten).
+    term: u64,
+    /// The nodes asked.
+    nodes: Vec<crate::slurm::SinfoNode>,
+    /// Those among them discovered again because their slurmd started after their record.
+    restarted: BTreeSet<String>,
+}
+
+/// What one poll leaves the loop to do.
+enum Polled {
+    /// Nothing to discover.
+    Nothing,
+    /// These nodes to discover.
+    Discover(Pass),
+    /// Nodes to discover while a discovery is still under way: the next poll follows its
+    /// answer.
+    Deferred,
+}
+
+/// What the latest poll listed: the available nodes (a discovery's answer for a node no
+/// longer among them is dropped: it is discovered again when it comes back) and how many
+/// nodes in all.
+#[derive(Default)]
+struct Listed {
+    available: BTreeSet<String>,
+    count: usize,
+}
+
+/// [`monitor`]'s loop. Discovery (an `srun` that may wait for the scheduler up to
+/// `DiscoveryTimeout`) runs in a thread of `scope`, one at a time, so that reconciliation,
+/// the leadership check and the resends keep their pace meanwhile; its answer is applied by
+/// the loop when it comes.
+fn monitor_in<'scope, 'env: 'scope>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    inv: &'env Inventory<'env>,
+    outbox: &'env StateDir,
+    sender: &'env Sender,
+) -> i32 {
     log::info!(
         "monitoring cluster {} every {} s",
         inv.cluster,
@@ -56,6 +100,13 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
     let mut leads = false;
     // On a pair, a host that becomes leader catches up the ends the other may not have sent.
     let mut catch_up: Option<CatchUp> = None;
+    // Discovery beside the loop: its answers, the term of the one under way, the current
+    // term (a new one at each stand-down), and whether a poll left nodes for later.
+    let (answers, answer_rx) = std::sync::mpsc::channel::<(Pass, crate::inventory::Discovered)>();
+    let mut discovering = false;
+    let mut term: u64 = 0;
+    let mut deferred = false;
+    let mut listed = Listed::default();
     while !inv.stop.load(Ordering::Relaxed) {
         systemd::notify("WATCHDOG=1");
         if leads && next_reassert.is_some_and(|t| Instant::now() >= t) {
@@ -78,6 +129,7 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             if was && !leads {
                 stand_down(&mut known, &mut ours, &mut resend_on, &mut catch_up, sender);
                 restarts.clear();
+                term += 1;
             }
             if leads {
                 if !was {
@@ -103,26 +155,37 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
                         records.changed(outbox);
                     }
                 }
-                let restarted = poll(
+                match poll(
                     inv,
                     &mut known,
                     &mut ours,
                     &mut restarts,
                     outbox,
                     leadership.may_delete(),
-                );
-                // Their jobs went by node names while the records were stale: decided anew.
-                if follow_records {
-                    resend_on.extend(restarted);
+                    discovering,
+                    &mut listed,
+                ) {
+                    Polled::Nothing => {}
+                    Polled::Deferred => deferred = true,
+                    Polled::Discover(mut pass) => {
+                        pass.term = term;
+                        discovering = true;
+                        let answers = answers.clone();
+                        scope.spawn(move || {
+                            let refs: Vec<&crate::slurm::SinfoNode> = pass.nodes.iter().collect();
+                            let found = inv.discover(&refs);
+                            let _ = answers.send((pass, found));
+                        });
+                    }
                 }
-                // A poll can take long (discovery's srun waits for the scheduler, which does
-                // not schedule at a takeover): who leads is asked again before this host
-                // resends or reconciles, so that a host that lost control meanwhile does not
-                // send RUNNING events the new leader's ends may already have overtaken.
+                // Who leads is asked again before this host resends or reconciles, so that a
+                // host that lost control meanwhile does not send RUNNING events the new
+                // leader's ends may already have overtaken.
                 leads = leadership.recheck(outbox, readyz).leads();
                 if !leads {
                     stand_down(&mut known, &mut ours, &mut resend_on, &mut catch_up, sender);
                     restarts.clear();
+                    term += 1;
                 }
             }
             if leads {
@@ -135,6 +198,37 @@ pub fn monitor(inv: &Inventory, outbox: &StateDir, sender: &Sender) -> i32 {
             }
             sender.wake();
             next_poll = Instant::now() + inv.cfg.poll_interval;
+        }
+        if let Ok((pass, found)) = answer_rx.try_recv() {
+            discovering = false;
+            if leads && pass.term == term {
+                let restarted = apply(
+                    inv,
+                    &mut known,
+                    &mut ours,
+                    &mut restarts,
+                    outbox,
+                    &pass,
+                    found,
+                    &listed,
+                );
+                if follow_records {
+                    // Their jobs went by node names while the records were stale: decided
+                    // anew, with the records just kept.
+                    resend_on.extend(restarted);
+                    resend_on.extend(records.changed(outbox));
+                    resend(inv, &mut resend_on, outbox);
+                }
+                sender.wake();
+            } else {
+                log::debug!(
+                    "discovery of {} node(s) answered after this host's role changed; its answer is dropped",
+                    pass.nodes.len()
+                );
+            }
+            if std::mem::take(&mut deferred) {
+                next_poll = Instant::now();
+            }
         }
         if !inv.cfg.reconcile_interval.is_zero() && Instant::now() >= next_reconcile {
             // Representation records whose job's end never went out (this host's own StateDir).
@@ -237,16 +331,17 @@ fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &StateDir) {
     }
 }
 
-/// One monitor poll: discover nodes that appeared, came back or are due for re-assertion, and
-/// nodes whose slurmd started since their record was taken ([`crate::inventory::freshness`]:
-/// a reboot, a power-up, a new registration; one `scontrol show node` per poll), so that
-/// NodeConfig follows their new NICs; returns those whose new record came in after such a
-/// restart (now, or after a failed discovery, in a later poll);
-/// delete nodes that left, if this service sent them (`ours`): a node it never sent (one
-/// that was never available while it ran) may be another cluster's of the same name, and
-/// is never deleted. With `may_delete` false (this host has just become leader) a node that
-/// left is forgotten, not deleted. The delete itself asks CloudVision whose the node is first
-/// ([`crate::service::engine::delete_own_node`]).
+/// One monitor poll: lists the nodes; picks those to discover — nodes that appeared, came
+/// back or are due for re-assertion, and nodes whose slurmd started since their record was
+/// taken ([`crate::inventory::freshness`]: a reboot, a power-up, a new registration; one
+/// `scontrol show node` per poll), so that NodeConfig follows their new NICs (while
+/// `discovering`, a discovery is under way: they wait for the poll after its answer); deletes
+/// nodes that left, if this service sent them (`ours`): a node it never sent (one that was
+/// never available while it ran) may be another cluster's of the same name, and is never
+/// deleted. With `may_delete` false (this host has just become leader) a node that left is
+/// forgotten, not deleted. The delete itself asks CloudVision whose the node is first
+/// ([`crate::service::engine::delete_own_node`]). `listed` is what it listed.
+#[allow(clippy::too_many_arguments)]
 fn poll(
     inv: &Inventory,
     known: &mut BTreeMap<String, Seen>,
@@ -254,14 +349,22 @@ fn poll(
     restarts: &mut crate::inventory::freshness::Restarts,
     outbox: &StateDir,
     may_delete: bool,
-) -> BTreeSet<String> {
+    discovering: bool,
+    listed: &mut Listed,
+) -> Polled {
     let nodes = match slurm::sinfo_nodes(&inv.slurm, COMMAND_TIMEOUT) {
         Ok(n) => n,
         Err(e) => {
             log::error!("cannot list nodes: {e}");
-            return BTreeSet::new();
+            return Polled::Nothing;
         }
     };
+    listed.count = nodes.len();
+    listed.available = nodes
+        .iter()
+        .filter(|n| n.available())
+        .map(|n| n.name.clone())
+        .collect();
     let present: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     let gone: Vec<String> = known
         .keys()
@@ -291,12 +394,12 @@ fn poll(
             },
         );
     }
-    let mut to_discover = Vec::new();
+    let mut to_discover: Vec<crate::slurm::SinfoNode> = Vec::new();
     for n in &nodes {
         let was = known.get(&n.name).copied();
         if n.available() {
             if was != Some(Seen::Sent) {
-                to_discover.push(n);
+                to_discover.push(n.clone());
             }
             continue;
         }
@@ -311,16 +414,20 @@ fn poll(
         }
         known.insert(n.name.clone(), Seen::Unavailable);
     }
+    if discovering {
+        // The restarted nodes are asked about again at the poll after the answer.
+        return if to_discover.is_empty() {
+            Polled::Nothing
+        } else {
+            Polled::Deferred
+        };
+    }
     // Nodes whose slurmd started after their record was taken: discovered again now (those
     // discovered anyway are counted too, so that their jobs are decided anew: a node's first
     // poll after a service restart).
-    let available: Vec<&str> = nodes
-        .iter()
-        .filter(|n| n.available())
-        .map(|n| n.name.as_str())
-        .collect();
     let mut restarted = BTreeSet::new();
-    if !available.is_empty() {
+    if !listed.available.is_empty() {
+        let available: Vec<&str> = listed.available.iter().map(String::as_str).collect();
         match crate::inventory::freshness::starts_now(&inv.slurm) {
             Ok(starts) => {
                 for (name, why) in restarts.due(outbox, &starts, &available) {
@@ -328,7 +435,7 @@ fn poll(
                         log::debug!("node {name}: {why}");
                     } else if let Some(n) = nodes.iter().find(|n| n.name == name) {
                         log::info!("node {name}: {why}: discovering it again");
-                        to_discover.push(n);
+                        to_discover.push(n.clone());
                     }
                     restarted.insert(name);
                 }
@@ -336,13 +443,39 @@ fn poll(
             Err(e) => log::warn!("cannot tell which nodes' slurmd restarted: {e}"),
         }
     }
+    if to_discover.is_empty() {
+        record_inventory(outbox, known, listed.count, 0);
+        return Polled::Nothing;
+    }
+    Polled::Discover(Pass {
+        term: 0,
+        nodes: to_discover,
+        restarted,
+    })
+}
+
+/// Applies a discovery's answer: each node's record kept and its NodeConfig queued, or its
+/// failure noted (discovered again at the next poll). A node the latest poll did not list as
+/// available (it left, or went down meanwhile) is skipped: it is discovered again when it
+/// comes back. Returns the nodes discovered again after a restart whose new record came in
+/// (now, or after a failed discovery, in an earlier answer): their jobs are decided anew.
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    inv: &Inventory,
+    known: &mut BTreeMap<String, Seen>,
+    ours: &mut BTreeSet<String>,
+    restarts: &mut crate::inventory::freshness::Restarts,
+    outbox: &StateDir,
+    pass: &Pass,
+    found: crate::inventory::Discovered,
+    listed: &Listed,
+) -> BTreeSet<String> {
     let mut failed = 0;
-    let found = if to_discover.is_empty() {
-        Default::default()
-    } else {
-        inv.discover(&to_discover)
-    };
     for (name, r) in found {
+        if !listed.available.contains(&name) {
+            log::debug!("node {name}: its discovery answered after it left service; dropped");
+            continue;
+        }
         match r {
             Ok(rec) if rec.interfaces.is_empty() => {
                 // Not a failure, and not asked again until its next refresh: one warning.
@@ -356,7 +489,7 @@ fn poll(
                 let verb = match known.get(&name) {
                     None => "appeared",
                     Some(Seen::Refresh) => "re-asserting",
-                    Some(Seen::Sent | Seen::Failed) if restarted.contains(&name) => {
+                    Some(Seen::Sent | Seen::Failed) if pass.restarted.contains(&name) => {
                         "discovered again after its slurmd started"
                     }
                     Some(_) => "came back",
@@ -386,20 +519,105 @@ fn poll(
             }
         }
     }
-    // This poll is the service's inventory: the nodes listed, those whose NodeConfig is
-    // queued (and not failed since), and the discoveries that failed now.
+    record_inventory(outbox, known, listed.count, failed);
+    restarts.settled()
+}
+
+/// The service's inventory for `cvslurm status`: the nodes listed, those whose NodeConfig is
+/// queued (and not failed since), and the discoveries that failed in the last answer.
+fn record_inventory(outbox: &StateDir, known: &BTreeMap<String, Seen>, listed: usize, failed: u64) {
     let sent = known
         .values()
         .filter(|s| matches!(s, Seen::Sent | Seen::Refresh))
         .count();
     outbox
         .status
-        .record_inventory(nodes.len() as u64, sent as u64, failed);
-    restarts.settled()
+        .record_inventory(listed as u64, sent as u64, failed);
 }
 
 fn queue(outbox: &StateDir, item: Item) {
     if let Err(e) = outbox.queue.enqueue(&Event::new(item, (0, 0))) {
         log::error!("outbox: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::record::{DiscoverRecord, Interface};
+    use std::sync::atomic::AtomicBool;
+
+    fn record(node: &str, mac: &str) -> DiscoverRecord {
+        DiscoverRecord {
+            node_name: node.into(),
+            hostname: node.into(),
+            location: Some("c".into()),
+            interfaces: vec![Interface {
+                name: "eth0".into(),
+                mac_address: mac.into(),
+                ip_addresses: vec![],
+            }],
+            topology: None,
+            topology_error: None,
+            taken_at: Some(1),
+        }
+    }
+
+    /// A discovery's answer comes after polls that may have seen its nodes change: a node
+    /// still available is sent; one that went down (or left) meanwhile is skipped, to be
+    /// discovered again when it comes back; a failure is counted and the node asked again.
+    #[test]
+    fn an_answer_is_applied_to_the_nodes_as_the_latest_poll_saw_them() {
+        let d = std::env::temp_dir().join(format!("cvslurm-monitor-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let outbox = StateDir::new(&d);
+        let cfg = crate::config::Config::default();
+        let stop = AtomicBool::new(false);
+        let inv = Inventory {
+            cfg: &cfg,
+            slurm: crate::slurm::runner::Slurm::new(None),
+            cluster: "c".into(),
+            client: None,
+            stop: &stop,
+        };
+        let mut known = BTreeMap::from([("n2".to_string(), Seen::Unavailable)]);
+        let mut ours = BTreeSet::new();
+        let mut restarts = crate::inventory::freshness::Restarts::default();
+        let pass = Pass {
+            term: 0,
+            nodes: Vec::new(),
+            restarted: BTreeSet::new(),
+        };
+        let found: crate::inventory::Discovered = BTreeMap::from([
+            ("n1".to_string(), Ok(record("n1", "02:00:00:00:00:01"))),
+            ("n2".to_string(), Ok(record("n2", "02:00:00:00:00:02"))),
+            ("n3".to_string(), Err("no discover record".to_string())),
+        ]);
+        let listed = Listed {
+            available: ["n1", "n3"].iter().map(|s| s.to_string()).collect(),
+            count: 3,
+        };
+        apply(
+            &inv,
+            &mut known,
+            &mut ours,
+            &mut restarts,
+            &outbox,
+            &pass,
+            found,
+            &listed,
+        );
+        assert_eq!(known.get("n1"), Some(&Seen::Sent));
+        assert_eq!(known.get("n2"), Some(&Seen::Unavailable));
+        assert_eq!(known.get("n3"), Some(&Seen::Unavailable));
+        assert_eq!(ours, BTreeSet::from(["n1".to_string()]));
+        let queued: Vec<String> = outbox
+            .queue
+            .pending()
+            .iter()
+            .map(|e| e.item.describe())
+            .collect();
+        assert_eq!(queued, ["node n1"]);
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -772,16 +772,14 @@ fn preempted_job_is_marked_suspended_while_the_preemptor_runs() {
 /// n4's slurmd with `-b`): its prolog runs at the allocation and reports that start; Slurm
 /// resets the start once the node is up. Reconciliation notes the job while it waits (n4 is
 /// held down until the service's log says so), then sends its RUNNING anew with Slurm's
-/// start; the end carries Slurm's start too, all as sacct has them. The cluster to itself:
-/// while n4 reboots, a discovery srun of it can hold the service's loop (reconciliation
-/// included) up to DiscoveryTimeout, and a shared test waiting on reconciliation timed out on
-/// 22.05.
+/// start; the end carries Slurm's start too, all as sacct has them. Beside the shared tests
+/// (their jobs run on n1–n3): a discovery srun that waits for n4 while it reboots runs beside
+/// the service's loop, which reconciles meanwhile.
 #[test]
 #[ignore = "needs root and a real Slurm cluster: tests/run-all.sh"]
 fn rebooted_node_job_has_slurms_final_start() {
-    let (f, _g) = exclusive();
-    // The service's first discovery has n4 (else its srun could wait for n4 while the job
-    // takes it, holding up the service's loop for DiscoveryTimeout).
+    let (f, _g) = shared();
+    // The service's first discovery has n4 (the job is then the only one there).
     wait_until(
         "the service to discover n4",
         Duration::from_secs(60),
