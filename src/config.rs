@@ -1068,8 +1068,8 @@ mod tests {
         assert_eq!(c.state_dir, Path::new("/var/spool/cvslurm"));
     }
 
-    /// DiscoveryBcast copies only into a directory other users cannot write (issue 17, item
-    /// 12): without DiscoveryBcastDir it is refused and left off; /tmp and the like, relative
+    /// DiscoveryBcast copies only into a directory other users cannot write: without
+    /// DiscoveryBcastDir it is refused and left off; /tmp and the like, relative
     /// paths and `..` are refused as DiscoveryBcastDir.
     #[test]
     fn discovery_bcast_needs_a_private_directory() {
@@ -1107,7 +1107,7 @@ mod tests {
         assert!(!c.discovery_bcast && c.discovery_bcast_dir.is_none());
     }
 
-    /// NodeHostname and QualifyNodeNames (issue 18, points 4 and 5): the reference's bytes
+    /// NodeHostname and QualifyNodeNames: the reference's bytes
     /// by default; a bad value is one line naming the file, line, key and the choices.
     #[test]
     fn node_hostname_and_qualify_node_names() {

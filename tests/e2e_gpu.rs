@@ -381,7 +381,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     assert_eq!(kept.lines().collect::<Vec<_>>(), new_a, "{kept}");
     drop(svc);
 
-    // One representation per job (issues 18 and 29): every record of a job goes the way its
+    // One representation per job: every record of a job goes the way its
     // first went. The service is down (its socket bound by nobody): a hook sends job a's
     // RUNNING itself, by the MACs recorded (it never asks slurmctld), not by node names.
     let hook_vars = |ctx: &'static str, id: &str, name: &'static str| -> Vec<(String, String)> {
@@ -478,7 +478,7 @@ fn two_jobs_sharing_a_gpu_node_get_disjoint_interfaces() {
     let _ = slurm_cmd("scancel").args([&a, &b, &c]).status();
 }
 
-/// A node restarted with other NICs (a reboot, a NIC swap; issue 33): until it is discovered
+/// A node restarted with other NICs (a reboot, a NIC swap): until it is discovered
 /// again, a job on it goes by node names, never with a MAC from its record from before the
 /// restart; once the service has its new record, the job is resent with the new MACs. The
 /// service is stopped meanwhile, so `send` decides from the stale record for sure; the

@@ -1,4 +1,4 @@
-//! End-to-end tests on a Slurm HA pair (issue 19): `tests/cluster/cluster.sh up --controllers
+//! End-to-end tests on a Slurm HA pair: `tests/cluster/cluster.sh up --controllers
 //! 2 2`, ctl1 (primary) and ctl2 (backup) each a "host" of its own (network, UTS and mount
 //! namespaces: its own /opt, /var/spool, /run, /var/log), StateSaveLocation shared,
 //! SlurmctldTimeout 10 s, accounting on; two nodes. cvslurm is installed on both controllers
@@ -56,7 +56,7 @@ const WORK: &str = "/var/tmp/cvslurm-e2e-pair";
 const OPT: &str = "/opt/cvslurm";
 const SLURMCTLD_TIMEOUT: u64 = 10;
 const RECONCILE_INTERVAL: u64 = 3;
-/// The issue's bound on an event's lateness.
+/// The bound on an event's lateness a test allows.
 const LATE_AT_MOST: f64 = (SLURMCTLD_TIMEOUT + 2 * RECONCILE_INTERVAL + 30) as f64;
 
 struct Pair {

@@ -510,7 +510,7 @@ mod tests {
         assert_eq!(serde_json::to_value(&node).unwrap(), seed);
     }
 
-    /// QualifyNodeNames (issue 18, point 5): off, every record goes as built (the
+    /// QualifyNodeNames: off, every record goes as built (the
     /// reference's bytes); on, a Slurm job's nodes and a NodeConfig's key get the record's
     /// location as qualifier, a tenant job's nodes go as given.
     #[test]

@@ -323,7 +323,7 @@ impl RecordReader {
 mod tests {
     use super::*;
 
-    /// NodeConfig `hostname` (issue 18, point 4): the Slurm node name by default, as Arista's
+    /// NodeConfig `hostname`: the Slurm node name by default, as Arista's
     /// clients send it and their fake server requires (`hostname == key.id`), even where the
     /// worker's host name differs; `NodeHostname=hostname` sends the worker's host name.
     #[test]
@@ -369,7 +369,7 @@ mod tests {
         }
     }
 
-    /// `taken_at` (issue 33): optional (older records parse), kept, and refused outside 1970
+    /// `taken_at`: optional (older records parse), kept, and refused outside 1970
     /// to the end of year 9999 or when not an integer.
     #[test]
     fn taken_at_is_optional_and_bounded() {

@@ -375,7 +375,7 @@ mod tests {
         assert_eq!(e, "yes : printed more than 64 MiB");
     }
 
-    /// Issue 34, round 4: stderr past its 64 KiB bound is read and dropped, never closed on
+    /// Stderr past its 64 KiB bound is read and dropped, never closed on
     /// a command still writing it: the command (srun) would die of SIGPIPE, and with it its
     /// answer. Here 512 KiB on stderr, then a marker (only when that write succeeded), then
     /// the answer. Old code: the write failed, and the command with it.

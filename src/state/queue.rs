@@ -1759,7 +1759,7 @@ mod tests {
         fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Item 3 of issue 17: the service's look at the outbox reads only what is new or
+    /// The service's look at the outbox reads only what is new or
     /// changed since the last one, forgets what vanished, and drops over the limit a bounded
     /// number at a time from what it knows.
     #[test]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The job-array benchmark (issue 10): how much do PrologSlurmctld/EpilogSlurmctld slow the
+"""The job-array benchmark: how much do PrologSlurmctld/EpilogSlurmctld slow the
 scheduler down, and how fast do events reach CloudVision?
 
 On the real test cluster (tests/cluster/cluster.sh: 4 nodes x 8 CPUs, sched/backfill with

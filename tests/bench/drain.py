@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The service's sender: sustained rate, live hooks, and a large backlog (issue 20).
+"""The service's sender: sustained rate, live hooks, and a large backlog.
 
     tests/bench/drain.py                          # sustained (100,000 events) and live (30 s)
     tests/bench/drain.py --only backlog           # 1,000,000-event backlog (~25 min)

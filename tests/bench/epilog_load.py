@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""200 epilogs at once on a loaded controller: are any ends lost? (issue 34, item 3)
+"""200 epilogs at once on a loaded controller: are any ends lost?
 
     cargo build --release --target x86_64-unknown-linux-musl
     tests/bench/epilog_load.py                      # 8 runs of 200 epilogs

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Nodes that reboot under jobs, again and again (issue 33): a figure, not a test.
+"""Nodes that reboot under jobs, again and again: a figure, not a test.
 
     cargo build --release --target x86_64-unknown-linux-musl
     tests/bench/powercycle.py                    # 20 cycles on the host's Slurm (22.05)

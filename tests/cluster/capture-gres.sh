@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Captures what slurmctld says about jobs holding GPUs (GRES), for the parsers of issue 12.
+# Captures what slurmctld says about jobs holding GPUs (GRES), for the GRES parsers.
 #   sudo [SLURM=24.11] flock /var/lock/cvslurm-dev-cluster.lock tests/cluster/capture-gres.sh
 # Brings the cluster up with WITH_GPUS=1 (8 GPUs per node), runs jobs that share n1's GPUs,
 # a two-node GPU job, a whole-node GPU job and a job without GPUs, saves the raw outputs in

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Captures what slurmctld says about a job whose node reboots first (`sbatch --reboot`), for
-# reconciliation's boot notes (src/service/reconcile.rs, issue 33).
+# reconciliation's boot notes (src/service/reconcile.rs).
 #   sudo [SLURM=24.11] flock /var/tmp/cvslurm-cluster.lock tests/cluster/capture-reboot.sh
 # Brings a 2-node cluster up (RebootProgram restarts a node's slurmd with -b), holds n2 down
 # mid-reboot ($W/run/reboot-n2.hold), submits `sbatch --reboot -w n2`, saves slurmctld's JSON

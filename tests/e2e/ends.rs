@@ -450,7 +450,7 @@ fn without_epilog(conf: &str) -> String {
     without
 }
 
-/// `MinJobAge=2` (issue 20): slurmctld forgets an ended job seconds after it ends (at its next
+/// `MinJobAge=2`: slurmctld forgets an ended job seconds after it ends (at its next
 /// purge), so what the service learns late comes from accounting. (a) Both hooks: each job is
 /// RUNNING then its final state with sacct's times. (b) PrologSlurmctld only: the ends come
 /// from reconciliation; the service is held (SIGSTOP) until slurmctld has forgotten the jobs,

@@ -123,7 +123,7 @@ fn metric_samples(text: &str) -> std::collections::BTreeMap<String, f64> {
         .collect()
 }
 
-/// The service's metrics file (issue 21): valid for `promtool check metrics`, rewritten while
+/// The service's metrics file: valid for `promtool check metrics`, rewritten while
 /// it runs, its deliveries the ones CloudVision took, its inventory the cluster's nodes, the
 /// Slurm version detected.
 #[test]
@@ -240,7 +240,7 @@ fn the_service_metrics_file_tells_what_cloudvision_received() {
 /// Held jobs that fill slurmctld's queue in the output-bound test (cancelled at its end).
 const BULK: &str = "e2e-bulk-held";
 
-/// A queue past the output bound (issue 20): `SlurmOutputMaxMiB=1` for the service and 500
+/// A queue past the output bound: `SlurmOutputMaxMiB=1` for the service and 500
 /// held jobs, whose full JSON listing (3 KB a job on 22.05, 7-8 KB on 24.11 and 26.05) passes
 /// 1 MiB, as about 10,000 jobs pass the default 64 MiB. From Slurm 23.02 the service asks job by job and (24.11+) lists states
 /// only: every job reaches CloudVision as RUNNING then its final state with sacct's times, and

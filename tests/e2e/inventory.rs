@@ -113,7 +113,7 @@ impl Drop for ContractProfile<'_> {
     }
 }
 
-/// Issue 29, on a real cluster against Arista's own fake CloudVision's rules (every POST a
+/// On a real cluster against Arista's own fake CloudVision's rules (every POST a
 /// whole record that replaces the stored one; no GET): a job's RUNNING and end from the hooks
 /// and the service, and a one-shot inventory, are each accepted and the records held are the
 /// job's and the nodes'; a node whose interfaces no filter lets through gets no NodeConfig
@@ -282,7 +282,7 @@ fn monitor_follows_nodes_that_appear_leave_and_return() {
     );
 }
 
-/// `QualifyNodeNames=yes` through a real inventory (issue 18, point 5): every NodeConfig's
+/// `QualifyNodeNames=yes` through a real inventory: every NodeConfig's
 /// key is `<node>@<cluster>`, its hostname the node name, and the dry run prints the same
 /// keys. The bare keys the service sent stay as they were.
 #[test]
@@ -352,7 +352,7 @@ fn inventory_qualifies_node_keys_with_the_cluster() {
 }
 
 /// The service deletes a node that left the cluster only when CloudVision's record of it is
-/// this cluster's (issue 18, point 5): a NodeConfig another cluster (same node name, no
+/// this cluster's: a NodeConfig another cluster (same node name, no
 /// QualifyNodeNames) wrote over is asked for (GetOne), found with the other location, and
 /// left alone with a warning.
 #[test]
@@ -603,7 +603,7 @@ fn lying_worker_cannot_speak_for_another_node() {
         !bodies.iter().any(|b| b.to_string().contains("de:ad:be:ef")),
         "the lie reached CloudVision"
     );
-    // Under its own name, n1 reports n2's NIC beside its own (issue 17, item 9). n2 reported
+    // Under its own name, n1 reports n2's NIC beside its own. n2 reported
     // that MAC first (the plain inventory below keeps every node's record in StateDir), so
     // n1's record is held: a MAC belongs to one node, and n1's jobs never go to n2's port.
     drop(liar);
@@ -704,7 +704,7 @@ impl Drop for ExtraNics {
     }
 }
 
-/// A node with 18 NICs (issue 17, item 0): its plain record (no topology, JobInterfaces=nodes)
+/// A node with 18 NICs: its plain record (no topology, JobInterfaces=nodes)
 /// is over 1 KiB, which slurmstepd forwards in 1024-byte pieces that `srun --label` ends with a
 /// newline each; discover sends it as parts and the inventory puts it back together.
 #[test]
@@ -841,7 +841,7 @@ fn discovery_reaches_fully_allocated_nodes() {
             "{n}"
         );
     }
-    // n4 held by another user's job (issue 17, item 14): a step there would run as that user,
+    // n4 held by another user's job: a step there would run as that user,
     // who could write into its output and forge n4's record, and Slurm refuses root's step in
     // it anyway. n4 fails at once, naming the job, without an srun; the others are sent.
     drop(_cancel);
@@ -1017,8 +1017,8 @@ fn hidden_partition_nodes_are_inventoried() {
     );
 }
 
-/// A node whose NIC changes and whose slurmd restarts (as after a reboot or a NIC swap;
-/// issue 33): the service sees SlurmdStartTime move past the node's record at its next poll,
+/// A node whose NIC changes and whose slurmd restarts (as after a reboot or a NIC swap):
+/// the service sees SlurmdStartTime move past the node's record at its next poll,
 /// discovers the node again and sends its new MAC. Without that, a node that never looked
 /// unavailable to a poll kept its old NodeConfig until NodeReassertInterval. n4's data NIC
 /// (ens1f0, a macvlan) gets another MAC in its namespace; put back, with another restart, at

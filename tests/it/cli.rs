@@ -157,7 +157,7 @@ fn srun_labelled(task: usize, out: &[u8]) -> Vec<String> {
 }
 
 /// A node with many NICs: a plain record (no topology) well over 1 KiB still reaches the
-/// inventory through srun's labelled, 1024-byte-message output (issue 17, item 0: before, the
+/// inventory through srun's labelled, 1024-byte-message output (before, the
 /// record went as one long line, arrived cut into labelled pieces and failed to parse).
 #[test]
 fn discover_record_of_many_nics_survives_srun_labels() {
@@ -511,7 +511,7 @@ fn status_reports_outbox_and_cloudvision() {
     );
 }
 
-/// Item 3 of issue 17: `status` counts the outbox's files and takes the oldest one's age from
+/// `status` counts the outbox's files and takes the oldest one's age from
 /// its modification time (an event file's is its queue time); it reads no event, so its cost
 /// does not grow with what the events hold, and a file that is not an event counts as waiting
 /// (the drainer, not `status`, moves it to rejected/).
@@ -575,7 +575,7 @@ fn status_counts_the_outbox_without_reading_it() {
     );
 }
 
-/// Item 11 of issue 17: a StateDir `status` cannot read (a typo, a missing mount, another
+/// A StateDir `status` cannot read (a typo, a missing mount, another
 /// user's) is not an empty outbox: `status` says so and exits 3 ("cannot know"), so alerting
 /// on `--max-age` does not stay silent.
 #[test]
@@ -650,7 +650,7 @@ fn status_cannot_know_when_state_dir_cannot_be_read() {
     assert!(stdout(&out).contains("outbox:           0 event(s) waiting"));
 }
 
-/// Issue 19: with two `SlurmctldHost`s in slurm.conf, `status` names both and the one whose
+/// With two `SlurmctldHost`s in slurm.conf, `status` names both and the one whose
 /// heartbeat (StateSaveLocation/heartbeat) is fresh; a stale or hostile heartbeat is "unknown",
 /// and a single controller prints no such line.
 #[test]
@@ -717,7 +717,7 @@ fn status_names_the_controllers_and_the_one_in_control() {
     assert!(!text.contains("controllers:"), "{text}");
 }
 
-/// Issue 18: `check` and `status` probe CloudVision with a GetOne of a JobConfig key no job
+/// `check` and `status` probe CloudVision with a GetOne of a JobConfig key no job
 /// has: a strict CloudVision (a GET of JobConfig without a key is 400, an unknown key 404)
 /// counts as reachable with the token accepted; a bad token is named as the token. The old
 /// probe (a GET without a key) got 400 here and failed `check` with a good token.
@@ -767,7 +767,7 @@ fn check_and_status_probe_a_strict_cloudvision() {
     );
 }
 
-/// Issue 29: the probe says "answers with the token" only on CloudVision's own answers. A
+/// The probe says "answers with the token" only on CloudVision's own answers. A
 /// plain web server that answers every path 404 (or 200 with a page of HTML), and Arista's own
 /// fake CloudVision (a plain 404 `{"errors":[…]}` to every GET), are named for what answered:
 /// `check` fails, `status` says so; nothing is written.
@@ -827,7 +827,7 @@ fn check_and_status_know_cloudvision_from_any_web_server() {
     assert_eq!(v["cloudvision"], "ok", "{v}");
 }
 
-/// Issue 20: a bound the service reached asking Slurm (jobs left for the next pass, a listing
+/// A bound the service reached asking Slurm (jobs left for the next pass, a listing
 /// past the output bound) is shown by `status`, escaped like everything read from StateDir.
 #[test]
 fn status_shows_the_last_slurm_warning() {
@@ -866,7 +866,7 @@ fn status_shows_the_last_slurm_warning() {
     assert_eq!(v["last_slurm_warning_at"], at);
 }
 
-/// Issue 19: `check` on a controller of a pair names both and the one in control, and fails
+/// `check` on a controller of a pair names both and the one in control, and fails
 /// on this host when slurm.conf names a hook that is not here (on 23.02+ a slurmctld whose
 /// disk lacks it does not start: a backup so set up never takes over).
 #[test]
@@ -927,7 +927,7 @@ fn check_names_the_controllers_and_fails_on_a_hook_missing_here() {
     );
 }
 
-/// Issue 34, round 4: slurmctld is a controller when a `SlurmctldHost` name equals its host
+/// Slurmctld is a controller when a `SlurmctldHost` name equals its host
 /// name whole or cut at the first dot (case counts), so a host named `ctl1.example.com` is
 /// the controller `SlurmctldHost=ctl1.example.com` as well as `SlurmctldHost=ctl1`, and a host
 /// named `ctl1` is not `ctl1.example.com`. `check` and `check --slurm-facts` (install.sh's)
@@ -1004,7 +1004,7 @@ fn a_controller_named_by_its_full_host_name_is_this_host() {
     }
 }
 
-/// Issue 34, round 4: `StateSaveLocation/heartbeat` is SlurmUser's, on a shared filesystem.
+/// `StateSaveLocation/heartbeat` is SlurmUser's, on a shared filesystem.
 /// A FIFO there, a symlink (to a good heartbeat elsewhere: root's `check` must not follow
 /// SlurmUser's links) or a huge file: `status` and `check` end at once and say the heartbeat
 /// cannot be read or is not one. Each run is killed after 20 s and counted as a failure.

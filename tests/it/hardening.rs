@@ -1,4 +1,4 @@
-//! Hardening (issue 11) through the binary: a config with bad lines, the token kept from Slurm
+//! Hardening through the binary: a config with bad lines, the token kept from Slurm
 //! commands, files' modes, and the reference-parity details of the command line.
 
 use crate::common::*;
@@ -448,7 +448,7 @@ fn check_knows_the_prolog_only_set_up() {
 }
 
 /// A DiscoveryBcast copy runs only from a directory that only root and its user can write,
-/// and only if it is byte for byte what inventory sent (issue 17, item 12: a copy in the
+/// and only if it is byte for byte what inventory sent (a copy in the
 /// workers' /tmp could be planted by another user, who sees its name in srun's command line).
 #[test]
 fn broadcast_copy_verifies_itself() {
@@ -522,7 +522,7 @@ fn broadcast_copy_verifies_itself() {
     );
 }
 
-// Issue 17: worker text and a GPU node's sysfs.
+// Worker text and a GPU node's sysfs.
 
 /// A site whose Slurm is three scripts: `scontrol show config` names cluster c1, `sinfo` lists
 /// node n1 idle, and `srun` runs `srun_body` (a shell script body) as the worker would answer.
@@ -608,7 +608,7 @@ fn a_workers_text_cannot_forge_log_lines_or_drive_the_terminal() {
     }
 }
 
-/// Issue 34, round 4: a worker that floods stderr (512 KiB here; ~180 nodes of a noisy older
+/// A worker that floods stderr (512 KiB here; ~180 nodes of a noisy older
 /// binary) does not cost the step its records: cvslurm drains srun's stderr past the 64 KiB it
 /// keeps and says how much it dropped, and srun, never left writing to a closed pipe, is not
 /// killed by SIGPIPE. The fake srun writes the flood, then a marker (only when that write
@@ -853,7 +853,7 @@ fn a_topology_that_cannot_be_read_does_not_lose_the_node() {
     assert_eq!(kept.topology_error, Some(why));
 }
 
-/// Item 5 of issue 17: what CloudVision (or a proxy) answers and what SlurmUser writes in
+/// What CloudVision (or a proxy) answers and what SlurmUser writes in
 /// `service-status.json` reach root's terminal through `flush` and `status`: escape sequences
 /// there are printed as visible escapes, and the server's message is stored on one line,
 /// capped.
@@ -911,7 +911,7 @@ fn server_and_state_dir_text_cannot_rewrite_the_terminal() {
     );
 }
 
-/// Item 6 of issue 17: one Latin-1 byte in a comment (`# Géré par Puppet`, byte 0xE9) no
+/// One Latin-1 byte in a comment (`# Géré par Puppet`, byte 0xE9) no
 /// longer discards the whole cloudvision.conf. A key line with such a byte is a bad line like
 /// any other: reported, the others apply.
 #[test]
@@ -960,7 +960,7 @@ fn a_latin1_byte_spoils_at_most_its_own_line() {
     assert!(text.contains("every other line loads"), "{text}");
 }
 
-/// Item 10 of issue 17: a relative path in the config would name another file for the hook
+/// A relative path in the config would name another file for the hook
 /// (slurmctld's working directory), the service (`/`) and the admin's commands. It is a bad
 /// line naming the key: here the hook, run in the directory where `token` is, must not read
 /// it; it exits 0 and keeps the event, which `flush` sends once the line is fixed.
@@ -1040,7 +1040,7 @@ fn slurm_conf_nobody(site: &Site) -> std::path::PathBuf {
 }
 
 /// A `root:slurm 0770` StateDir (group-writable by SlurmUser, which `check` used to call
-/// fine): root must not stay root in it and follow SlurmUser's links (issue 17, item 1a).
+/// fine): root must not stay root in it and follow SlurmUser's links.
 #[test]
 fn root_refuses_a_state_dir_others_can_write() {
     use std::os::unix::fs::{symlink, PermissionsExt};
@@ -1090,7 +1090,7 @@ fn root_refuses_a_state_dir_others_can_write() {
 
 /// StateDir named through a link in a directory SlurmUser owns, swapped after the root
 /// service started: the service keeps working in the directory it checked at start, and
-/// never goes where the new link points (issue 17, item 1b).
+/// never goes where the new link points.
 #[test]
 fn root_service_keeps_the_state_dir_it_checked() {
     use std::os::unix::fs::symlink;
@@ -1177,7 +1177,7 @@ fn root_service_keeps_the_state_dir_it_checked() {
 
 /// Root drops to StateDir's owner's own identity (its passwd entry: primary group and
 /// supplementary groups), never to StateDir's group: with `install -d -o slurm` that group
-/// is root's (issue 17, item 2). The Slurm commands it runs say who they run as.
+/// is root's. The Slurm commands it runs say who they run as.
 #[test]
 fn root_drops_to_the_owners_own_groups_not_the_state_dirs() {
     use std::os::unix::fs::PermissionsExt;

@@ -1,4 +1,4 @@
-//! The metrics file (`MetricsFile=`, issue 21) as the binary writes it: valid for `promtool
+//! The metrics file (`MetricsFile=`) as the binary writes it: valid for `promtool
 //! check metrics`, every figure checked against what the CloudVision stand-in received and
 //! answered, the same figures in `cvslurm status --json`; and the shipped alert rules under
 //! `promtool test rules`. promtool comes from Debian's `prometheus` package (tests/deps.sh).

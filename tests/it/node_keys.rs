@@ -1,5 +1,5 @@
-//! Node names as CloudVision sees them, through the binary against the stand-in (issue 18,
-//! points 4 and 5): `QualifyNodeNames` qualifies a job's `nodes` and a NodeConfig's key with
+//! Node names as CloudVision sees them, through the binary against the stand-in:
+//! `QualifyNodeNames` qualifies a job's `nodes` and a NodeConfig's key with
 //! the cluster, consistently, and a delete never touches a node another cluster holds.
 //!
 //! The NodeConfig events here are written into the outbox as the service's monitor queues

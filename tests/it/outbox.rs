@@ -224,7 +224,7 @@ fn an_event_of_a_newer_format_is_kept_and_not_sent() {
 /// CPU-bound processes beside the hooks while every job's RUNNING is still waiting to be sent
 /// (CloudVision answers 503) and a drainer keeps retrying them: every epilog chains its end
 /// behind its RUNNING under `outbox.lock`. No end may be lost: none may wait for the disk
-/// under the lock the hooks take (issue 17, item 13). Asserts on what is queued and logged,
+/// under the lock the hooks take. Asserts on what is queued and logged,
 /// never on timing.
 #[test]
 fn ends_behind_waiting_runnings_under_cpu_load_are_never_lost() {

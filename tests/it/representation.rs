@@ -1,4 +1,4 @@
-//! One representation per job (issues 18 and 29): every JobConfig names exactly one of
+//! One representation per job: every JobConfig names exactly one of
 //! `nodes` and `interfaces`, never an empty list, and a job's records all go the same way (the
 //! way its first went, recorded in StateDir/reps/); where that cannot be (an end with no record
 //! of how its RUNNING went, a tenant job switched between lists) the stored record is deleted

@@ -704,7 +704,7 @@ fn this_user() -> String {
         .name
 }
 
-/// Issue 19: the service on each controller of a pair; Slurm's heartbeat decides which one
+/// The service on each controller of a pair; Slurm's heartbeat decides which one
 /// leads. A scratch slurm.conf (SLURM_CONF) names two SlurmctldHosts, this host second, and
 /// the site has no Slurm commands: a service that inventories or reconciles says so in its
 /// log ("cannot list nodes", "reconcile:"). Old code: every service inventories.
@@ -725,7 +725,7 @@ fn only_the_controller_in_control_inventories_the_standby_delivers_its_outbox() 
         serde_json::from_slice::<Value>(&out.stdout).unwrap()
     };
     // The other controller is in control: this one is a standby. It delivers the ends its
-    // outbox holds, never a RUNNING (issue 34: only the controller in control sends one;
+    // outbox holds, never a RUNNING (only the controller in control sends one;
     // old code sent it).
     heartbeat(0);
     let _svc = Service::start_with_env(&site, &[("SLURM_CONF", &slurm_conf)]);
@@ -937,7 +937,7 @@ fn a_process_merely_named_slurmctld_does_not_make_this_host_lead() {
     );
 }
 
-/// Issue 34, round 4: a controller that slurm.conf names by its full host name
+/// a controller that slurm.conf names by its full host name
 /// (`SlurmctldHost=ctl1.example.com`, as slurmctld matches a host by its full name or its
 /// short one) leads when the heartbeat names it. This host is given that name in a UTS
 /// namespace of its own. Old code: the service cut its own name at the first dot, took
@@ -987,7 +987,7 @@ fn a_controller_named_by_its_full_host_name_leads() {
     let _ = slurmctld.wait();
 }
 
-/// Issue 34, round 4: a FIFO at `StateSaveLocation/heartbeat` (SlurmUser's, or one that
+/// a FIFO at `StateSaveLocation/heartbeat` (SlurmUser's, or one that
 /// exists for a moment) neither stops the poll nor keeps the service from stopping on
 /// SIGTERM: who leads cannot be told, said once, and the polls go on. Old code: the poll
 /// blocked in the heartbeat's open for good, and SIGTERM was not heeded.
@@ -1024,7 +1024,7 @@ fn a_fifo_heartbeat_neither_stops_the_poll_nor_sigterm() {
     eprintln!("stopped {} ms after SIGTERM", t.elapsed().as_millis());
 }
 
-/// Issue 19 (found by CI on 22.05): a leader whose poll outlasts its control (discovery's
+/// Found by CI on 22.05: a leader whose poll outlasts its control (discovery's
 /// srun waits for a scheduler that does not schedule at a takeover) asks again who leads
 /// before it resends or reconciles: a RUNNING it sent then could land after the new leader's
 /// end. Here srun waits while the heartbeat turns to the other controller; the site has
@@ -1308,7 +1308,7 @@ fn post_jobcomp(port: u16, body: &str) -> u16 {
     line.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
-/// Issue 30: the service's job-completion receiver takes the documents Slurm's
+/// the service's job-completion receiver takes the documents Slurm's
 /// jobcomp/elasticsearch plugin posts (real 22.05 captures): an end is answered 200 once it
 /// is in the outbox and reaches CloudVision after its run's RUNNING, with Slurm's state and
 /// times; a requeue ends the run as FAILED; a resize, a job that never ran, a foreign or

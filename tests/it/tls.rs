@@ -259,7 +259,7 @@ fn api_server_pin_trusts_the_key_and_refuses_another() {
     );
 }
 
-/// Item 7 of issue 17: a typo in the second pin of a list must not drop the whole line and
+/// a typo in the second pin of a list must not drop the whole line and
 /// leave the client trusting any CA: the first pin refuses this server, so must the client.
 /// Every TLS key fails closed alike: the hook keeps its event queued, `status` says why.
 #[test]
