@@ -172,8 +172,7 @@ fn monitor_in<'scope, 'env: 'scope>(
                         discovering = true;
                         let answers = answers.clone();
                         scope.spawn(move || {
-                            let refs: Vec<&crate::slurm::SinfoNode> = pass.nodes.iter().collect();
-                            let found = inv.discover(&refs);
+                            let found = discover_caught(inv, &pass.nodes);
                             let _ = answers.send((pass, found));
                         });
                     }
@@ -523,6 +522,39 @@ fn apply(
     restarts.settled()
 }
 
+/// [`Inventory::discover`] of `nodes`, in the discovery thread ([`caught`]).
+fn discover_caught(
+    inv: &Inventory,
+    nodes: &[crate::slurm::SinfoNode],
+) -> crate::inventory::Discovered {
+    let refs: Vec<&crate::slurm::SinfoNode> = nodes.iter().collect();
+    caught(nodes, || inv.discover(&refs))
+}
+
+/// `discover()`'s answer; a panic there (a bug) fails each of `nodes` with one error line,
+/// asked again at the next poll, instead of ending the thread without an answer (no
+/// discovery would ever start again).
+fn caught(
+    nodes: &[crate::slurm::SinfoNode],
+    discover: impl FnOnce() -> crate::inventory::Discovered,
+) -> crate::inventory::Discovered {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(discover)).unwrap_or_else(|_| {
+        log::error!(
+            "discovery of {} node(s) failed inside cvslurm (a panic: a bug, please report it with this log); asked again at the next poll",
+            nodes.len()
+        );
+        nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.name.clone(),
+                    Err("discovery failed inside cvslurm (see the error above)".to_string()),
+                )
+            })
+            .collect()
+    })
+}
+
 /// The service's inventory for `cvslurm status`: the nodes listed, those whose NodeConfig is
 /// queued (and not failed since), and the discoveries that failed in the last answer.
 fn record_inventory(outbox: &StateDir, known: &BTreeMap<String, Seen>, listed: usize, failed: u64) {
@@ -561,6 +593,19 @@ mod tests {
             topology_error: None,
             taken_at: Some(1),
         }
+    }
+
+    /// A discovery that panics still answers: every node it was asked fails (asked again at
+    /// the next poll), so the loop's one discovery at a time is not left waiting forever.
+    #[test]
+    fn a_discovery_that_panics_still_answers() {
+        let nodes = crate::slurm::nodes::parse_sinfo("n1 idle debug\nn2 mixed debug\n");
+        assert_eq!(nodes.len(), 2);
+        let found = caught(&nodes, || panic!("a bug"));
+        assert_eq!(found.len(), 2);
+        assert!(found.values().all(|r| r.is_err()));
+        let ok = caught(&nodes, crate::inventory::Discovered::new);
+        assert!(ok.is_empty());
     }
 
     /// A discovery's answer comes after polls that may have seen its nodes change: a node
