@@ -267,6 +267,8 @@ fn follow_shapes(
                 && !crate::service::het::is_follower(j)
         })
         .map(|j| {
+            // The notes were read before the listing: a job whose prolog recorded it since
+            // has its note on disk now (the prolog writes it before the start record).
             let key = key_of(&j.job_id);
             let shape = sent.shapes.get(&key).copied();
             (j, shape.or_else(|| outbox.starts.load_shape(&key)))
@@ -275,6 +277,11 @@ fn follow_shapes(
     if followed.is_empty() {
         return Ok(0);
     }
+    // What each followed job's note says was sent (the records asked by id are among them).
+    let notes: HashMap<&str, Option<crate::state::starts::Shape>> = followed
+        .iter()
+        .map(|(j, shape)| (j.job_id.as_str(), *shape))
+        .collect();
     let records: Vec<JobInfo> = if full {
         followed.iter().map(|(j, _)| (*j).clone()).collect()
     } else {
@@ -307,13 +314,7 @@ fn follow_shapes(
             }
             continue;
         }
-        // The notes were read before the listing: a job whose prolog recorded it since has
-        // its note on disk now (the prolog writes it before the start record).
-        let was = sent
-            .shapes
-            .get(&key)
-            .copied()
-            .or_else(|| outbox.starts.load_shape(&key));
+        let was = notes.get(j.job_id.as_str()).copied().flatten();
         let Some((job, now)) = reshaped(
             j,
             cluster,
