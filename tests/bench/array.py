@@ -122,6 +122,19 @@ class Standin:
         self.proc.wait()
 
 
+def install_binary():
+    """Copies the binary under test to WORK (`cvslurm`, and `cvslurm-hook` linked to it),
+    where slurmctld and SlurmUser can run it; returns the hook's path."""
+    os.makedirs(WORK, exist_ok=True)
+    os.chmod(WORK, 0o755)
+    shutil.copy(BIN, os.path.join(WORK, "cvslurm"))
+    os.chmod(os.path.join(WORK, "cvslurm"), 0o755)
+    link = os.path.join(WORK, "cvslurm-hook")
+    if not os.path.islink(link):
+        os.symlink("cvslurm", link)
+    return link
+
+
 def write_conf(standin, state_dir, log_file, extra=""):
     token = os.path.join(WORK, "cloudvision.token")
     with open(token, "w") as f:
@@ -692,13 +705,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     only = a.only.split(",")
     os.environ["PATH"] = CLUSTER_BIN + ":" + os.environ.get("PATH", "/usr/bin:/bin")
-    os.makedirs(WORK, exist_ok=True)
-    os.chmod(WORK, 0o755)
-    shutil.copy(BIN, os.path.join(WORK, "cvslurm"))
-    os.chmod(os.path.join(WORK, "cvslurm"), 0o755)
-    link = os.path.join(WORK, "cvslurm-hook")
-    if not os.path.islink(link):
-        os.symlink("cvslurm", link)
+    install_binary()
     with open(os.path.join(WORK, "noop-hook.sh"), "w") as f:
         f.write("#!/bin/sh\nexit 0\n")
     os.chmod(os.path.join(WORK, "noop-hook.sh"), 0o755)

@@ -73,7 +73,7 @@ def cv_mac(standin):
 
 
 def node_posts(standin):
-    """(time the stand-in logged it, MACs of ens1f0) of every NodeConfig POST for n4."""
+    """The MACs of ens1f0 in every NodeConfig POST for n4, in the order CloudVision got them."""
     out = []
     for r in standin.control("GET", "requests"):
         b = r.get("body") or {}
@@ -81,7 +81,7 @@ def node_posts(standin):
                 (b.get("key") or {}).get("id") == "n4":
             macs = [i.get("mac_address") for i in (b.get("data_interfaces") or {}).get("values", [])
                     if i.get("name") == "ens1f0"]
-            out.append((r.get("time"), macs))
+            out.append(macs)
     return out
 
 
@@ -112,14 +112,7 @@ def main():
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
-    os.makedirs(bench.WORK, exist_ok=True)
-    os.chmod(bench.WORK, 0o755)
-    import shutil
-    shutil.copy(bench.BIN, os.path.join(bench.WORK, "cvslurm"))
-    os.chmod(os.path.join(bench.WORK, "cvslurm"), 0o755)
-    link = os.path.join(bench.WORK, "cvslurm-hook")
-    if not os.path.islink(link):
-        os.symlink("cvslurm", link)
+    link = bench.install_binary()
     os.environ["PATH"] = bench.CLUSTER_BIN + ":" + os.environ["PATH"]
     standin = bench.Standin(0)
     state_dir, log_file = bench.fresh_state("powercycle")
@@ -174,7 +167,7 @@ def main():
         order = [original] + ["02:cc:00:00:%02x:%02x" % (c // 256, c % 256)
                               for c in range(1, args.cycles + 1)]
         stale, latest = 0, 0
-        for _, macs in node_posts(standin):
+        for macs in node_posts(standin):
             for m in macs:
                 if m not in order:
                     continue
