@@ -298,6 +298,15 @@ pub fn job_events(w: &impl Watch, id: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The lines of the service log `log` that name job `id`'s key (for a failure's message).
+pub fn lines_about_job(log: &str, id: &str) -> String {
+    let key = key(id);
+    log.lines()
+        .filter(|l| l.contains(&key))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Waits until CloudVision holds the job in `state` (its current record), then returns it.
 pub fn wait_job(w: &impl Watch, id: &str, state: &str, within: Duration) -> Value {
     let asked = Instant::now();
@@ -310,10 +319,9 @@ pub fn wait_job(w: &impl Watch, id: &str, state: &str, within: Duration) -> Valu
         }
         if Instant::now() > until {
             let log = fs::read_to_string(w.log_file()).unwrap_or_default();
-            let mine: Vec<&str> = log.lines().filter(|l| l.contains(&key(id))).collect();
             panic!(
                 "job {id}: CloudVision has {cur} after {within:?}, wanted {state}\nlog:\n{}",
-                mine.join("\n")
+                lines_about_job(&log, id)
             );
         }
         std::thread::sleep(Duration::from_millis(200));

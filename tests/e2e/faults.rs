@@ -317,7 +317,7 @@ fn queue_past_the_output_bound_loses_no_event() {
                 states,
                 ["JOB_STATE_RUNNING", state],
                 "job {id}: {events:?}\n{}",
-                job_log(f, id, from)
+                lines_about_job(&log_since(f, from), id)
             );
         } else {
             // 22.05: the end judged from exit codes (a cancel can look like a success there),

@@ -231,18 +231,6 @@ fn log_since(f: &Fixture, from: u64) -> String {
     String::from_utf8_lossy(bytes.get(from as usize..).unwrap_or_default()).into_owned()
 }
 
-/// The service log's lines about job `id` since `from` (for a failure's message): what the
-/// hooks, the receiver and reconciliation did with it.
-fn job_log(f: &Fixture, id: &str, from: u64) -> String {
-    let needle = format!("job {} ", key(id));
-    let needle2 = format!("job {}:", key(id));
-    log_since(f, from)
-        .lines()
-        .filter(|l| l.contains(&needle) || l.contains(&needle2))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// The service log's length now, for [`log_since`].
 fn log_len(f: &Fixture) -> u64 {
     fs::metadata(&f.log_file).map(|m| m.len()).unwrap_or(0)
