@@ -102,14 +102,11 @@ ONE_VERSION_TESTS=(outage_of_cloudvision_loses_no_event the_service_metrics_file
   # read of each version's Slurm the het and resize/suspend tests read on every version.
   het_jobs_cancelled_alone_and_requeued_stay_one_job_each
   preempted_job_is_marked_suspended_while_the_preemptor_runs)
-# Tests left out on one version (VERSION="name name…"): none now.
-declare -A SKIP_ON=()
 version_suites() { # VERSION
   local v="$1" skip=() t
   if [ "$v" != "${VERSIONS##* }" ]; then
     for t in "${ONE_VERSION_TESTS[@]}"; do skip+=(--skip "$t"); done
   fi
-  for t in ${SKIP_ON[$v]:-}; do skip+=(--skip "$t"); done
   step "Slurm $v: end-to-end tests on a real cluster"
   SLURM="$v" PATH="$CLUSTER_BIN:$PATH" CVSLURM_E2E_BIN="$PWD/$BIN" \
     cargo test --test e2e -- --ignored --test-threads=4 "${skip[@]}" 2>&1 \
