@@ -50,6 +50,30 @@ struct Pass {
     restarted: BTreeSet<String>,
 }
 
+/// What this host knows of the nodes while it leads: forgotten when it stops leading
+/// ([`Nodes::forget`]), as at a start.
+#[derive(Default)]
+struct Nodes {
+    /// Each node as it was last seen.
+    known: BTreeMap<String, Seen>,
+    /// The nodes whose NodeConfig this service queued: the only ones it ever deletes.
+    ours: BTreeSet<String>,
+    /// The records' discovery times and the nodes discovered again after a restart.
+    restarts: crate::inventory::freshness::Restarts,
+    /// Bumped at each stand-down: a discovery's answer from an earlier term is dropped.
+    term: u64,
+}
+
+impl Nodes {
+    /// Forgets what this host knew of the nodes; a new term starts.
+    fn forget(&mut self) {
+        self.known.clear();
+        self.ours.clear();
+        self.restarts.clear();
+        self.term += 1;
+    }
+}
+
 /// What one poll leaves the loop to do.
 enum Polled {
     /// Nothing to discover.
@@ -85,32 +109,29 @@ fn monitor_in<'scope, 'env: 'scope>(
         inv.cluster,
         inv.cfg.poll_interval.as_secs(),
     );
-    let mut known: BTreeMap<String, Seen> = BTreeMap::new();
-    // The nodes whose NodeConfig this service queued: the only ones it ever deletes.
-    let mut ours: BTreeSet<String> = BTreeSet::new();
+    let mut nodes = Nodes::default();
     let mut next_poll = Instant::now();
     let every = |d: Duration| (!d.is_zero()).then_some(d);
     let mut next_reconcile = Instant::now();
     let mut next_reassert = every(inv.cfg.node_reassert_interval).map(|d| Instant::now() + d);
     let follow_records = inv.cfg.job_interfaces != crate::config::JobInterfaces::Nodes;
     let mut records = resend::RecordWatch::default();
-    let mut restarts = crate::inventory::freshness::Restarts::default();
     let mut resend_on: BTreeSet<String> = BTreeSet::new();
     let mut leadership = Leadership::new(inv.slurm.clone(), Some(sender.gate()));
     let mut leads = false;
     // On a pair, a host that becomes leader catches up the ends the other may not have sent.
     let mut catch_up: Option<CatchUp> = None;
-    // Discovery beside the loop: its answers, the term of the one under way, the current
-    // term (a new one at each stand-down), and whether a poll left nodes for later.
+    // Discovery beside the loop: its answers, whether one is under way, and whether a poll
+    // left nodes for later.
     let (answers, answer_rx) = std::sync::mpsc::channel::<(Pass, crate::inventory::Discovered)>();
     let mut discovering = false;
-    let mut term: u64 = 0;
     let mut deferred = false;
     let mut listed = Listed::default();
     while !inv.stop.load(Ordering::Relaxed) {
         systemd::notify("WATCHDOG=1");
         if leads && next_reassert.is_some_and(|t| Instant::now() >= t) {
-            let n = known
+            let n = nodes
+                .known
                 .values_mut()
                 .filter(|v| **v == Seen::Sent)
                 .map(|v| *v = Seen::Refresh)
@@ -127,9 +148,7 @@ fn monitor_in<'scope, 'env: 'scope>(
                 .is_ok_and(|v| (v.major, v.minor) >= crate::slurm::leader::READYZ_SINCE);
             leads = leadership.update(outbox, readyz).leads();
             if was && !leads {
-                stand_down(&mut known, &mut ours, &mut resend_on, &mut catch_up, sender);
-                restarts.clear();
-                term += 1;
+                stand_down(&mut nodes, &mut resend_on, &mut catch_up, sender);
             }
             if leads {
                 if !was {
@@ -157,9 +176,7 @@ fn monitor_in<'scope, 'env: 'scope>(
                 }
                 match poll(
                     inv,
-                    &mut known,
-                    &mut ours,
-                    &mut restarts,
+                    &mut nodes,
                     outbox,
                     leadership.may_delete(),
                     discovering,
@@ -167,8 +184,7 @@ fn monitor_in<'scope, 'env: 'scope>(
                 ) {
                     Polled::Nothing => {}
                     Polled::Deferred => deferred = true,
-                    Polled::Discover(mut pass) => {
-                        pass.term = term;
+                    Polled::Discover(pass) => {
                         discovering = true;
                         let answers = answers.clone();
                         scope.spawn(move || {
@@ -182,9 +198,7 @@ fn monitor_in<'scope, 'env: 'scope>(
                 // leader's ends may already have overtaken.
                 leads = leadership.recheck(outbox, readyz).leads();
                 if !leads {
-                    stand_down(&mut known, &mut ours, &mut resend_on, &mut catch_up, sender);
-                    restarts.clear();
-                    term += 1;
+                    stand_down(&mut nodes, &mut resend_on, &mut catch_up, sender);
                 }
             }
             if leads {
@@ -200,17 +214,8 @@ fn monitor_in<'scope, 'env: 'scope>(
         }
         if let Ok((pass, found)) = answer_rx.try_recv() {
             discovering = false;
-            if leads && pass.term == term {
-                let restarted = apply(
-                    inv,
-                    &mut known,
-                    &mut ours,
-                    &mut restarts,
-                    outbox,
-                    &pass,
-                    found,
-                    &listed,
-                );
+            if leads && pass.term == nodes.term {
+                let restarted = apply(inv, &mut nodes, outbox, &pass, found, &listed);
                 if follow_records {
                     // Their jobs went by node names while the records were stale: decided
                     // anew, with the records just kept.
@@ -254,14 +259,12 @@ fn monitor_in<'scope, 'env: 'scope>(
 /// starts over then, as at a start (it deletes only nodes it lists itself afterwards); what it
 /// queued so far may be overtaken by the new leader's events.
 fn stand_down(
-    known: &mut BTreeMap<String, Seen>,
-    ours: &mut BTreeSet<String>,
+    nodes: &mut Nodes,
     resend_on: &mut BTreeSet<String>,
     catch_up: &mut Option<CatchUp>,
     sender: &Sender,
 ) {
-    known.clear();
-    ours.clear();
+    nodes.forget();
     resend_on.clear();
     *catch_up = None;
     sender.check_queued_before(u64::try_from(crate::timefmt::now_nanos()).unwrap_or(u64::MAX));
@@ -340,12 +343,9 @@ fn resend(inv: &Inventory, nodes: &mut BTreeSet<String>, outbox: &StateDir) {
 /// deleted. With `may_delete` false (this host has just become leader) a node that left is
 /// forgotten, not deleted. The delete itself asks CloudVision whose the node is first
 /// ([`crate::service::engine::delete_own_node`]). `listed` is what it listed.
-#[allow(clippy::too_many_arguments)]
 fn poll(
     inv: &Inventory,
-    known: &mut BTreeMap<String, Seen>,
-    ours: &mut BTreeSet<String>,
-    restarts: &mut crate::inventory::freshness::Restarts,
+    state: &mut Nodes,
     outbox: &StateDir,
     may_delete: bool,
     discovering: bool,
@@ -358,6 +358,12 @@ fn poll(
             return Polled::Nothing;
         }
     };
+    let Nodes {
+        known,
+        ours,
+        restarts,
+        term,
+    } = state;
     listed.count = nodes.len();
     listed.available = nodes
         .iter()
@@ -447,7 +453,7 @@ fn poll(
         return Polled::Nothing;
     }
     Polled::Discover(Pass {
-        term: 0,
+        term: *term,
         nodes: to_discover,
         restarted,
     })
@@ -458,17 +464,20 @@ fn poll(
 /// available (it left, or went down meanwhile) is skipped: it is discovered again when it
 /// comes back. Returns the nodes discovered again after a restart whose new record came in
 /// (now, or after a failed discovery, in an earlier answer): their jobs are decided anew.
-#[allow(clippy::too_many_arguments)]
 fn apply(
     inv: &Inventory,
-    known: &mut BTreeMap<String, Seen>,
-    ours: &mut BTreeSet<String>,
-    restarts: &mut crate::inventory::freshness::Restarts,
+    state: &mut Nodes,
     outbox: &StateDir,
     pass: &Pass,
     found: crate::inventory::Discovered,
     listed: &Listed,
 ) -> BTreeSet<String> {
+    let Nodes {
+        known,
+        ours,
+        restarts,
+        ..
+    } = state;
     let mut failed = 0;
     for (name, r) in found {
         if !listed.available.contains(&name) {
@@ -625,9 +634,8 @@ mod tests {
             client: None,
             stop: &stop,
         };
-        let mut known = BTreeMap::from([("n2".to_string(), Seen::Unavailable)]);
-        let mut ours = BTreeSet::new();
-        let mut restarts = crate::inventory::freshness::Restarts::default();
+        let mut nodes = Nodes::default();
+        nodes.known.insert("n2".to_string(), Seen::Unavailable);
         let pass = Pass {
             term: 0,
             nodes: Vec::new(),
@@ -642,20 +650,11 @@ mod tests {
             available: ["n1", "n3"].iter().map(|s| s.to_string()).collect(),
             count: 3,
         };
-        apply(
-            &inv,
-            &mut known,
-            &mut ours,
-            &mut restarts,
-            &outbox,
-            &pass,
-            found,
-            &listed,
-        );
-        assert_eq!(known.get("n1"), Some(&Seen::Sent));
-        assert_eq!(known.get("n2"), Some(&Seen::Unavailable));
-        assert_eq!(known.get("n3"), Some(&Seen::Unavailable));
-        assert_eq!(ours, BTreeSet::from(["n1".to_string()]));
+        apply(&inv, &mut nodes, &outbox, &pass, found, &listed);
+        assert_eq!(nodes.known.get("n1"), Some(&Seen::Sent));
+        assert_eq!(nodes.known.get("n2"), Some(&Seen::Unavailable));
+        assert_eq!(nodes.known.get("n3"), Some(&Seen::Unavailable));
+        assert_eq!(nodes.ours, BTreeSet::from(["n1".to_string()]));
         let queued: Vec<String> = outbox
             .queue
             .pending()
