@@ -278,6 +278,34 @@ pub fn sacct_times(id: &str) -> (String, String) {
     (iso(&rows[0][2]), iso(&rows[rows.len() - 1][3]))
 }
 
+/// How many times Slurm ran job `id` (accounting's rows, `sacct -D`: a row that ends other than
+/// `RESIZING` before the last ends a run, as a requeue after a launch failure or a node
+/// failure does), with the rows themselves for a failure's message.
+pub fn sacct_runs(id: &str) -> (usize, String) {
+    let out = slurm(
+        "sacct",
+        &[
+            "-j",
+            id,
+            "-X",
+            "-D",
+            "-n",
+            "-P",
+            "--format=JobIDRaw,State,Start,End,Restarts",
+        ],
+    );
+    let rows: Vec<String> = stdout(&out)
+        .lines()
+        .filter(|l| l.starts_with(&format!("{id}|")))
+        .map(str::to_string)
+        .collect();
+    let ended_runs = rows[..rows.len().saturating_sub(1)]
+        .iter()
+        .filter(|r| r.split('|').nth(1) != Some("RESIZING"))
+        .count();
+    (ended_runs + 1, rows.join("\n"))
+}
+
 /// A job's key in CloudVision (`ID@CLUSTER`).
 pub fn key(id: &str) -> String {
     format!("{id}@{CLUSTER}")

@@ -312,11 +312,37 @@ fn queue_past_the_output_bound_loses_no_event() {
     for (id, state) in jobs {
         let events = wait_final_as_sacct(f, id, state, Duration::from_secs(60));
         let states = states_of(&events);
-        if by_id {
+        // Slurm may run a job twice on a loaded machine (a batch launch that fails is
+        // requeued under the same id): each run has its RUNNING, and the last run's end
+        // comes last.
+        let (runs, rows) = sacct_runs(id);
+        if runs > 1 {
+            let running = states.iter().filter(|s| *s == "JOB_STATE_RUNNING").count();
+            assert!(
+                states.first().map(String::as_str) == Some("JOB_STATE_RUNNING")
+                    && states.last().map(String::as_str) == Some(state)
+                    && states.len() >= 2
+                    && states[states.len() - 2] == "JOB_STATE_RUNNING"
+                    && running == runs,
+                "job {id}, {runs} runs in accounting ({rows}): {states:?}\n{}",
+                lines_about_job(&log_since(f, from), id)
+            );
+        } else if by_id {
+            // Delivery is at least once: a RUNNING sent again whole (an answer lost, a pass
+            // that looked before the hook's record was in) changes nothing in CloudVision.
+            // Said here, so that a run that shows it tells why.
+            let mut once = events.clone();
+            once.dedup();
+            if once.len() != events.len() {
+                eprintln!(
+                    "[e2e] job {id}: the same record accepted twice in a row: {events:?}\n{}",
+                    lines_about_job(&log_since(f, from), id)
+                );
+            }
             assert_eq!(
-                states,
+                states_of(&once),
                 ["JOB_STATE_RUNNING", state],
-                "job {id}: {events:?}\n{}",
+                "job {id}, one run in accounting ({rows}): {events:?}\n{}",
                 lines_about_job(&log_since(f, from), id)
             );
         } else {
