@@ -338,7 +338,7 @@ static DELETE_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
 fn forget_words(why: Forget) -> &'static str {
     match why {
-        Forget::Rerun => "a re-run",
+        Forget::Rerun => "a new run (a requeue, or a later job under the same id)",
         Forget::Representation => "sent without a record of how its RUNNING went",
     }
 }
@@ -761,11 +761,17 @@ impl Engine {
         let Item::Job { job } = &ev.item else {
             return None;
         };
+        use crate::inventory::attribution::Why;
+        // A later job under the id of one whose end went out: the earlier record goes first.
+        let why = match Why::of(ev) {
+            Why::Plain if self.outbox.queue.follows_an_earlier_job(ev) => Why::Rerun(ev.rank.0),
+            w => w,
+        };
         Some(crate::inventory::attribution::outgoing(
             self.interfaces,
             &self.outbox.job_reps,
             job,
-            crate::inventory::attribution::Why::of(ev),
+            why,
             Some((&self.slurm, &self.outbox, ev.seq)),
             true,
         ))

@@ -48,9 +48,6 @@ const MAX_HEADER_BYTES: usize = 16 * 1024;
 const MAX_CONNECTIONS: usize = 8;
 /// How long one request may take to arrive.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// How far the document's start may be from the prolog's record of the same run (the prolog
-/// of Slurm 22.05 records its own clock, not Slurm's start).
-const SAME_RUN_SECS: i64 = 10;
 
 /// What one document is, for the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -540,7 +537,7 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
     }
     // Which run: the prolog's record of the latest start (and its restart count).
     let restarts = match shared.outbox.starts.load_run(&key) {
-        Some((rec, _)) if start < rec - SAME_RUN_SECS => {
+        Some((rec, _)) if start < rec - crate::state::queue::SAME_RUN_SECS => {
             log::info!("job {key}: the end of an earlier run ({}); its later run's records replace it: not sent", job.state);
             return (200, "OK");
         }

@@ -692,14 +692,27 @@ pub fn reconcile(
     let running: Vec<&JobInfo> = listing.iter().filter(|j| is_running(j)).collect();
     // In this order: an epilog queues its end before it drops its record, and the sender
     // moves it outbox → in flight → delivered, so a job missing from one read is in a later.
-    let recorded_after: std::collections::HashSet<String> = outbox
+    let recorded_starts: HashMap<String, i64> = outbox
         .starts
         .started_jobs()
         .into_iter()
-        .map(|(k, _, _)| k)
+        .map(|(k, start, _)| (k, start))
         .collect();
+    let recorded_after: std::collections::HashSet<String> =
+        recorded_starts.keys().cloned().collect();
     let pending = outbox.queue.pending_job_keys();
-    let ended = outbox.queue.recently_ended();
+    // The ends delivered lately, but not of a key whose recorded run started after its end
+    // (a later job under the same id: its record is followed as any other).
+    let ended: HashSet<String> = outbox
+        .queue
+        .recently_ended_at()
+        .into_iter()
+        .filter(|(key, end)| {
+            !matches!((recorded_starts.get(key), end),
+                (Some(start), Some(end)) if *start > end + crate::state::queue::SAME_RUN_SECS)
+        })
+        .map(|(key, _)| key)
+        .collect();
     let mut report = Report::default();
     let key_of = |id: &str| crate::cloudvision::payload::job_key(id, cluster);
 

@@ -117,8 +117,9 @@ pub enum Look {
     Full(Instant),
 }
 
-/// Per job key, when this process delivered the job's end, and that end's rank.
-type DeliveredEnds = std::collections::HashMap<String, (Instant, (u32, u8))>;
+/// Per job key: when its end was delivered, that end's rank, and the end time it carried
+/// (epoch seconds, where it had one), which tells a later job under the same id apart.
+type DeliveredEnds = std::collections::HashMap<String, (Instant, (u32, u8), Option<i64>)>;
 
 /// The outbox in one state directory: pending, in-flight and rejected events.
 #[derive(Debug, Clone)]
@@ -133,8 +134,9 @@ pub struct Queue {
     pub inflight_stale: Duration,
     /// The job keys whose end this process delivered, and when (shared by its clones): the
     /// service's reconciliation never sends a RUNNING for a job whose end is already out.
-    /// With the rank of that end: a RUNNING a hook handed in later for the same or an earlier
-    /// run is dropped when the outbox takes it in ([`Queue::fold`]).
+    /// With the rank and end time of that end: a RUNNING a hook handed in later for the same
+    /// or an earlier run is dropped when the outbox takes it in ([`Queue::fold`]); one of a
+    /// later job under the same id (started after that end, [`later_run`]) is not.
     delivered_ends: std::sync::Arc<std::sync::Mutex<DeliveredEnds>>,
     /// Where the events queued and dropped are counted.
     status: super::status::ServiceStatus,
@@ -169,8 +171,38 @@ impl Queue {
             .delivered_ends
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        ends.retain(|_, (at, _)| at.elapsed() < REMEMBER_ENDS);
+        ends.retain(|_, (at, _, _)| at.elapsed() < REMEMBER_ENDS);
         ends.keys().cloned().collect()
+    }
+
+    /// [`Queue::recently_ended`] with the end time each end carried (epoch seconds, where
+    /// it had one).
+    pub fn recently_ended_at(&self) -> std::collections::HashMap<String, Option<i64>> {
+        let mut ends = self
+            .delivered_ends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        ends.retain(|_, (at, _, _)| at.elapsed() < REMEMBER_ENDS);
+        ends.iter()
+            .map(|(k, (_, _, end))| (k.clone(), *end))
+            .collect()
+    }
+
+    /// True when `ev` is a RUNNING of a later job under the id of a job whose end this process
+    /// delivered ([`later_run`]: same restart count, started after that end): CloudVision may
+    /// hold the earlier job's ended record, whose `end_time` a Set (a partial update) would
+    /// keep, so it is deleted before this is sent, as for a requeued job's next run.
+    pub fn follows_an_earlier_job(&self, ev: &Event) -> bool {
+        let Item::Job { job } = &ev.item else {
+            return false;
+        };
+        ev.rank.1 == 0
+            && self
+                .delivered_ends
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&job.key.id)
+                .is_some_and(|(_, rank, end)| rank.0 == ev.rank.0 && started_after(ev, *end))
     }
 
     /// True when an event for `item`'s key is pending (not in flight).
@@ -557,12 +589,15 @@ impl Queue {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&job.key.id)
-                    .is_some_and(|(_, rank)| ev.rank < *rank),
+                    .is_some_and(|(_, rank, end)| ev.rank < *rank && !started_after(ev, *end)),
                 _ => false,
             };
             if flying || delivered {
                 return Ok(Enqueued::Superseded);
             }
+        }
+        if self.later_run_recorded(ev) {
+            return Ok(Enqueued::Superseded);
         }
         if let Some(Ok(old)) = cur {
             if outranks(&old, ev) {
@@ -612,20 +647,42 @@ impl Queue {
         self.forget_starts_of_ends(names);
     }
 
+    /// True when `ev` is a job's end and the start record of its key is of a later run (a
+    /// requeue's next run, or a later job under the same id, whose prolog has recorded it):
+    /// that start is after `ev`'s end. Such an end is stale: sent now it would show the
+    /// running job ended.
+    fn later_run_recorded(&self, ev: &Event) -> bool {
+        let Item::Job { job } = &ev.item else {
+            return false;
+        };
+        if ev.rank.1 == 0 {
+            return false;
+        }
+        // By time alone: a run starts before its own end, whatever restart count the end's
+        // source (a hook, accounting, the plugin) gave it.
+        match (self.starts.load(&job.key.id), end_epoch(ev)) {
+            (Some(start), Some(end)) => start > end + SAME_RUN_SECS,
+            _ => false,
+        }
+    }
+
     /// Forgets the start record of each job whose end is in pending (or in-flight) file
-    /// `names`, on disk (synced) by now.
+    /// `names`, on disk (synced) by now (not one a later run's prolog wrote meanwhile).
     fn forget_starts_of_ends(&self, names: &[String]) {
         for name in names {
             let queued = [OUTBOX, INFLIGHT]
                 .iter()
                 .find_map(|d| read_event(&self.dir(d).join(name)).and_then(Result::ok));
-            if let Some(Event {
-                item: Item::Job { job },
-                then,
-                ..
-            }) = queued
+            if let Some(
+                ev @ Event {
+                    item: Item::Job { job },
+                    then,
+                    ..
+                },
+            ) = &queued
             {
-                if then.is_some() || job.state.is_terminal() {
+                let end = then.as_deref().unwrap_or(ev);
+                if (then.is_some() || job.state.is_terminal()) && !self.later_run_recorded(end) {
                     self.starts.forget(&job.key.id);
                 }
             }
@@ -996,11 +1053,14 @@ impl Queue {
         let tmp = write_event(&path, &bytes, ev.queued_at, self.owner, true)?;
         let res = (|| {
             let _lock = self.lock()?;
+            // An end delivered of this run (or a later one) stops it; that of an earlier job
+            // under the same id does not.
             let ended = self
                 .delivered_ends
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .contains_key(&job.key.id);
+                .get(&job.key.id)
+                .is_some_and(|(_, rank, end)| ev.rank.0 <= rank.0 && !started_after(ev, *end));
             let busy = path.exists() || self.dir(INFLIGHT).join(&name).exists();
             let started = self.starts.exists(&job.key.id);
             if ended || busy || !started {
@@ -1071,7 +1131,9 @@ impl Queue {
                     let _lock = self.lock()?;
                     // A newer cvslurm's event of the key came after this one: it stays.
                     match read_event(&pending) {
-                        Some(Ok(cur)) if cur.rank >= next.rank => return Ok(false),
+                        Some(Ok(cur)) if cur.rank >= next.rank || later_run(&cur, next) => {
+                            return Ok(false)
+                        }
                         Some(Err(Undecodable::Newer(_))) => return Ok(false),
                         _ => {}
                     }
@@ -1117,12 +1179,12 @@ impl Queue {
                     self.delivered_ends
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(job.key.id.clone(), (Instant::now(), ev.rank));
+                        .insert(job.key.id.clone(), (Instant::now(), ev.rank, end_epoch(ev)));
                     // Delivered: the start record is no longer needed to repair the end
-                    // (unless the job's next run is already pending).
+                    // (unless the job's next run, or a later job under its id, is pending).
                     let next_run = matches!(
                         read_event(&self.dir(OUTBOX).join(&name)),
-                        Some(Ok(cur)) if cur.rank > ev.rank
+                        Some(Ok(cur)) if cur.rank > ev.rank || later_run(&cur, ev)
                     );
                     if !next_run {
                         self.starts.forget(&job.key.id);
@@ -1294,9 +1356,57 @@ fn chains_after(old: &Event, ev: &Event) -> bool {
 /// True when `old` (a pending or in-flight event, its chained end included) makes `ev`
 /// stale: a higher rank, or the same rank queued later (of two events of one state, the
 /// later one wins; the same event twice collapses into one).
+/// A later job under the same id is never made stale by an earlier one's events, and an
+/// earlier job's events are always stale beside a later one's ([`later_run`]).
 fn outranks(old: &Event, ev: &Event) -> bool {
     let newest = old.then.as_deref().unwrap_or(old);
-    newest.rank > ev.rank || (newest.rank == ev.rank && newest.seq > ev.seq)
+    if later_run(ev, newest) {
+        return false;
+    }
+    later_run(newest, ev)
+        || newest.rank > ev.rank
+        || (newest.rank == ev.rank && newest.seq > ev.seq)
+}
+
+/// The end time an event carries (epoch seconds), where it is a job's end with one.
+fn end_epoch(ev: &Event) -> Option<i64> {
+    match &ev.item {
+        Item::Job { job } if ev.rank.1 > 0 => job
+            .end_time
+            .as_deref()
+            .and_then(|t| crate::timefmt::parse_user_time(t).ok()),
+        _ => None,
+    }
+}
+
+/// True when job event `ev` belongs to a run that started after `end` (an end time of its
+/// key, epoch seconds): a job Slurm gave the same id later (after `MaxJobId` wrapped, or
+/// after a slurmctld restart that lost its last state save). A run's own events never
+/// start after its end (its RUNNING carries the prolog's start, or Slurm's once its nodes
+/// booted, both before the end), so this never lets a RUNNING follow its own run's end.
+fn started_after(ev: &Event, end: Option<i64>) -> bool {
+    let Item::Job { job } = &ev.item else {
+        return false;
+    };
+    let start = job
+        .start_time
+        .as_deref()
+        .and_then(|t| crate::timefmt::parse_user_time(t).ok());
+    matches!((start, end), (Some(s), Some(e)) if s > e + SAME_RUN_SECS)
+}
+
+/// How far apart two times of one run may seem: Slurm 22.05's PrologSlurmctld has no
+/// `SLURM_JOB_START_TIME`, so its record of a start is the hook's own clock, which a job
+/// cancelled while its prolog starts has as its end too. A job Slurm gives the same id starts
+/// at least `MinJobAge` after the earlier one's end (the id is free once its record is
+/// purged); one that starts within this many seconds of it is taken for the same run.
+pub const SAME_RUN_SECS: i64 = 10;
+
+/// True when `a` is an event of a later run of its key than `b`: a higher restart count
+/// (a requeue), or the same count and `b` an end that ended before `a`'s run started (a
+/// later job under the same id: see [`started_after`]).
+fn later_run(a: &Event, b: &Event) -> bool {
+    a.rank.0 > b.rank.0 || (a.rank.0 == b.rank.0 && started_after(a, end_epoch(b)))
 }
 
 /// What becomes of `ev` when it meets its key's pending event `cur`.
@@ -1576,6 +1686,93 @@ mod tests {
         assert_eq!(ob.enqueue_resend_with_start(&run(), 140, 1), Ok(false));
         assert_eq!(sd.starts.load_run("7@c"), Some((130, 1)));
         assert_eq!(ob.pending().len(), 1);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    /// A job record of `id` in `state` with Slurm's start and end (epoch seconds).
+    fn job_at(id: &str, state: JobState, start: i64, end: Option<i64>) -> Item {
+        let mut item = job(id, state);
+        if let Item::Job { job } = &mut item {
+            job.start_time = crate::timefmt::format_epoch(start);
+            job.end_time = end.and_then(crate::timefmt::format_epoch);
+        }
+        item
+    }
+
+    /// A later job under the same id (MaxJobId wrapped, or a slurmctld restart lost its last
+    /// state save) is told apart from the earlier one by its start, after the earlier one's
+    /// end (by more than [`SAME_RUN_SECS`]): its RUNNING goes out although that end was
+    /// delivered or is pending, and the earlier job's events never follow it. A RUNNING of
+    /// the earlier job (its start before its end, at it, or within the margin) stays dropped.
+    #[test]
+    fn a_later_job_under_the_same_id_is_told_apart_by_its_start() {
+        let d = tmpdir("reuse");
+        let sd = StateDir::new(&d);
+        let ob = &sd.queue;
+        let q = Look::Quick;
+        let take_in = |ev: &Event| {
+            ob.hand_in(ev, true, q, || {}).unwrap();
+            ob.fold_all();
+        };
+        // The first job: started at 100, ended at 110, its end delivered.
+        let a_end = Event::new(job_at("7@c", JobState::Completed, 100, Some(110)), (0, 1));
+        ob.enqueue(&a_end).unwrap();
+        let t = ob.take(&a_end).unwrap().unwrap();
+        ob.finish(&t, Finish::Delivered).unwrap();
+        for late in [100, 110, 110 + SAME_RUN_SECS] {
+            let a_run = Event::new(job_at("7@c", JobState::Running, late, None), (0, 0));
+            take_in(&a_run);
+            assert!(
+                ob.pending().is_empty(),
+                "the first job's RUNNING (start {late}) after its end"
+            );
+        }
+        // The second job under id 7, started at 120: its prolog records it, its RUNNING goes.
+        sd.starts.save_run("7@c", 121, 0).unwrap();
+        let b_run = Event::new(job_at("7@c", JobState::Running, 121, None), (0, 0));
+        take_in(&b_run);
+        assert_eq!(ob.pending(), vec![b_run.clone()]);
+        assert!(
+            ob.follows_an_earlier_job(&b_run),
+            "its record is deleted first"
+        );
+        assert!(!ob.follows_an_earlier_job(&Event::new(
+            job_at("7@c", JobState::Running, 120, None),
+            (0, 0)
+        )));
+        // The first job's end again (a late hook, a reconciliation of it): stale beside the
+        // second job, pending or not.
+        let a_again = Event::new(job_at("7@c", JobState::Failed, 100, Some(110)), (0, 1));
+        take_in(&a_again);
+        assert_eq!(ob.pending(), vec![b_run.clone()]);
+        let t = ob.take(&b_run).unwrap().unwrap();
+        ob.finish(&t, Finish::Delivered).unwrap();
+        take_in(&a_again);
+        assert!(
+            ob.pending().is_empty(),
+            "the first job's end after the second's RUNNING"
+        );
+        assert_eq!(
+            sd.starts.load_run("7@c"),
+            Some((121, 0)),
+            "the second job's record stays"
+        );
+        // A resend of the second job's RUNNING is not stopped by the first job's end.
+        assert_eq!(ob.enqueue_resend(&b_run), Ok(true));
+        // The second job's end chains after it, and a pending end of the first job is
+        // replaced by a RUNNING of a third one (its start after that end).
+        let b_end = Event::new(job_at("7@c", JobState::Completed, 121, Some(130)), (0, 1));
+        take_in(&b_end);
+        let p = ob.pending();
+        assert_eq!((p.len(), p[0].then.as_deref()), (1, Some(&b_end)));
+        let t = ob.take(&p[0]).unwrap().unwrap();
+        ob.finish(&t, Finish::Delivered).unwrap();
+        let t = ob.take(&b_end).unwrap().unwrap();
+        ob.finish(&t, Finish::Delivered).unwrap();
+        assert_eq!(sd.starts.load_run("7@c"), None, "forgotten with its end");
+        let c_run = Event::new(job_at("7@c", JobState::Running, 141, None), (0, 0));
+        take_in(&c_run);
+        assert_eq!(ob.pending(), vec![c_run]);
         let _ = fs::remove_dir_all(&d);
     }
 

@@ -55,6 +55,8 @@
 #   MAX_JOB_COUNT        default 10000, Slurm's (MaxJobCount: the most jobs slurmctld holds;
 #                        tests/bench/array.py --held raises it)
 #   MAX_ARRAY_SIZE       default 1001, Slurm's (MaxArraySize)
+#   MAX_JOB_ID           if set: Slurm's MaxJobId (ids start over at FirstJobId=1 past it;
+#                        tests/bench/idreuse.py)
 #   BF_INTERVAL          seconds between backfill passes (default: Slurm's, 30). Heterogeneous
 #                        jobs are started only by backfill, as is a pending job no other event
 #                        schedules before the periodic pass (60 s)
@@ -838,6 +840,8 @@ MessageTimeout=5
 MinJobAge=${MIN_JOB_AGE:-5}
 MaxJobCount=${MAX_JOB_COUNT:-10000}
 MaxArraySize=${MAX_ARRAY_SIZE:-1001}
+${MAX_JOB_ID:+FirstJobId=1
+MaxJobId=$MAX_JOB_ID}
 KillWait=2
 OverTimeLimit=0
 InactiveLimit=0
@@ -966,6 +970,7 @@ up_description() { # nnodes
         "${CVSLURM_HOOKS:-both}" "${MIN_JOB_AGE:-5}" "${SLURMD_TIMEOUT:-30}" "${SLURMCTLD_DEBUG:-info}"
     printf 'CVSLURM_SHARE=%s\nREPO=%s\n' "${CVSLURM_SHARE:-}" "$REPO"
     printf 'MAX_JOB_COUNT=%s\nMAX_ARRAY_SIZE=%s\nJOBCOMP_LOC=%s\nBF_INTERVAL=%s\n' "${MAX_JOB_COUNT:-10000}" "${MAX_ARRAY_SIZE:-1001}" "${JOBCOMP_LOC:-}" "${BF_INTERVAL:-}"
+    [[ -z "${MAX_JOB_ID:-}" ]] || printf 'MAX_JOB_ID=%s\n' "$MAX_JOB_ID"
     if ((NCTL > 1)); then printf 'CONTROLLERS=%s\n' "$NCTL"; fi
 }
 

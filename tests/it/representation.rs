@@ -375,7 +375,7 @@ fn a_requeued_jobs_running_leaves_no_end_time_from_the_service() {
                 "{rerun}"
             );
             assert_eq!(
-                log.matches("a re-run, but CloudVision did not delete its stored record")
+                log.matches("a new run (a requeue, or a later job under the same id), but CloudVision did not delete its stored record")
                     .count(),
                 1,
                 "{log}"

@@ -1203,7 +1203,15 @@ fn a_listing_past_the_bound_takes_the_recorded_jobs_ends_from_accounting() {
     let out = run_hook(
         &site,
         &site.conf,
-        &job_env("prolog_slurmctld", "2", &[("SLURM_CLUSTER_NAME", "cvtest")]),
+        &job_env(
+            "prolog_slurmctld",
+            "2",
+            // Slurm's start of job 2 in the accounting capture above.
+            &[
+                ("SLURM_CLUSTER_NAME", "cvtest"),
+                ("SLURM_JOB_START_TIME", "1796092479"),
+            ],
+        ),
     );
     assert_eq!(out.status.code(), Some(0));
     wait_for("the RUNNING", Duration::from_secs(10), || {
