@@ -103,7 +103,7 @@ def main():
     t0 = time.time()
     try:
         holder["service"] = bench.start_service(log_file, standin, 4)
-        submitted = 0
+        submitted, failing_since = 0, None
         outage_at, kill_at = args.jobs // 3, 2 * args.jobs // 3
         outage_end = None
         while submitted < args.jobs:
@@ -128,8 +128,15 @@ def main():
                          check=False)
             if r.returncode == 0:
                 submitted += 1
+                failing_since = None
             else:
-                time.sleep(0.5)  # no free id (or slurmctld busy): again
+                # No free id, or slurmctld busy: again, for a minute at most (a tiny MaxJobId
+                # can make slurmctld itself fail: 24.11 once found a reused id's batch script
+                # gone and exited).
+                failing_since = failing_since or time.time()
+                if time.time() - failing_since > 60:
+                    raise SystemExit("sbatch failed for 60 s: " + r.stderr.strip())
+                time.sleep(0.5)
         if outage_end:
             while time.time() < outage_end:
                 time.sleep(0.5)
