@@ -241,25 +241,7 @@ pub fn sacct_times(id: &str) -> (String, String) {
         &format!("sacct to record job {id}'s end"),
         Duration::from_secs(60),
         || {
-            // Only fields no user controls, `|`-separated.
-            let out = slurm(
-                "sacct",
-                &[
-                    "-j",
-                    id,
-                    "-X",
-                    "-D",
-                    "-n",
-                    "-P",
-                    "--format=JobIDRaw,State,Start,End",
-                ],
-            );
-            let all: Vec<Vec<String>> = stdout(&out)
-                .lines()
-                .filter(|l| l.starts_with(&format!("{id}|")))
-                .map(|l| l.split('|').map(str::to_string).collect::<Vec<_>>())
-                .filter(|f| f.len() == 4)
-                .collect();
+            let all = sacct_rows(id, "JobIDRaw,State,Start,End");
             // A row that ends other than `RESIZING` ends a run (`REQUEUED`, `NODE_FAIL`, …).
             let run_from = all[..all.len().saturating_sub(1)]
                 .iter()
@@ -282,28 +264,27 @@ pub fn sacct_times(id: &str) -> (String, String) {
 /// `RESIZING` before the last ends a run, as a requeue after a launch failure or a node
 /// failure does), with the rows themselves for a failure's message.
 pub fn sacct_runs(id: &str) -> (usize, String) {
-    let out = slurm(
-        "sacct",
-        &[
-            "-j",
-            id,
-            "-X",
-            "-D",
-            "-n",
-            "-P",
-            "--format=JobIDRaw,State,Start,End,Restarts",
-        ],
-    );
-    let rows: Vec<String> = stdout(&out)
-        .lines()
-        .filter(|l| l.starts_with(&format!("{id}|")))
-        .map(str::to_string)
-        .collect();
+    let rows = sacct_rows(id, "JobIDRaw,State,Start,End,Restarts");
     let ended_runs = rows[..rows.len().saturating_sub(1)]
         .iter()
-        .filter(|r| r.split('|').nth(1) != Some("RESIZING"))
+        .filter(|r| r[1] != "RESIZING")
         .count();
-    (ended_runs + 1, rows.join("\n"))
+    let text: Vec<String> = rows.iter().map(|r| r.join("|")).collect();
+    (ended_runs + 1, text.join("\n"))
+}
+
+/// Accounting's rows of job `id`, one per run and size (`sacct -j ID -X -D`), each the fields
+/// `format` names (only fields no user controls: they are split at `|`).
+fn sacct_rows(id: &str, format: &str) -> Vec<Vec<String>> {
+    let format = format!("--format={format}");
+    let fields = format.split(',').count();
+    let out = slurm("sacct", &["-j", id, "-X", "-D", "-n", "-P", &format]);
+    stdout(&out)
+        .lines()
+        .filter(|l| l.starts_with(&format!("{id}|")))
+        .map(|l| l.split('|').map(str::to_string).collect::<Vec<_>>())
+        .filter(|f| f.len() == fields)
+        .collect()
 }
 
 /// A job's key in CloudVision (`ID@CLUSTER`).
