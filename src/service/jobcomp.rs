@@ -537,7 +537,7 @@ fn take_end(shared: &Shared, req: &Request) -> (u16, &'static str) {
     }
     // Which run: the prolog's record of the latest start (and its restart count).
     let restarts = match shared.outbox.starts.load_run(&key) {
-        Some((rec, _)) if start < rec - crate::state::queue::SAME_RUN_SECS => {
+        Some((rec, _)) if crate::state::queue::later_run_at(rec, start) => {
             log::info!("job {key}: the end of an earlier run ({}); its later run's records replace it: not sent", job.state);
             return (200, "OK");
         }

@@ -709,7 +709,7 @@ pub fn reconcile(
         .into_iter()
         .filter(|(key, end)| {
             !matches!((recorded_starts.get(key), end),
-                (Some(start), Some(end)) if *start > end + crate::state::queue::SAME_RUN_SECS)
+                (Some(start), Some(end)) if crate::state::queue::later_run_at(*start, *end))
         })
         .map(|(key, _)| key)
         .collect();

@@ -167,12 +167,16 @@ impl Queue {
     /// The job keys whose end this process (and its clones) delivered in the last
     /// [`REMEMBER_ENDS`].
     pub fn recently_ended(&self) -> std::collections::HashSet<String> {
-        let mut ends = self
-            .delivered_ends
+        self.recently_ended_at().into_keys().collect()
+    }
+
+    /// The rank and end time of the end of job `key` this process delivered, if any.
+    fn delivered_end(&self, key: &str) -> Option<((u32, u8), Option<i64>)> {
+        self.delivered_ends
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        ends.retain(|_, (at, _, _)| at.elapsed() < REMEMBER_ENDS);
-        ends.keys().cloned().collect()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map(|(_, rank, end)| (*rank, *end))
     }
 
     /// [`Queue::recently_ended`] with the end time each end carried (epoch seconds, where
@@ -198,11 +202,8 @@ impl Queue {
         };
         ev.rank.1 == 0
             && self
-                .delivered_ends
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&job.key.id)
-                .is_some_and(|(_, rank, end)| rank.0 == ev.rank.0 && started_after(ev, *end))
+                .delivered_end(&job.key.id)
+                .is_some_and(|(rank, end)| rank.0 == ev.rank.0 && started_after(ev, end))
     }
 
     /// True when an event for `item`'s key is pending (not in flight).
@@ -513,6 +514,12 @@ impl Queue {
     /// [`fold`](Self::fold)) or once chained (the caller deletes it once the chained file is
     /// synced).
     fn place_from(&self, ev: &Event, src: &Path, handed_in: bool) -> Result<Enqueued, String> {
+        // An end of a run older than the recorded one: stale, decided without the lock (a
+        // prolog writes its record without it too).
+        if self.later_run_recorded(ev) {
+            let _ = fs::remove_file(src);
+            return Ok(Enqueued::Superseded);
+        }
         let path = self.dir(OUTBOX).join(ev.item.file_name());
         // An end that goes after its pending RUNNING replaces that file by both: that file is
         // written (and synced) before the lock too, from the pending event read without the
@@ -585,19 +592,13 @@ impl Queue {
             let flying = matches!(read_event(&inflight), Some(Ok(f)) if outranks(&f, ev));
             let delivered = match &ev.item {
                 Item::Job { job } => self
-                    .delivered_ends
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&job.key.id)
-                    .is_some_and(|(_, rank, end)| ev.rank < *rank && !started_after(ev, *end)),
+                    .delivered_end(&job.key.id)
+                    .is_some_and(|(rank, end)| ev.rank < rank && !started_after(ev, end)),
                 _ => false,
             };
             if flying || delivered {
                 return Ok(Enqueued::Superseded);
             }
-        }
-        if self.later_run_recorded(ev) {
-            return Ok(Enqueued::Superseded);
         }
         if let Some(Ok(old)) = cur {
             if outranks(&old, ev) {
@@ -661,7 +662,7 @@ impl Queue {
         // By time alone: a run starts before its own end, whatever restart count the end's
         // source (a hook, accounting, the plugin) gave it.
         match (self.starts.load(&job.key.id), end_epoch(ev)) {
-            (Some(start), Some(end)) => start > end + SAME_RUN_SECS,
+            (Some(start), Some(end)) => later_run_at(start, end),
             _ => false,
         }
     }
@@ -1056,11 +1057,8 @@ impl Queue {
             // An end delivered of this run (or a later one) stops it; that of an earlier job
             // under the same id does not.
             let ended = self
-                .delivered_ends
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&job.key.id)
-                .is_some_and(|(_, rank, end)| ev.rank.0 <= rank.0 && !started_after(ev, *end));
+                .delivered_end(&job.key.id)
+                .is_some_and(|(rank, end)| ev.rank.0 <= rank.0 && !started_after(ev, end));
             let busy = path.exists() || self.dir(INFLIGHT).join(&name).exists();
             let started = self.starts.exists(&job.key.id);
             if ended || busy || !started {
@@ -1392,7 +1390,14 @@ fn started_after(ev: &Event, end: Option<i64>) -> bool {
         .start_time
         .as_deref()
         .and_then(|t| crate::timefmt::parse_user_time(t).ok());
-    matches!((start, end), (Some(s), Some(e)) if s > e + SAME_RUN_SECS)
+    matches!((start, end), (Some(s), Some(e)) if later_run_at(s, e))
+}
+
+/// True when a run that started at `start` (epoch seconds) is a later one than the run a
+/// time `t` of its key belongs to (its end, or its start): `start` is more than
+/// [`SAME_RUN_SECS`] after `t`.
+pub fn later_run_at(start: i64, t: i64) -> bool {
+    start > t + SAME_RUN_SECS
 }
 
 /// How far apart two times of one run may seem: Slurm 22.05's PrologSlurmctld has no
