@@ -97,6 +97,16 @@ impl Drop for Restore {
     }
 }
 
+/// Cancels a job when dropped (`scancel`): a test that fails midway leaves no job holding the
+/// nodes the next test needs.
+pub struct Cancel(pub String);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        let _ = slurm("scancel", &[&self.0]);
+    }
+}
+
 pub fn chown_slurm(p: &Path) {
     let st = Command::new("chown")
         .args(["-R", "slurm:slurm"])
@@ -209,6 +219,14 @@ pub fn note_wait(what: &str, asked: Instant) {
             took.as_secs_f64()
         );
     }
+}
+
+/// Prints a line past the test harness's capture (`[e2e] TEST: TEXT`): what a passing test
+/// met that the run's log should still say.
+pub fn say(text: &str) {
+    use std::io::Write;
+    let name = std::thread::current().name().unwrap_or("?").to_string();
+    let _ = writeln!(std::io::stderr(), "[e2e] {name}: {text}");
 }
 
 /// A node's state from the full listing: `sinfo -n NODE` can report a stale state (seen on
