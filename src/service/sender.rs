@@ -675,7 +675,16 @@ fn check_batch(sh: &Shared, events: Vec<Event>) {
     let n = events.len();
     // The term the check counts for: a RUNNING checked under it goes out during it only.
     let term = sh.engine.gate().term();
+    let asked = Instant::now();
     let result = sh.engine.check_old(events);
+    log::debug!(
+        "outbox: {n} event(s) queued before this host's role changed asked of Slurm ({} ms): {}",
+        asked.elapsed().as_millis(),
+        match &result {
+            Ok(c) => format!("{} to send, {} decided", c.send.len(), c.decided.len()),
+            Err(e) => e.clone(),
+        }
+    );
     let mut st = lock(sh);
     for name in &names {
         st.settling.remove(name);

@@ -344,8 +344,8 @@ fn listing(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<JobIn
     let out = listing_now(slurm, reader, timeout);
     let listed = match &out {
         Ok(jobs) => Some(Some(jobs.len())),
-        // Too big, or too slow to come within its time: a big queue either way.
-        Err(e) if listing_too_big(e) || e.contains("no answer within") => Some(None),
+        // Too big, or too slow to come within its time while slurmctld answers: a big queue.
+        Err(e) if slow_for_its_size(e, || slurmctld_answers(slurm)) => Some(None),
         Err(_) => None,
     };
     if let Some(listed) = listed {
@@ -368,6 +368,26 @@ fn listing(slurm: &Slurm, reader: Reader, timeout: Duration) -> Result<Vec<JobIn
             out.as_ref().err().filter(|_| listed.is_none()).cloned();
     }
     out
+}
+
+/// Whether a failed full listing says the queue is big: its output past the bound, or no
+/// answer within its time while slurmctld does answer a small question (`answers`, asked only
+/// then). A listing that timed out because no slurmctld answered at all (a takeover under
+/// way, slurmctld down or restarting) says nothing of the queue, and holds nothing back: the
+/// next question, once a controller answers, is asked at once.
+fn slow_for_its_size(error: &str, answers: impl FnOnce() -> bool) -> bool {
+    listing_too_big(error) || (error.contains("no answer within") && answers())
+}
+
+/// How long the small question of [`slurmctld_answers`] may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether the slurmctld in control answers a small question now (`scontrol show partition`:
+/// a standby backup refuses it, a controller in control answers it at once whatever its queue).
+fn slurmctld_answers(slurm: &Slurm) -> bool {
+    slurm
+        .run("scontrol", &["show", "partition", "-o"], PROBE_TIMEOUT)
+        .is_ok()
 }
 
 /// [`listing`] without the backoff.
@@ -639,6 +659,31 @@ mod tests {
             assert_eq!(listing_held_back(Some((old, None))), None);
         }
         assert!(!held_back("squeue --all --json failed (exit status: 1)"));
+    }
+
+    /// A listing that timed out holds the next one back only when slurmctld answered a small
+    /// question meanwhile (a big queue); when none answered (a takeover under way), the next
+    /// question is asked at once. One past the output bound is big without asking.
+    #[test]
+    fn a_listing_timed_out_without_slurmctld_holds_nothing_back() {
+        let timed_out = "squeue --all --json: no answer within 5.0 s";
+        assert!(slow_for_its_size(timed_out, || true));
+        assert!(!slow_for_its_size(timed_out, || false));
+        let asked = std::cell::Cell::new(false);
+        assert!(!slow_for_its_size(
+            "squeue --all --json failed (exit status: 1)",
+            || {
+                asked.set(true);
+                true
+            }
+        ));
+        assert!(
+            !asked.get(),
+            "asked slurmctld for an error that is no time-out"
+        );
+        let past = "squeue --all --json: printed more than 64 MiB";
+        assert!(crate::slurm::runner::listing_too_big(past));
+        assert!(slow_for_its_size(past, || panic!("asked")));
     }
 
     fn jobs_of(version: &str, name: &str) -> Vec<JobInfo> {
