@@ -236,17 +236,15 @@ fn monitor_follows_nodes_that_appear_leave_and_return() {
             .filter(|n| n["key"]["id"] == "n5")
             .count();
     cluster_sh(&["stop-slurmd", "n5"], &[]);
-    // Set DOWN at once, as slurmctld does after SlurmdTimeout (30 s here) without an answer.
-    let down = slurm(
-        "scontrol",
-        &["update", "NodeName=n5", "State=DOWN", "Reason=e2e-stopped"],
-    );
-    assert!(down.status.success(), "{}", stderr(&down));
+    // Set DOWN at once, as slurmctld does after SlurmdTimeout (30 s here) without an answer,
+    // and kept so (the service's discovery ran there just before: see NodeDown).
+    let mut down = NodeDown::set("n5", "e2e-stopped");
     // Wait until the service itself saw n5 unavailable (a blip shorter than a poll goes unseen).
     wait_until(
         "the service to see n5 unavailable",
         Duration::from_secs(120),
         || {
+            down.keep();
             fs::read_to_string(&f.log_file)
                 .unwrap_or_default()
                 .contains("node n5: now ")
