@@ -154,8 +154,8 @@ pub const SUSPENDED_MARK: &str = " (suspended)";
 struct Shapes<'a> {
     /// The shape notes read with the start records.
     shapes: &'a HashMap<String, crate::state::starts::Shape>,
-    /// The jobs still recorded after the listing.
-    recorded: &'a HashSet<String>,
+    /// The jobs still recorded after the listing, with the start each prolog recorded.
+    recorded: &'a HashMap<String, i64>,
     /// The jobs with an event waiting in the outbox.
     pending: &'a HashSet<String>,
     /// The jobs whose end this process delivered lately.
@@ -261,7 +261,7 @@ fn follow_shapes(
         .copied()
         .filter(|j| {
             let key = key_of(&j.job_id);
-            sent.recorded.contains(&key)
+            sent.recorded.contains_key(&key)
                 && !sent.pending.contains(&key)
                 && !sent.ended.contains(&key)
                 && !crate::service::het::is_follower(j)
@@ -308,7 +308,7 @@ fn follow_shapes(
             // noted, so that the same suspension is not asked about again.
             if let Ok(nodes) = j.nodes() {
                 let now = crate::state::starts::Shape::of(&nodes, j.state == "SUSPENDED");
-                if sent.shapes.get(&key) != Some(&now) && sent.recorded.contains(&key) {
+                if sent.shapes.get(&key) != Some(&now) && sent.recorded.contains_key(&key) {
                     outbox.starts.save_shape(&key, now)?;
                 }
             }
@@ -368,7 +368,7 @@ fn follow_boots(
     let mut booted: Vec<&JobInfo> = Vec::new();
     for j in running {
         let key = key_of(&j.job_id);
-        if !sent.recorded.contains(&key) || crate::service::het::part_of(j).is_some() {
+        if !sent.recorded.contains_key(&key) || crate::service::het::part_of(j).is_some() {
             continue;
         }
         if booting(j) {
@@ -692,14 +692,12 @@ pub fn reconcile(
     let running: Vec<&JobInfo> = listing.iter().filter(|j| is_running(j)).collect();
     // In this order: an epilog queues its end before it drops its record, and the sender
     // moves it outbox → in flight → delivered, so a job missing from one read is in a later.
-    let recorded_starts: HashMap<String, i64> = outbox
+    let recorded_after: HashMap<String, i64> = outbox
         .starts
         .started_jobs()
         .into_iter()
         .map(|(k, start, _)| (k, start))
         .collect();
-    let recorded_after: std::collections::HashSet<String> =
-        recorded_starts.keys().cloned().collect();
     let pending = outbox.queue.pending_job_keys();
     // The ends delivered lately, but not of a key whose recorded run started after its end
     // (a later job under the same id: its record is followed as any other).
@@ -708,7 +706,7 @@ pub fn reconcile(
         .recently_ended_at()
         .into_iter()
         .filter(|(key, end)| {
-            !matches!((recorded_starts.get(key), end),
+            !matches!((recorded_after.get(key), end),
                 (Some(start), Some(end)) if crate::state::queue::later_run_at(*start, *end))
         })
         .map(|(key, _)| key)
@@ -725,7 +723,7 @@ pub fn reconcile(
         .filter(|j| {
             let key = key_of(&j.job_id);
             // A heterogeneous job is reported by its leader, on all its components' nodes.
-            !(recorded_after.contains(&key) || pending.contains(&key) || ended.contains(&key))
+            !(recorded_after.contains_key(&key) || pending.contains(&key) || ended.contains(&key))
                 && running_settled(j)
                 && !crate::service::het::is_follower(j)
         })
@@ -984,7 +982,8 @@ mod tests {
             .save_shape("7@c", Shape::of(&nodes, false))
             .unwrap();
         outbox.starts.save_run("7@c", 100, 0).unwrap();
-        let recorded: HashSet<String> = ["7@c".to_string(), "8@c".to_string()].into();
+        let recorded: HashMap<String, i64> =
+            [("7@c".to_string(), 100), ("8@c".to_string(), 100)].into();
         let none = HashSet::new();
         let starts = HashMap::new();
         let sent = Shapes {
