@@ -4,7 +4,7 @@
 //! in `crate::mode` with its own `Args`; the argv\[0\] name table is `crate::link_names`).
 
 use crate::link_names::{mode_from_argv0, MODES};
-use crate::mode::{check, discover, flush, hook, inventory, send, status};
+use crate::mode::{check, discover, flush, hook, inventory, publish, send, status};
 use argh::FromArgs;
 
 /// Tell Arista CloudVision which Slurm job runs on which nodes.
@@ -34,6 +34,7 @@ enum Mode {
     Send(send::Args),
     Inventory(inventory::Args),
     Discover(discover::Args),
+    Publish(publish::Args),
     Flush(flush::Args),
     Status(status::Args),
     Check(check::Args),
@@ -46,6 +47,7 @@ pub(crate) fn mode_flags(mode: &str) -> Option<&'static [&'static str]> {
         "send" => send::FLAGS,
         "inventory" => inventory::FLAGS,
         "discover" => discover::FLAGS,
+        "publish" => publish::FLAGS,
         "flush" => flush::FLAGS,
         "status" => status::FLAGS,
         "check" => check::FLAGS,
@@ -151,6 +153,7 @@ pub fn main(args: Vec<String>) -> i32 {
         Some(Mode::Send(a)) => send::run(a),
         Some(Mode::Inventory(a)) => inventory::run(a),
         Some(Mode::Discover(a)) => discover::run(a),
+        Some(Mode::Publish(a)) => publish::run(a),
         Some(Mode::Flush(a)) => flush::run(a),
         Some(Mode::Status(a)) => status::run(a),
         Some(Mode::Check(a)) => check::run(a),

@@ -174,6 +174,10 @@ pub struct Config {
     pub interface_physical_only: bool,
     /// `InterfaceRequireIp`: skip NICs without an IPv4 address.
     pub interface_require_ip: bool,
+    /// `WorkerRecords`: take the record a node published itself (`cvslurm publish`, in its
+    /// Slurm `Extra` field) for a node that discovery's srun cannot reach (every CPU held by
+    /// another user's job).
+    pub worker_records: bool,
     /// `DiscoveryJobName`: the srun job name of inventory discovery.
     pub discovery_job_name: String,
     /// `DiscoveryTimeout`: how long one discovery srun may take.
@@ -252,6 +256,7 @@ impl Default for Config {
             interface_regex: Regex::new("^(eth|eno|ens|enp|em)").expect("valid default regex"),
             interface_physical_only: true,
             interface_require_ip: true,
+            worker_records: false,
             discovery_job_name: "cv-interface-discovery".into(),
             discovery_timeout: Duration::from_secs(120),
             discovery_bcast: false,
@@ -414,6 +419,14 @@ pub const KEYS: &[Key] = &[
         default: "yes",
         set: |c, v| {
             c.interface_require_ip = parse_bool(v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "WorkerRecords",
+        default: "no",
+        set: |c, v| {
+            c.worker_records = parse_bool(v)?;
             Ok(())
         },
     },

@@ -55,6 +55,10 @@ pub mod internals {
         pub mod record {
             pub use crate::discovery::record::{DiscoverRecord, RecordReader};
         }
+        /// From `crate::discovery::published`.
+        pub mod published {
+            pub use crate::discovery::published::{decode, encode, MAX_PUBLISHED, PREFIX};
+        }
     }
     /// From `crate::job_end`.
     pub mod job_end {
@@ -66,6 +70,10 @@ pub mod internals {
             node_state_available, parse_cluster_name, parse_job_gpus, parse_sinfo, pick,
             valid_job_id,
         };
+        /// From `crate::slurm::nodes`.
+        pub mod nodes {
+            pub use crate::slurm::nodes::parse_published;
+        }
         /// From `crate::slurm::hostlist`.
         pub mod hostlist {
             pub use crate::slurm::hostlist::{expand, MAX_BYTES, MAX_HOSTS};

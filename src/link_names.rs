@@ -25,6 +25,7 @@ pub(crate) const MODES: &[(&str, &[&str])] = &[
             "interface_discovery.py",
         ],
     ),
+    ("publish", &["cvslurm-publish"]),
     ("flush", &["cvslurm-flush"]),
     ("status", &["cvslurm-status"]),
     ("check", &["cvslurm-check"]),

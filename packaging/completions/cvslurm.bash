@@ -6,6 +6,7 @@ _cvslurm_mode_opts() {
         hook) echo "--config --help" ;;
         send) echo "--config --api-server --api-token --api-token-file --dry-run --verbose -v --tenant --name --location --state --start --end --nodes --interfaces --help" ;;
         inventory) echo "--config --api-server --api-token --api-token-file --dry-run --verbose -v --monitor --poll-interval --help" ;;
+        publish) echo "--node-name --foreground --help" ;;
         discover) echo "--node-name --interface-regex --physical-only --require-ip --sys-class-net --sys-root --topology --expect-sha256 --help" ;;
         flush) echo "--config --no-reconcile --verbose -v --help" ;;
         status) echo "--config --json --max-age --offline --help" ;;
@@ -24,6 +25,7 @@ _cvslurm() {
         cvslurm-send | cv-job-send) mode=send ;;
         cvslurm-inventory | cv-node-inventory) mode=inventory ;;
         cvslurm-discover | interface_discovery) mode=discover ;;
+        cvslurm-publish) mode=publish ;;
         cvslurm-flush) mode=flush ;;
         cvslurm-status) mode=status ;;
         cvslurm-check) mode=check ;;
@@ -58,7 +60,7 @@ _cvslurm() {
     if [[ -z "$mode" ]]; then
         for ((i = 1; i < COMP_CWORD; i++)); do
             case "${COMP_WORDS[i]}" in
-                hook | send | inventory | discover | flush | status | check)
+                hook | send | inventory | discover | publish | flush | status | check)
                     mode="${COMP_WORDS[i]}"
                     break
                     ;;
@@ -66,7 +68,7 @@ _cvslurm() {
         done
     fi
     if [[ -z "$mode" ]]; then
-        mapfile -t COMPREPLY < <(compgen -W "hook send inventory discover flush status check help --version --list-modes --list-config-keys --list-flags --help" -- "$cur")
+        mapfile -t COMPREPLY < <(compgen -W "hook send inventory discover publish flush status check help --version --list-modes --list-config-keys --list-flags --help" -- "$cur")
         return 0
     fi
     if [[ "$cur" == -* ]]; then
@@ -78,6 +80,6 @@ _cvslurm() {
     return 0
 }
 
-complete -F _cvslurm cvslurm cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover \
+complete -F _cvslurm cvslurm cvslurm-hook cvslurm-send cvslurm-inventory cvslurm-discover cvslurm-publish \
     cvslurm-flush cvslurm-status cvslurm-check cv-job-hook cv-job-send cv-node-inventory interface_discovery \
     cv-job-hook.py cv-job-send.py cv-node-inventory.py interface_discovery.py

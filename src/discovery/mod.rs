@@ -4,6 +4,7 @@
 //! [`record::frame`]). The mode's entry point is [`crate::mode::discover`]; the controller's
 //! side (srun, collecting the records) is [`crate::inventory::discovery`].
 
+pub mod published;
 pub mod record;
 pub mod topology;
 

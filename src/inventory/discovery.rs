@@ -116,6 +116,10 @@ impl Inventory<'_> {
                         in_jobs.insert(Target::Job(job), ns);
                     }
                     out_of_reach = others;
+                    // Nodes that published their own record (`WorkerRecords=yes`).
+                    if self.cfg.worker_records {
+                        super::published::take_published(&self.slurm, self.cfg, &mut out_of_reach);
+                    }
                 }
                 Err(e) => log::warn!("discovery: cannot list the jobs on allocated nodes: {e}"),
             }

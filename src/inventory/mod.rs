@@ -7,6 +7,7 @@ pub mod attribution;
 pub mod discovery;
 pub mod freshness;
 pub mod mac_claims;
+pub mod published;
 
 pub use discovery::read_lines_capped;
 

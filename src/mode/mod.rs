@@ -15,6 +15,7 @@ pub mod discover;
 pub mod flush;
 pub mod hook;
 pub mod inventory;
+pub mod publish;
 pub mod send;
 pub mod startup;
 pub mod status;

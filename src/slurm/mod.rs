@@ -38,7 +38,9 @@ pub use jobs::{
     all_jobs, held_back, het_components, job_by_id, job_states, job_states_of, jobs_by_id, lookup,
     pick, running_jobs_on, sacct_ended_within, sacct_jobs, valid_job_id, JobInfo, RunningJob,
 };
-pub use nodes::{node_state_available, parse_sinfo, sinfo_nodes, slurmd_starts, SinfoNode};
+pub use nodes::{
+    node_state_available, parse_sinfo, published, sinfo_nodes, slurmd_starts, Published, SinfoNode,
+};
 use std::time::Duration;
 pub use version::{Ctl, Reader, Version};
 

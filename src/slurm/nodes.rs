@@ -121,7 +121,19 @@ pub fn slurmd_starts(
 /// word, and only when no other line names it; `SlurmdStartTime=None` (never registered)
 /// and values outside 1970 to 9999 leave it out.
 pub fn parse_slurmd_starts(output: &str) -> BTreeMap<String, i64> {
-    let mut seen: BTreeMap<String, Option<i64>> = BTreeMap::new();
+    believed_lines(output)
+        .into_iter()
+        .filter_map(|(n, line)| {
+            let start = crate::timefmt::parse_slurm_epoch(one_word(line?, "SlurmdStartTime=")?)?;
+            Some((n, start))
+        })
+        .collect()
+}
+
+/// Each node's line of `scontrol show node -o`: a line that starts with `NodeName=`; `None`
+/// for a node that two lines name (neither is believed).
+fn believed_lines(output: &str) -> BTreeMap<String, Option<&str>> {
+    let mut seen: BTreeMap<String, Option<&str>> = BTreeMap::new();
     for line in output.lines() {
         let Some(rest) = line.strip_prefix("NodeName=") else {
             continue;
@@ -130,26 +142,71 @@ pub fn parse_slurmd_starts(output: &str) -> BTreeMap<String, i64> {
         if name.is_empty() || name.len() > 255 {
             continue;
         }
-        let values: Vec<&str> = line
-            .split_whitespace()
-            .filter_map(|w| w.strip_prefix("SlurmdStartTime="))
-            .collect();
-        let start = match values.as_slice() {
-            [v] => crate::timefmt::parse_slurm_epoch(v),
-            _ => None,
-        };
-        // A second line naming the node: neither is believed.
-        match seen.entry(name.to_string()) {
-            std::collections::btree_map::Entry::Vacant(e) => {
-                e.insert(start);
-            }
-            std::collections::btree_map::Entry::Occupied(mut e) => {
-                e.insert(None);
-            }
-        }
+        seen.entry(name.to_string())
+            .and_modify(|l| *l = None)
+            .or_insert(Some(line));
     }
-    seen.into_iter()
-        .filter_map(|(n, s)| Some((n, s?)))
+    seen
+}
+
+/// The value of the one word of `line` that begins with `key`; `None` when no word or more
+/// than one does.
+fn one_word<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let mut words = line.split_whitespace().filter_map(|w| w.strip_prefix(key));
+    let first = words.next()?;
+    words.next().is_none().then_some(first)
+}
+
+/// A node as `cvslurm publish` left it in Slurm: its slurmd's start and its `Extra` field.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Published {
+    /// `SlurmdStartTime` (epoch seconds), as [`parse_slurmd_starts`] reads it.
+    pub start: Option<i64>,
+    /// The node's `Extra` value, when exactly one `Extra=` word is on its line.
+    pub extra: Option<String>,
+}
+
+/// Each of `nodes`' slurmd start and `Extra` field, from one `scontrol --all show node -o`
+/// (the cost of [`slurmd_starts`]). A node missing from the answer, or named by two lines, is
+/// left out.
+pub fn published(
+    slurm: &Slurm,
+    nodes: &[String],
+    timeout: Duration,
+) -> Result<BTreeMap<String, Published>, String> {
+    if nodes.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let list = super::hostlist::compress(nodes);
+    let mut args = vec!["--all", "show", "node", "-o"];
+    if list.len() <= MAX_NODE_ARG {
+        args.push(&list);
+    }
+    let out = slurm.run("scontrol", &args, timeout)?;
+    Ok(parse_published(&out)
+        .into_iter()
+        .filter(|(n, _)| nodes.contains(n))
+        .collect())
+}
+
+/// Parses `scontrol show node -o` for `published`: the text is as hostile as for
+/// `parse_slurmd_starts` (`Extra=` is printed last, after `Comment=` and `Reason=`, which
+/// may hold any words): a node's `Extra` is believed only from its one line and only when that
+/// line has exactly one word that begins `Extra=`.
+pub fn parse_published(output: &str) -> BTreeMap<String, Published> {
+    believed_lines(output)
+        .into_iter()
+        .filter_map(|(n, line)| {
+            let line = line?;
+            Some((
+                n,
+                Published {
+                    start: one_word(line, "SlurmdStartTime=")
+                        .and_then(crate::timefmt::parse_slurm_epoch),
+                    extra: one_word(line, "Extra=").map(str::to_string),
+                },
+            ))
+        })
         .collect()
 }
 
@@ -216,6 +273,29 @@ mod tests {
                 parse_slurmd_starts(&fixture_of(v, "scontrol-nodes-epoch-n2-restarted.txt"));
             assert_eq!(after["n1"], before["n1"], "{v}");
             assert!(after["n2"] > before["n2"], "{v}: {before:?} {after:?}");
+        }
+    }
+
+    /// `Extra` from real `scontrol show node -o` on every tested release (a 2-node cluster
+    /// with `HealthCheckProgram=cvslurm-publish`): n1's published record, read whole; n2's
+    /// `Extra=rack=2` beside a `Comment=` holding the words `Extra=cvslurm1:AAAA` is not
+    /// believed (two `Extra=` words on its line), though its start is.
+    #[test]
+    fn published_records_from_real_output() {
+        use super::super::fixtures::fixture_of;
+        for v in ["22.05", "24.11", "26.05"] {
+            let got = parse_published(&fixture_of(v, "scontrol-nodes-extra.txt"));
+            assert_eq!(got.keys().collect::<Vec<_>>(), ["n1", "n2"], "{v}");
+            let n1 = &got["n1"];
+            let rec = crate::discovery::published::decode(n1.extra.as_deref().unwrap()).unwrap();
+            assert_eq!(rec.node_name, "n1", "{v}");
+            assert!(rec.taken_at.unwrap() > n1.start.unwrap(), "{v}: {rec:?}");
+            assert!(
+                rec.interfaces.iter().any(|i| i.name == "ens1f0"),
+                "{v}: {rec:?}"
+            );
+            assert_eq!(got["n2"].extra, None, "{v}");
+            assert!(got["n2"].start.is_some(), "{v}");
         }
     }
 

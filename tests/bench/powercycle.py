@@ -4,6 +4,7 @@
     cargo build --release --target x86_64-unknown-linux-musl
     tests/bench/powercycle.py                    # 20 cycles on the host's Slurm (22.05)
     SLURM=26.05 tests/bench/powercycle.py --cycles 20
+    tests/bench/powercycle.py --publish          # n4 publishes its own record (README: publish)
 
 Runs as root, where no other test cluster runs (`cluster.sh up` takes any down). The test
 cluster comes up with accounting (4 nodes, its RebootProgram: `cluster.sh`), cvslurm's hooks
@@ -15,6 +16,10 @@ Each cycle:
 2. meanwhile n4's data NIC (ens1f0) gets a new MAC, as a replaced NIC or a node re-created
    by a cloud ResumeProgram would;
 3. n4 comes back (slurmd with `-b`), Slurm resets the job's start and runs it.
+
+With `--publish`, every slurmd runs `cvslurm-publish` as its HealthCheckProgram and the service
+has `WorkerRecords=yes`: n4, held by the job (root's, not the service's user's), is taken from
+the record it published after its start instead of waiting for a free CPU.
 
 Per cycle it prints: seconds from slurmd's start on n4 (SlurmdStartTime) to CloudVision
 holding n4's new MAC, whether a NodeConfig carried a MAC n4 no longer had after that start,
@@ -109,6 +114,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--publish", action="store_true",
+                    help="HealthCheckProgram=cvslurm-publish and WorkerRecords=yes")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -117,8 +124,14 @@ def main():
     standin = bench.Standin(0)
     state_dir, log_file = bench.fresh_state("powercycle")
     bench.write_conf(standin, state_dir, log_file,
-                     "PollInterval=2\nReconcileInterval=3\n")
+                     "PollInterval=2\nReconcileInterval=3\n"
+                     + ("WorkerRecords=yes\n" if args.publish else ""))
     env = dict(os.environ, CVSLURM_HOOK=link, CLUSTER_NAME="bench", WITH_DBD="1")
+    if args.publish:
+        publish = os.path.join(os.path.dirname(link), "cvslurm-publish")
+        if not os.path.islink(publish):
+            os.symlink("cvslurm", publish)
+        env["HEALTH_CHECK"] = publish
     log("cluster up")
     r = bench.sh([bench.CLUSTER_SH, "up", "4"], env=env, check=False, timeout=300)
     if r.returncode != 0:
@@ -188,7 +201,8 @@ def main():
         bench.sh([bench.CLUSTER_SH, "down"], check=False, timeout=120)
         standin.stop()
     delays = [r["delay"] for r in rows]
-    print("cycles: %d (Slurm %s)" % (len(rows), os.environ.get("SLURM", "22.05")))
+    print("cycles: %d (Slurm %s)%s" % (len(rows), os.environ.get("SLURM", "22.05"),
+                                       ", nodes publish their records" if args.publish else ""))
     print("slurmd start -> new MAC in CloudVision: p50 %.1f s, max %.1f s" % (
         bench.pct(delays, 50), max(delays)))
     print("NodeConfigs with a MAC from before a later restart, after it: %d" % stale)

@@ -60,6 +60,8 @@
 #   BF_INTERVAL          seconds between backfill passes (default: Slurm's, 30). Heterogeneous
 #                        jobs are started only by backfill, as is a pending job no other event
 #                        schedules before the periodic pass (60 s)
+#   HEALTH_CHECK         if set: HealthCheckProgram=$HEALTH_CHECK, HealthCheckInterval=3600
+#                        (slurmd runs it at its start, before it registers: `cvslurm publish`)
 #   JOBCOMP_LOC          a URL: JobCompType=jobcomp/elasticsearch, JobCompLoc=that URL (default
 #                        jobcomp/none)
 #   SLURMD_TIMEOUT       default 30 (seconds until a silent slurmd makes its node DOWN). Not
@@ -856,6 +858,10 @@ EOF
         else
             printf 'JobCompType=jobcomp/none\n'
         fi
+        # HEALTH_CHECK=PATH: slurmd runs it as root at its start (cvslurm-publish)
+        if [[ -n "${HEALTH_CHECK:-}" ]]; then
+            printf 'HealthCheckProgram=%s\nHealthCheckInterval=3600\n' "$HEALTH_CHECK"
+        fi
         # switch/none is gone in 23.11+ (no SwitchType means none)
         [[ "$SLURM_VER" == 22.05 ]] && printf 'SwitchType=switch/none\n'
         if [[ "$dbd" == 1 ]]; then
@@ -971,6 +977,7 @@ up_description() { # nnodes
     printf 'CVSLURM_SHARE=%s\nREPO=%s\n' "${CVSLURM_SHARE:-}" "$REPO"
     printf 'MAX_JOB_COUNT=%s\nMAX_ARRAY_SIZE=%s\nJOBCOMP_LOC=%s\nBF_INTERVAL=%s\n' "${MAX_JOB_COUNT:-10000}" "${MAX_ARRAY_SIZE:-1001}" "${JOBCOMP_LOC:-}" "${BF_INTERVAL:-}"
     [[ -z "${MAX_JOB_ID:-}" ]] || printf 'MAX_JOB_ID=%s\n' "$MAX_JOB_ID"
+    [[ -z "${HEALTH_CHECK:-}" ]] || printf 'HEALTH_CHECK=%s\n' "$HEALTH_CHECK"
     if ((NCTL > 1)); then printf 'CONTROLLERS=%s\n' "$NCTL"; fi
 }
 

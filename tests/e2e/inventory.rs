@@ -898,6 +898,133 @@ fn discovery_reaches_fully_allocated_nodes() {
         "took {:?}",
         t.elapsed()
     );
+    // With WorkerRecords=yes, n4 is taken from the record it published itself: slurmd runs
+    // cvslurm-publish (the fixture's HealthCheckProgram) at its start, before it registers.
+    workers_publish_their_own_records(f, &path);
+}
+
+/// The record a node publishes (slurmd's HealthCheckProgram `cvslurm-publish`, into its Slurm
+/// `Extra` field) stands in for discovery on a node held by another user's job
+/// (`WorkerRecords=yes`), and follows a new MAC after slurmd restarts there; a site's own
+/// `Extra` is never overwritten. n4 is held by nobody's job throughout.
+fn workers_publish_their_own_records(f: &Fixture, conf: &Path) {
+    let path = conf.with_file_name("cv-workers.conf");
+    fs::write(
+        &path,
+        format!("{}WorkerRecords=yes\n", fs::read_to_string(conf).unwrap()),
+    )
+    .unwrap();
+    let inventory = || {
+        let out = Command::new(&f.bin)
+            .args(["inventory", "--config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (stdout(&out), stderr(&out))
+    };
+    let extra = || -> Option<String> {
+        stdout(&slurm("scontrol", &["show", "node", "-o", "n4"]))
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("Extra=").map(String::from))
+    };
+    let (text, err) = inventory();
+    assert!(
+        text.contains(&format!("{NODES} sent, 0 failed, 0 unavailable")),
+        "{text}\n{err}"
+    );
+    assert!(
+        err.contains("node n4: taken from the record it published (taken "),
+        "{err}"
+    );
+    assert_eq!(
+        f.cv.state()["nodes"]["n4"]["data_interfaces"]["values"],
+        expected_interfaces(4)
+    );
+    // `check` counts the nodes that published, from slurm.conf's health check.
+    let out = Command::new(&f.bin)
+        .args(["check", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let want = format!(
+        "ok   WorkerRecords=yes: {NODES} of {NODES} node(s) published a record \
+         (HealthCheckProgram={WORK}/cvslurm-publish, every 3600 s)"
+    );
+    assert!(stdout(&out).contains(&want), "{}", stdout(&out));
+    // A site's own Extra: publish leaves it, and inventory says why n4 is not taken.
+    let ours = extra().expect("n4 published its record");
+    assert!(ours.starts_with("cvslurm1:"), "{ours}");
+    slurm("scontrol", &["update", "NodeName=n4", "Extra=rack=4"]);
+    let out = Command::new(&f.bin)
+        .args(["publish", "--foreground", "--node-name", "n4"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "node n4: its Extra field holds the site's own data (rack=4); not overwritten"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(extra().as_deref(), Some("rack=4"));
+    let (text, err) = inventory();
+    assert!(text.contains("1 failed (n4)"), "{text}\n{err}");
+    assert!(
+        err.contains("its Extra field holds something other than a cvslurm record"),
+        "{err}"
+    );
+    // A new MAC and slurmd restarted under the job: the record it publishes at its start
+    // carries the new MAC, and inventory sends it.
+    let put_back = N4MacBack;
+    slurm("scontrol", &["update", "NodeName=n4", "Extra="]);
+    set_n4_mac("02:96:00:00:04:02");
+    let start = restart_slurmd("n4");
+    wait_until(
+        "n4 to publish a record taken after its slurmd started",
+        Duration::from_secs(30),
+        || {
+            extra()
+                .and_then(|x| cvslurm::internals::discovery::published::decode(&x).ok())
+                .is_some_and(|r| r.taken_at.is_some_and(|t| t > start))
+        },
+    );
+    let (text, err) = inventory();
+    assert!(
+        text.contains(&format!("{NODES} sent, 0 failed, 0 unavailable")),
+        "{text}\n{err}"
+    );
+    let mac = f.cv.state()["nodes"]["n4"]["data_interfaces"]["values"]
+        .as_array()
+        .and_then(|v| v.iter().find(|i| i["name"] == "ens1f0").cloned())
+        .map(|i| i["mac_address"].clone());
+    assert_eq!(mac, Some(json!("02:96:00:00:04:02")));
+    drop(put_back);
+}
+
+/// Gives n4's data NIC (ens1f0) another MAC.
+fn set_n4_mac(mac: &str) {
+    let out = Command::new("ip")
+        .args(["-n", "cvslurm-n4", "link", "set", "ens1f0", "address", mac])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ip link set: {}", stderr(&out));
+}
+
+/// On drop, even when a test fails: n4's data NIC gets its MAC back, its `Extra` is cleared
+/// and its slurmd starts again (publishing its record anew: the fixture's HealthCheckProgram).
+struct N4MacBack;
+impl Drop for N4MacBack {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["-n", "cvslurm-n4", "link", "set", "ens1f0", "address"])
+            .arg("02:99:00:00:04:02")
+            .output();
+        let _ = slurm("scontrol", &["update", "NodeName=n4", "Extra="]);
+        for c in ["stop-slurmd", "start-slurmd"] {
+            let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
+                .args([c, "n4"])
+                .output();
+        }
+    }
 }
 
 /// Runs `prog args` as `nobody`, a user who is no operator, with the PATH of this test (the
@@ -1032,13 +1159,6 @@ fn node_config_follows_a_new_mac_after_a_slurmd_restart() {
             .and_then(|v| v.iter().find(|i| i["name"] == "ens1f0").cloned())
             .map(|i| i["mac_address"].as_str().unwrap_or("").to_string())
     };
-    let set_mac = |mac: &str| {
-        let out = Command::new("ip")
-            .args(["-n", "cvslurm-n4", "link", "set", "ens1f0", "address", mac])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "ip link set: {}", stderr(&out));
-    };
     let (old, new) = ("02:99:00:00:04:02", "02:97:00:00:04:02");
     // The service (this pid: an exclusive test may have restarted it just before) has sent n4
     // and holds a fresh record of it, so that only the restart below makes it discover n4
@@ -1072,22 +1192,8 @@ fn node_config_follows_a_new_mac_after_a_slurmd_restart() {
     );
     // What the service logs from here.
     let log_from = fs::read_to_string(&f.log_file).unwrap_or_default().len();
-    struct PutBack;
-    impl Drop for PutBack {
-        fn drop(&mut self) {
-            let _ = Command::new("ip")
-                .args(["-n", "cvslurm-n4", "link", "set", "ens1f0", "address"])
-                .arg("02:99:00:00:04:02")
-                .output();
-            for c in ["stop-slurmd", "start-slurmd"] {
-                let _ = Command::new(repo().join("tests/cluster/cluster.sh"))
-                    .args([c, "n4"])
-                    .output();
-            }
-        }
-    }
-    let put_back = PutBack;
-    set_mac(new);
+    let put_back = N4MacBack;
+    set_n4_mac(new);
     cluster_sh(&["stop-slurmd", "n4"], &[]);
     cluster_sh(&["start-slurmd", "n4"], &[]);
     // The service's own lines from here (a shared test runs a monitor of its own, with the

@@ -81,6 +81,8 @@ fn fixture() -> &'static Fixture {
         fs::copy(&src, &bin).unwrap();
         fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
         std::os::unix::fs::symlink("cvslurm", work.join("cvslurm-hook")).unwrap();
+        // slurmd's HealthCheckProgram: each node publishes its own record at slurmd's start.
+        std::os::unix::fs::symlink("cvslurm", work.join("cvslurm-publish")).unwrap();
         let cv = Standin::start();
         fs::write(work.join("standin.pid"), format!("{}\n", cv.pid())).unwrap();
         let ca = work.join("ca.pem");
@@ -127,6 +129,7 @@ fn fixture() -> &'static Fixture {
             NODES,
             &[
                 ("CVSLURM_HOOK", hook.to_str().unwrap()),
+                ("HEALTH_CHECK", work.join("cvslurm-publish").to_str().unwrap()),
                 ("WITH_DBD", "1"),
                 ("BF_INTERVAL", "5"),
             ],

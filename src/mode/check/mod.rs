@@ -257,6 +257,7 @@ const CHECKS: &[Check] = &[
     config_readable,
     cloudvision,
     jobcomp_forward,
+    worker_records,
     state_dir,
     log_file,
     delivery_path,
@@ -526,6 +527,73 @@ fn jobcomp_forward(ctx: &mut Context, r: &mut Report) {
             crate::text::one_line(&e, 300),
             cfg.state_dir.display(),
             crate::service::forward::SPOOL_DIR
+        )),
+    }
+}
+
+/// `WorkerRecords` against slurm.conf's health check: do the nodes publish their records
+/// (`HealthCheckProgram` running `cvslurm-publish`, with a `HealthCheckInterval`, without
+/// which slurmd runs it not even at its start), does this host use them, and how many nodes
+/// have one. Silent when neither side is set up.
+fn worker_records(ctx: &mut Context, r: &mut Report) {
+    let (Some(cfg), Some(sc)) = (&ctx.cfg, &ctx.slurm_conf) else {
+        return;
+    };
+    let program = sc
+        .last("HealthCheckProgram")
+        .map(|s| s.value.trim().to_string())
+        .filter(|v| !v.is_empty());
+    let interval = sc
+        .last("HealthCheckInterval")
+        .and_then(|s| s.value.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let ours = program
+        .as_deref()
+        .is_some_and(|p| crate::link_names::mode_from_argv0(p) == Some("publish"));
+    if !cfg.worker_records {
+        if ours && interval > 0 {
+            r.warn("slurm.conf runs cvslurm-publish on the nodes (HealthCheckProgram), but WorkerRecords=no: their records are not used; set WorkerRecords=yes");
+        }
+        return;
+    }
+    let Some(program) = program else {
+        r.warn("WorkerRecords=yes, but slurm.conf sets no HealthCheckProgram: no node publishes its record; set HealthCheckProgram=/opt/slurm/cloudvision/cvslurm-publish and a HealthCheckInterval (README: publish)");
+        return;
+    };
+    if interval == 0 {
+        r.warn(&format!(
+            "WorkerRecords=yes, but slurm.conf sets no HealthCheckInterval: slurmd runs HealthCheckProgram={program} only with one, not even at its start; set HealthCheckInterval (e.g. 300)"
+        ));
+        return;
+    }
+    let how = if ours {
+        format!("HealthCheckProgram={program}, every {interval} s")
+    } else {
+        format!("HealthCheckProgram={program}, a site program: it must run cvslurm-publish")
+    };
+    let slurm = crate::slurm::runner::Slurm::from_config(cfg);
+    let counted = crate::slurm::sinfo_nodes(&slurm, crate::slurm::COMMAND_TIMEOUT).and_then(|n| {
+        let names: Vec<String> = n.into_iter().map(|n| n.name).collect();
+        let listed = crate::slurm::published(&slurm, &names, crate::slurm::COMMAND_TIMEOUT)?;
+        let with = listed
+            .values()
+            .filter(|p| {
+                p.extra
+                    .as_deref()
+                    .is_some_and(crate::discovery::published::is_published)
+            })
+            .count();
+        Ok((with, names.len()))
+    });
+    match counted {
+        Ok((0, all)) => r.warn(&format!(
+            "WorkerRecords=yes: none of {all} node(s) published a record ({how}); is cvslurm-publish installed on the workers? Their syslog says why"
+        )),
+        Ok((with, all)) => r.ok(&format!(
+            "WorkerRecords=yes: {with} of {all} node(s) published a record ({how})"
+        )),
+        Err(e) => r.warn(&format!(
+            "WorkerRecords=yes ({how}): cannot count the nodes that published a record: {e}"
         )),
     }
 }
