@@ -6,18 +6,22 @@
 //!
 //! slurmd runs its HealthCheckProgram as root with no arguments and only `SLURMD_NODENAME`
 //! in the environment, once before it registers (and waits for it, up to 60 s) and then every
-//! `HealthCheckInterval`. So the mode returns at once and a child in a session of its own
-//! does the work: it waits until slurmctld shows this slurmd's registration (a record is
-//! believed only when taken in a later second than `SlurmdStartTime`), discovers, and writes
-//! the record with `scontrol update NodeName=… Extra=…` when it changed or is not fresh.
-//! It writes nothing over an `Extra` that holds something else (the site's own data).
+//! `HealthCheckInterval`, on every node at once. So the mode returns at once and a child in a
+//! session of its own does the work, at a cost that does not grow with the cluster: no
+//! listing of every node (`scontrol show node` asks for all of them), one single-node `sinfo`
+//! and one `scontrol update` only when the record changed or the node's slurmd is new, and
+//! nothing at all otherwise (a record of what it published, `/run/cvslurm-publish/`). A
+//! record is believed only when taken in a later second than the node's `SlurmdStartTime`,
+//! which slurmd stamps into its first registration right after the health check returns: at
+//! slurmd's start the child first waits [`REGISTRATION_MARGIN`]. It writes nothing over an
+//! `Extra` that holds something else (the site's own data).
 
 use crate::config::Config;
 use crate::discovery::published;
 use crate::discovery::record::DiscoverRecord;
 use crate::discovery::topology::Roots;
 use crate::discovery::{discover, Filter};
-use crate::slurm::{self, runner::Slurm};
+use crate::slurm::runner::Slurm;
 use argh::FromArgs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -40,10 +44,22 @@ pub struct Args {
     foreground: bool,
 }
 
-/// How long the child waits for slurmctld to show this slurmd's registration.
-const WAIT_FOR_REGISTRATION: Duration = Duration::from_secs(180);
+/// How long after this program was started the child discovers, when slurmd started within
+/// [`START_WINDOW`]: slurmd stamps `SlurmdStartTime` into its first registration, which it
+/// builds right after its health check returned (`slurmd.c`: `run_script_health_check()`,
+/// then `_registration_engine`), so a record taken 2 s later is in a later second than that
+/// start as long as slurmd registered within a second of the program's return.
+const REGISTRATION_MARGIN: Duration = Duration::from_secs(2);
+/// A slurmd started less than this long ago may not have registered yet.
+const START_WINDOW: i64 = 180;
+/// A record taken this long after slurmd's process started is surely from after its
+/// registration (slurmd waits up to 60 s for its health check): one published earlier is
+/// published again at the next run, so that a record taken too early does not stay.
+const FRESH_AFTER: i64 = 120;
 /// The time one Slurm command may take here.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
+/// Where the child keeps what it last published, one file per node (root's, on tmpfs).
+const CACHE_DIR: &str = "/run/cvslurm-publish";
 
 /// Runs `cvslurm publish`: 0 once the child is on its way (or, with `--foreground`, once the
 /// record is published or already there); 1 when it cannot; 2 on a usage error.
@@ -67,8 +83,9 @@ pub fn run(a: Args) -> i32 {
             return 2;
         }
     };
-    // Read before the fork: the parent is slurmd when slurmd runs this.
-    let slurmd = parent_slurmd();
+    // Read before the fork: the parent is slurmd (or a site's health check under it).
+    let slurmd = slurmd_ancestor();
+    let began = Instant::now();
     if !a.foreground {
         match detach() {
             Ok(true) => return 0,
@@ -88,7 +105,7 @@ pub fn run(a: Args) -> i32 {
             syslog(err, msg);
         }
     };
-    match publish(&node, slurmd.as_ref()) {
+    match publish(&node, slurmd.as_ref(), began) {
         Ok(msg) => {
             say(false, &msg);
             0
@@ -100,49 +117,56 @@ pub fn run(a: Args) -> i32 {
     }
 }
 
-/// The slurmd that runs this program: its start (epoch seconds, rounded down) and the
-/// directory of its Slurm commands (`../bin` beside its `sbin`), when the parent is slurmd.
+/// The slurmd that runs this program (its parent, or an ancestor: a site health check that
+/// calls `cvslurm-publish`): its start (epoch seconds, rounded down) and the directory of its
+/// Slurm commands (`../bin` beside its `sbin`).
 #[derive(Debug)]
 struct Slurmd {
     started: i64,
     bin_dir: Option<PathBuf>,
 }
 
-fn parent_slurmd() -> Option<Slurmd> {
-    let ppid = nix::unistd::getppid().as_raw();
-    let comm = std::fs::read_to_string(format!("/proc/{ppid}/comm")).ok()?;
-    if comm.trim_end() != "slurmd" {
-        return None;
+/// The nearest slurmd among this process's ancestors (at most 8 up).
+fn slurmd_ancestor() -> Option<Slurmd> {
+    let mut pid = nix::unistd::getppid().as_raw();
+    for _ in 0..8 {
+        if pid <= 1 {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the last ')': field 3 (state), 4 (ppid), … 22 (starttime, clock ticks).
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        if comm.trim_end() == "slurmd" {
+            return Some(Slurmd {
+                started: boot_time()? + fields.get(19)?.parse::<i64>().ok()? / clock_ticks(),
+                bin_dir: std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .ok()
+                    .and_then(|exe| Some(exe.parent()?.parent()?.join("bin")))
+                    .filter(|d| d.join("sinfo").is_file()),
+            });
+        }
+        pid = fields.get(1)?.parse().ok()?;
     }
-    let stat = std::fs::read_to_string(format!("/proc/{ppid}/stat")).ok()?;
-    // Field 22 (starttime, clock ticks after boot); fields from 3 on follow the last ')'.
-    let ticks: i64 = stat
-        .rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()?;
-    let btime: i64 = std::fs::read_to_string("/proc/stat")
+    None
+}
+
+fn boot_time() -> Option<i64> {
+    std::fs::read_to_string("/proc/stat")
         .ok()?
         .lines()
         .find_map(|l| l.strip_prefix("btime "))?
         .trim()
         .parse()
-        .ok()?;
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+}
+
+fn clock_ticks() -> i64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
         .filter(|h| *h > 0)
-        .unwrap_or(100);
-    let bin_dir = std::fs::read_link(format!("/proc/{ppid}/exe"))
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("bin")))
-        .filter(|d| d.join("scontrol").is_file());
-    Some(Slurmd {
-        started: btime + ticks / hz,
-        bin_dir,
-    })
+        .unwrap_or(100)
 }
 
 /// Forks: true in the parent (which returns), false in the child, which leads a session of
@@ -188,26 +212,15 @@ fn valid_node_name(n: &str) -> bool {
         && n.len() <= 255
         && !n
             .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '=')
+            .any(|c| c.is_whitespace() || c.is_control() || c == '=' || c == '/')
 }
 
-/// Waits for the registration, discovers and publishes; what it did, or why it could not.
-fn publish(node: &str, slurmd: Option<&Slurmd>) -> Result<String, String> {
-    let cfg = Config::load(None).unwrap_or_default();
-    let bin_dir = slurmd
-        .and_then(|s| s.bin_dir.clone())
-        .or_else(|| cfg.slurm_bin_dir.clone());
-    let slurm = Slurm::new(bin_dir.as_deref());
-    let (listed, start) = wait_for_registration(&slurm, node, slurmd.map(|s| s.started))?;
-    if let Some(x) = listed.extra.as_deref() {
-        if !published::is_published(x) {
-            return Err(format!(
-                "its Extra field holds the site's own data ({}); not overwritten: clear it \
-                 (scontrol update NodeName={node} Extra=) to let cvslurm publish here",
-                crate::text::one_line(x, 60)
-            ));
-        }
+/// Discovers and publishes (past slurmd's registration); what it did, or why it could not.
+fn publish(node: &str, slurmd: Option<&Slurmd>, began: Instant) -> Result<String, String> {
+    if slurmd.is_some_and(|s| crate::timefmt::now_epoch() - s.started < START_WINDOW) {
+        std::thread::sleep((began + REGISTRATION_MARGIN).saturating_duration_since(Instant::now()));
     }
+    let cfg = Config::load(None).unwrap_or_default();
     let filter = Filter {
         name_regex: cfg.interface_regex.clone(),
         physical_only: cfg.interface_physical_only,
@@ -216,18 +229,34 @@ fn publish(node: &str, slurmd: Option<&Slurmd>) -> Result<String, String> {
     let roots = Roots::under(Path::new("/"));
     let topology = (cfg.job_interfaces != crate::config::JobInterfaces::Nodes).then_some(&roots);
     let rec = discover(Some(node), &roots.sys.join("class/net"), &filter, topology)?;
-    let old = listed
-        .extra
-        .as_deref()
-        .and_then(|x| published::decode(x).ok());
-    if let Some(old) = old.filter(|o| {
-        crate::inventory::freshness::not_fresh(o.taken_at, Some(start)).is_none()
-            && same_but_time(o, &rec)
-    }) {
-        return Ok(format!(
-            "node {node}: its published record (taken {}) is fresh and unchanged; nothing to do",
-            old.taken_at.unwrap_or_default()
-        ));
+    // Unchanged since this slurmd's last run, and published surely after its registration:
+    // nothing to ask or write.
+    if let Some(s) = slurmd {
+        if let Some(c) = read_cache(node).filter(|c| {
+            c.slurmd_started == s.started
+                && same_but_time(&c.record, &rec)
+                && c.record
+                    .taken_at
+                    .is_some_and(|t| t >= s.started + FRESH_AFTER)
+        }) {
+            return Ok(format!(
+                "node {node}: unchanged since its record of {} was published; nothing to do",
+                c.record.taken_at.unwrap_or_default()
+            ));
+        }
+    }
+    let bin_dir = slurmd
+        .and_then(|s| s.bin_dir.clone())
+        .or_else(|| cfg.slurm_bin_dir.clone());
+    let slurm = Slurm::new(bin_dir.as_deref());
+    if let Some(x) = current_extra(&slurm, node)? {
+        if !published::is_published(&x) {
+            return Err(format!(
+                "its Extra field holds the site's own data ({}); not overwritten: clear it \
+                 (scontrol update NodeName={node} Extra=) to let cvslurm publish here",
+                crate::text::one_line(&x, 60)
+            ));
+        }
     }
     let value = published::encode(&rec)?;
     let extra = format!("Extra={value}");
@@ -235,11 +264,86 @@ fn publish(node: &str, slurmd: Option<&Slurmd>) -> Result<String, String> {
     slurm
         .run("scontrol", &["update", &name, &extra], COMMAND_TIMEOUT)
         .map_err(|e| format!("scontrol update {name} Extra=… failed: {e}"))?;
+    if let Some(s) = slurmd {
+        write_cache(
+            node,
+            &Cache {
+                slurmd_started: s.started,
+                record: rec.clone(),
+            },
+        );
+    }
     Ok(format!(
         "node {node}: published its record ({} interface(s), {} bytes)",
         rec.interfaces.len(),
         value.len()
     ))
+}
+
+/// The node's `Extra` as slurmctld has it, from `sinfo -n NODE -O Extra:0`: one node asked
+/// (REQUEST_NODE_INFO_SINGLE), not all of them as `scontrol show node` does. `None`: empty.
+fn current_extra(slurm: &Slurm, node: &str) -> Result<Option<String>, String> {
+    let out = slurm.run(
+        "sinfo",
+        &["--all", "-h", "-N", "-n", node, "-O", "Extra:0"],
+        COMMAND_TIMEOUT,
+    )?;
+    parse_extra(&out).ok_or_else(|| {
+        format!(
+            "sinfo does not list node {node} (one value per line expected): {}",
+            crate::text::one_line(&out, 120)
+        )
+    })
+}
+
+/// The one `Extra` value of sinfo's lines (the node once per partition): `None` inside when
+/// empty or `(null)`; `None` outside when no line or lines that differ.
+fn parse_extra(out: &str) -> Option<Option<String>> {
+    let mut lines = out.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next()?;
+    if lines.any(|l| l != first) {
+        return None;
+    }
+    Some((first != "(null)").then(|| first.to_string()))
+}
+
+/// What the child last published for a node, under the slurmd that ran it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Cache {
+    slurmd_started: i64,
+    record: DiscoverRecord,
+}
+
+fn cache_path(node: &str) -> PathBuf {
+    Path::new(CACHE_DIR).join(format!("{node}.json"))
+}
+
+/// The cache file, read without following a link, at most 1 MiB, parsed and checked as a
+/// record from a worker; `None` when there is none to trust.
+fn read_cache(node: &str) -> Option<Cache> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(cache_path(node))
+        .ok()?;
+    let mut text = String::new();
+    f.take(1 << 20).read_to_string(&mut text).ok()?;
+    let c: Cache = serde_json::from_str(&text).ok()?;
+    c.record.validate().ok()?;
+    Some(c)
+}
+
+/// Writes the cache file (temp file and rename, in a directory only root writes); a failure
+/// costs one more `sinfo` and `scontrol update` next time.
+fn write_cache(node: &str, c: &Cache) {
+    use std::os::unix::fs::DirBuilderExt;
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(CACHE_DIR);
+    let Ok(text) = serde_json::to_vec(c) else {
+        return;
+    };
+    let _ = crate::state::durable::replace(&cache_path(node), &text, None);
 }
 
 fn same_but_time(a: &DiscoverRecord, b: &DiscoverRecord) -> bool {
@@ -250,42 +354,6 @@ fn same_but_time(a: &DiscoverRecord, b: &DiscoverRecord) -> bool {
     strip(a) == strip(b)
 }
 
-/// Waits until slurmctld shows this node's slurmd as registered (its `SlurmdStartTime` not
-/// before `started`, the start of the slurmd that runs this program, when known) and the
-/// clock is past that second; returns the node's listing and that start.
-fn wait_for_registration(
-    slurm: &Slurm,
-    node: &str,
-    started: Option<i64>,
-) -> Result<(slurm::Published, i64), String> {
-    let until = Instant::now() + WAIT_FOR_REGISTRATION;
-    let nodes = [node.to_string()];
-    loop {
-        let last;
-        match slurm::published(slurm, &nodes, COMMAND_TIMEOUT) {
-            Ok(mut m) => match m.remove(node) {
-                Some(p) => match p.start {
-                    Some(s) if started.is_some_and(|st| s < st) => {
-                        last = "slurmctld shows the start of an earlier slurmd".into();
-                    }
-                    Some(s) if crate::timefmt::now_epoch() > s => return Ok((p, s)),
-                    Some(_) => last = "its slurmd registered this second".into(),
-                    None => last = "its slurmd has not registered".into(),
-                },
-                None => last = "slurmctld does not list it".into(),
-            },
-            Err(e) => last = e,
-        }
-        if Instant::now() >= until {
-            return Err(format!(
-                "not published: its slurmd's registration not seen in {} s ({last})",
-                WAIT_FOR_REGISTRATION.as_secs()
-            ));
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,9 +362,27 @@ mod tests {
     fn node_names_from_slurmd_are_checked() {
         assert!(valid_node_name("n4"));
         assert!(valid_node_name("gpu-a100-017"));
-        for bad in ["", "n4 Extra=x", "a=b", "n\n4", &"x".repeat(256)] {
+        for bad in ["", "n4 Extra=x", "a=b", "n\n4", "../n4", &"x".repeat(256)] {
             assert!(!valid_node_name(bad), "{bad:?}");
         }
+    }
+
+    /// `sinfo -h -N -n NODE -O Extra:0` as 24.11 printed it for a node without Extra (one
+    /// line per partition the node is in), a published record and a site's words.
+    #[test]
+    fn extra_from_sinfo() {
+        assert_eq!(parse_extra("(null)\n"), Some(None));
+        assert_eq!(parse_extra("(null)\n(null)\n"), Some(None));
+        assert_eq!(
+            parse_extra("cvslurm1:eyJ9\ncvslurm1:eyJ9\n"),
+            Some(Some("cvslurm1:eyJ9".into()))
+        );
+        assert_eq!(
+            parse_extra("rack 4, row 2   \n"),
+            Some(Some("rack 4, row 2".into()))
+        );
+        assert_eq!(parse_extra(""), None);
+        assert_eq!(parse_extra("a\nb\n"), None);
     }
 
     #[test]
