@@ -15,6 +15,22 @@ LOG_DIR="${CVSLURM_TEST_LOGS:-target/test-logs}"
 mkdir -p "$LOG_DIR"
 failures=()
 step() { printf '\n== %s\n' "$*"; }
+# Stops what a test left running, by the pid files in $2, with signal $1, and removes the
+# files: only a process that is still ours (its command line names cvslurm or the stand-in),
+# as pids wrap at pid_max (32768 here) and a stale file may name any process, this script too.
+kill_ours() { # SIGNAL DIR
+  local p pid cmd
+  for p in "$2"/*.pid; do
+    [ -f "$p" ] || continue
+    pid="$(cat "$p")"
+    cmd=""
+    [[ "$pid" =~ ^[0-9]+$ ]] && cmd="$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")"
+    if [[ "$cmd" == *cvslurm* || "$cmd" == *standin* ]]; then
+      kill "-$1" "$pid" 2>/dev/null
+    fi
+    rm -f "$p"
+  done
+}
 
 step "dependencies"
 tests/deps.sh || { echo "dependency install failed"; exit 1; }
@@ -119,7 +135,7 @@ version_suites() { # VERSION
     { grep -E 'error|fatal|timed out|very large processing time' "$LOG_DIR/cluster-log-$v/slurmctld.log" | tail -40
       tail -20 "$LOG_DIR/cluster-log-$v/slurmctld.log"; } 2>/dev/null
   fi
-  for p in /var/tmp/cvslurm-e2e/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
+  kill_ours TERM /var/tmp/cvslurm-e2e
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
   rm -f /etc/slurm/cloudvision.conf
   step "Slurm $v: end-to-end test of JobInterfaces on GPU nodes"
@@ -134,7 +150,7 @@ version_suites() { # VERSION
     failure_details "$LOG_DIR/e2e-pair-$v.log"; failures+=("$v: pair end-to-end tests")
     cp -r "${CVSLURM_CLUSTER_DIR:-/var/tmp/cvslurm-cluster}/hosts" "$LOG_DIR/cluster-hosts-$v" 2>/dev/null
   fi
-  for p in /var/tmp/cvslurm-e2e-pair/*.pid; do [ -f "$p" ] && kill -9 "$(cat "$p")" 2>/dev/null; done
+  kill_ours KILL /var/tmp/cvslurm-e2e-pair
   tests/cluster/cluster.sh down >/dev/null 2>&1 || true
   rm -f /etc/slurm/cloudvision.conf
   step "Slurm $v: a pair installed in README's order (install.sh on each controller)"

@@ -210,19 +210,42 @@ pub fn keep_inherited_fds_to_ourselves() {
 }
 
 /// Stops what an earlier run of a test binary left running (the processes whose pids are in
-/// `WORK/*.pid`, with `kill -SIGNAL`) and makes `work` again, empty, mode 0755.
+/// `WORK/*.pid`, with `kill -SIGNAL`) and makes `work` again, empty, mode 0755. A pid is
+/// signalled only while its process is still ours (its command line names cvslurm or the
+/// stand-in): pids wrap at `pid_max` (32768 here), so a pid file from an earlier run may name
+/// any process by now, the test runner's own included.
 pub fn fresh_work_dir(work: &Path, signal: &str) {
     use std::os::unix::fs::PermissionsExt;
-    let _ = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "for p in {}/*.pid; do [ -f \"$p\" ] && kill -{signal} $(cat \"$p\") 2>/dev/null; done; true",
-            work.display()
-        ))
-        .status();
+    for entry in fs::read_dir(work).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("pid") {
+            continue;
+        }
+        let Some(pid) = fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .filter(|p| *p > 1)
+        else {
+            continue;
+        };
+        if still_ours(pid) {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(pid.to_string())
+                .status();
+        }
+    }
     let _ = fs::remove_dir_all(work);
     fs::create_dir_all(work).unwrap();
     fs::set_permissions(work, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Is process `pid` one the tests start and record (a cvslurm binary or the stand-in)?
+fn still_ours(pid: u32) -> bool {
+    fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        let c = String::from_utf8_lossy(&c);
+        c.contains("cvslurm") || c.contains("standin")
+    })
 }
 
 /// The cluster's Slurm commands (the version under test), from the host and from inside the
