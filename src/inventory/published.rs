@@ -21,7 +21,7 @@ pub fn take_published(slurm: &Slurm, cfg: &Config, out: &mut Discovered) {
     if names.is_empty() {
         return;
     }
-    let listed = match slurm::published(slurm, &names, COMMAND_TIMEOUT) {
+    let listed = match slurm::published(slurm, Some(&names), COMMAND_TIMEOUT) {
         Ok(l) => l,
         Err(e) => {
             for n in &names {

@@ -128,45 +128,33 @@ struct Slurmd {
 
 /// The nearest slurmd among this process's ancestors (at most 8 up).
 fn slurmd_ancestor() -> Option<Slurmd> {
+    use crate::slurm::ctld_process::{boot_time, parse_stat, ticks_per_second};
     let mut pid = nix::unistd::getppid().as_raw();
     for _ in 0..8 {
         if pid <= 1 {
             return None;
         }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // After the last ')': field 3 (state), 4 (ppid), … 22 (starttime, clock ticks).
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        if comm.trim_end() == "slurmd" {
+        let (name, _, ticks) = parse_stat(&stat)?;
+        if name == "slurmd" {
             return Some(Slurmd {
-                started: boot_time()? + fields.get(19)?.parse::<i64>().ok()? / clock_ticks(),
+                started: i64::try_from(boot_time()? + ticks / ticks_per_second()).ok()?,
                 bin_dir: std::fs::read_link(format!("/proc/{pid}/exe"))
                     .ok()
                     .and_then(|exe| Some(exe.parent()?.parent()?.join("bin")))
                     .filter(|d| d.join("sinfo").is_file()),
             });
         }
-        pid = fields.get(1)?.parse().ok()?;
+        // Field 4, the parent, follows the state after the last ')'.
+        pid = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
     }
     None
-}
-
-fn boot_time() -> Option<i64> {
-    std::fs::read_to_string("/proc/stat")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()
-}
-
-fn clock_ticks() -> i64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .filter(|h| *h > 0)
-        .unwrap_or(100)
 }
 
 /// Forks: true in the parent (which returns), false in the child, which leads a session of

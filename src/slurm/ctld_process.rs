@@ -54,7 +54,7 @@ pub fn boot_time() -> Option<u64> {
 }
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
-fn ticks_per_second() -> u64 {
+pub fn ticks_per_second() -> u64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()

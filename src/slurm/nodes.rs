@@ -97,8 +97,25 @@ pub fn slurmd_starts(
     nodes: Option<&[String]>,
     timeout: Duration,
 ) -> Result<BTreeMap<String, i64>, String> {
+    let Some(out) = show_nodes(slurm, nodes, timeout)? else {
+        return Ok(BTreeMap::new());
+    };
+    let mut starts = parse_slurmd_starts(&out);
+    if let Some(ns) = nodes {
+        starts.retain(|n, _| ns.contains(n));
+    }
+    Ok(starts)
+}
+
+/// `scontrol --all show node -o [NODES]` (`None`: every node), the one listing behind
+/// [`slurmd_starts`] and [`published`]; `None` for an empty node list (nothing to ask).
+fn show_nodes(
+    slurm: &Slurm,
+    nodes: Option<&[String]>,
+    timeout: Duration,
+) -> Result<Option<String>, String> {
     let list = match nodes {
-        Some([]) => return Ok(BTreeMap::new()),
+        Some([]) => return Ok(None),
         Some(ns) => Some(super::hostlist::compress(ns)).filter(|l| l.len() <= MAX_NODE_ARG),
         None => None,
     };
@@ -106,12 +123,7 @@ pub fn slurmd_starts(
     if let Some(l) = &list {
         args.push(l);
     }
-    let out = slurm.run("scontrol", &args, timeout)?;
-    let mut starts = parse_slurmd_starts(&out);
-    if let Some(ns) = nodes {
-        starts.retain(|n, _| ns.contains(n));
-    }
-    Ok(starts)
+    slurm.run("scontrol", &args, timeout).map(Some)
 }
 
 /// Parses `scontrol show node -o` printed with `SLURM_TIME_FORMAT=%s`: one line per node,
@@ -166,27 +178,22 @@ pub struct Published {
     pub extra: Option<String>,
 }
 
-/// Each of `nodes`' slurmd start and `Extra` field, from one `scontrol --all show node -o`
-/// (the cost of [`slurmd_starts`]). A node missing from the answer, or named by two lines, is
-/// left out.
+/// Each of `nodes`' slurmd start and `Extra` field (`None`: every node's), from one
+/// `scontrol --all show node -o` (the cost of [`slurmd_starts`]). A node missing from the
+/// answer, or named by two lines, is left out.
 pub fn published(
     slurm: &Slurm,
-    nodes: &[String],
+    nodes: Option<&[String]>,
     timeout: Duration,
 ) -> Result<BTreeMap<String, Published>, String> {
-    if nodes.is_empty() {
+    let Some(out) = show_nodes(slurm, nodes, timeout)? else {
         return Ok(BTreeMap::new());
+    };
+    let mut listed = parse_published(&out);
+    if let Some(ns) = nodes {
+        listed.retain(|n, _| ns.contains(n));
     }
-    let list = super::hostlist::compress(nodes);
-    let mut args = vec!["--all", "show", "node", "-o"];
-    if list.len() <= MAX_NODE_ARG {
-        args.push(&list);
-    }
-    let out = slurm.run("scontrol", &args, timeout)?;
-    Ok(parse_published(&out)
-        .into_iter()
-        .filter(|(n, _)| nodes.contains(n))
-        .collect())
+    Ok(listed)
 }
 
 /// Parses `scontrol show node -o` for `published`: the text is as hostile as for

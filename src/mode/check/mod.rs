@@ -572,19 +572,18 @@ fn worker_records(ctx: &mut Context, r: &mut Report) {
         format!("HealthCheckProgram={program}, a site program: it must run cvslurm-publish")
     };
     let slurm = crate::slurm::runner::Slurm::from_config(cfg);
-    let counted = crate::slurm::sinfo_nodes(&slurm, crate::slurm::COMMAND_TIMEOUT).and_then(|n| {
-        let names: Vec<String> = n.into_iter().map(|n| n.name).collect();
-        let listed = crate::slurm::published(&slurm, &names, crate::slurm::COMMAND_TIMEOUT)?;
-        let with = listed
-            .values()
-            .filter(|p| {
-                p.extra
-                    .as_deref()
-                    .is_some_and(crate::discovery::published::is_published)
-            })
-            .count();
-        Ok((with, names.len()))
-    });
+    let counted =
+        crate::slurm::published(&slurm, None, crate::slurm::COMMAND_TIMEOUT).map(|listed| {
+            let with = listed
+                .values()
+                .filter(|p| {
+                    p.extra
+                        .as_deref()
+                        .is_some_and(crate::discovery::published::is_published)
+                })
+                .count();
+            (with, listed.len())
+        });
     match counted {
         Ok((0, all)) => r.warn(&format!(
             "WorkerRecords=yes: none of {all} node(s) published a record ({how}); is cvslurm-publish installed on the workers? Their syslog says why"
